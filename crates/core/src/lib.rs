@@ -1,0 +1,150 @@
+//! Shared vocabulary of quire: ids as newtypes (so a block id can never be passed where a token id is
+//! expected), sampling parameters and the reasons a sequence stops. Every other crate depends on this
+//! one and it depends on nothing heavy.
+
+use serde::{Deserialize, Serialize};
+
+/// A token id in the model's vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct TokenId(pub u32);
+
+/// A physical block of the paged KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct BlockId(pub u32);
+
+/// A sequence (request) known to the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct SeqId(pub u64);
+
+impl TokenId {
+    pub fn as_usize(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl BlockId {
+    pub fn as_usize(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seq{}", self.0)
+    }
+}
+
+/// How the next token is chosen. Defaults are greedy (temperature 0) with no penalties.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// 0 means disabled.
+    pub top_k: usize,
+    /// 1.0 means disabled.
+    pub top_p: f32,
+    /// 0.0 means disabled.
+    pub min_p: f32,
+    /// 1.0 means disabled; applied llama.cpp-style to the last `repeat_last_n` tokens.
+    pub repetition_penalty: f32,
+    pub repeat_last_n: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Seed of this request's own random stream; `None` picks one from the clock.
+    pub seed: Option<u64>,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            max_tokens: 256,
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    /// Checks ranges; the message names the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
+            return Err("presence/frequency penalties must be finite".into());
+        }
+        Ok(())
+    }
+}
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// End-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// Aborted by the caller.
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_rejects_bad_ranges() {
+        let ok = SamplingParams::default();
+        assert!(ok.validate().is_ok());
+        let bad = SamplingParams { top_p: 0.0, ..ok.clone() };
+        assert!(bad.validate().unwrap_err().contains("top_p"));
+        let bad = SamplingParams { temperature: f32::NAN, ..ok };
+        assert!(bad.validate().unwrap_err().contains("temperature"));
+    }
+}
