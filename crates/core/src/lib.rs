@@ -4,6 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod config;
+pub use config::{Architecture, ModelConfig, RopeStyle};
+
 /// A token id in the model's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]

@@ -1,0 +1,104 @@
+//! Model hyper-parameters shared by loaders (GGUF, safetensors) and backends (CPU, CUDA). A loader
+//! fills one `ModelConfig`; a backend needs nothing else to run the architecture.
+
+use serde::{Deserialize, Serialize};
+
+/// Which pairs of a head's dimensions RoPE rotates together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): GGUF `llama` files, whose Q/K rows were permuted by the converter.
+    Normal,
+    /// Halves (i, i + rot_dim/2): HF checkpoints, Qwen2/3 and GPT-NeoX-style GGUFs.
+    Neox,
+}
+
+/// The decoder-only transformer families quire runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Mistral,
+}
+
+impl Architecture {
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Mistral => "mistral",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub arch: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    /// Longest context the model was trained for.
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    /// Dimensions of each head that RoPE rotates (usually `head_dim`).
+    pub rope_dim: usize,
+    pub rope_style: RopeStyle,
+    pub tie_word_embeddings: bool,
+    /// Q, K and V projections carry a bias (Qwen2).
+    pub attention_bias: bool,
+    /// RMSNorm on each query and key head before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+impl ModelConfig {
+    pub fn q_size(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_size(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Checks the shape relations a backend relies on; the message names the broken one.
+    pub fn validate(&self) -> Result<(), String> {
+        let nonzero = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+        ];
+        for (name, v) in nonzero {
+            if v == 0 {
+                return Err(format!("{name} must be > 0"));
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(format!(
+                "num_heads ({}) must be a multiple of num_kv_heads ({})",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return Err(format!(
+                "rope dimension {} must be even and <= head_dim {}",
+                self.rope_dim, self.head_dim
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(format!("bad rms_norm_eps {}", self.rms_norm_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!("bad rope theta {}", self.rope_theta));
+        }
+        Ok(())
+    }
+}
