@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod config;
+pub mod default_model;
 pub use config::{Architecture, ModelConfig, RopeStyle};
 
 /// A token id in the model's vocabulary.
