@@ -1,1 +1,147 @@
-//! placeholder
+//! The narrow compute interface of quire. The engine hands a backend one flat, mixed batch (prompt
+//! chunks and decodes together, described by positions, slot mapping and block tables) and gets
+//! logits back; how the backend runs the architecture (kernels, fusion, graphs) is its own business.
+//! `cpu` is always built and is the test oracle.
+
+pub mod cpu;
+pub mod weights;
+
+use quire_core::BlockId;
+pub use weights::{ByteOwner, HostTensor, LayerWeights, ModelWeights, TensorBytes};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("unsupported tensor type {dtype} for {what}")]
+    UnsupportedType { dtype: &'static str, what: String },
+    #[error("tensor {name} has shape {got:?}, expected {expected:?}")]
+    Shape {
+        name: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("backend {0} was not built into this binary")]
+    NotBuilt(&'static str),
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+}
+
+/// One sequence's share of a flat batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqBatch<'a> {
+    /// Index of this sequence's first new token in the flat batch.
+    pub query_start: usize,
+    /// Number of new tokens of this sequence in the batch.
+    pub query_len: usize,
+    /// Tokens in the KV cache after this step (computed before + new).
+    pub seq_len: usize,
+    /// Physical blocks holding this sequence's KV, in logical order.
+    pub block_table: &'a [BlockId],
+}
+
+/// A mixed batch: any number of sequences, each with one or more new tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardBatch<'a> {
+    // token_ids, positions, slot_mapping: [num_tokens]
+    pub token_ids: &'a [u32],
+    pub positions: &'a [u32],
+    /// Cache slot of each new token: `block_table[pos / block_size] * block_size + pos % block_size`.
+    pub slot_mapping: &'a [u32],
+    pub seqs: &'a [SeqBatch<'a>],
+    /// Rows of the batch whose logits are wanted, in output order.
+    pub logits_indices: &'a [u32],
+}
+
+impl ForwardBatch<'_> {
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Checks that every index is in range, so kernels may index without further checks.
+    pub fn validate(&self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
+        let n = self.token_ids.len();
+        let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        if self.positions.len() != n || self.slot_mapping.len() != n {
+            return bad("positions and slot_mapping must match token_ids".into());
+        }
+        let mut covered = 0usize;
+        for (i, s) in self.seqs.iter().enumerate() {
+            if s.query_start != covered || s.query_len == 0 {
+                return bad(format!("seq {i}: query ranges must tile the batch"));
+            }
+            covered += s.query_len;
+            if s.seq_len < s.query_len {
+                return bad(format!("seq {i}: seq_len < query_len"));
+            }
+            if s.block_table.len() * block_size < s.seq_len {
+                return bad(format!(
+                    "seq {i}: block table too short for {} tokens",
+                    s.seq_len
+                ));
+            }
+            if s.block_table.iter().any(|b| b.as_usize() >= num_blocks) {
+                return bad(format!("seq {i}: block id out of range"));
+            }
+            for t in 0..s.query_len {
+                let pos = s.seq_len - s.query_len + t;
+                let row = s.query_start + t;
+                if self.positions[row] as usize != pos {
+                    return bad(format!("seq {i}: position of row {row} must be {pos}"));
+                }
+                let slot =
+                    s.block_table[pos / block_size].as_usize() * block_size + pos % block_size;
+                if self.slot_mapping[row] as usize != slot {
+                    return bad(format!("seq {i}: slot of row {row} must be {slot}"));
+                }
+            }
+        }
+        if covered != n {
+            return bad("sequences do not cover the batch".into());
+        }
+        if self.logits_indices.iter().any(|&i| i as usize >= n) {
+            return bad("logits index out of range".into());
+        }
+        Ok(())
+    }
+}
+
+/// Geometry of the paged KV cache a backend allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    pub num_blocks: usize,
+    pub block_size: usize,
+}
+
+/// Timing of one op family during a profiled step.
+#[derive(Debug, Clone, Default)]
+pub struct OpStat {
+    pub name: String,
+    /// Transformer layer, or `None` for ops outside the layers (embedding, output).
+    pub layer: Option<usize>,
+    pub calls: u64,
+    pub total_ns: u64,
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+/// A model loaded on a backend with its KV cache: runs forward passes.
+pub trait Executor: Send {
+    fn backend_name(&self) -> &'static str;
+    fn kv_spec(&self) -> KvCacheSpec;
+    fn vocab_size(&self) -> usize;
+    /// Runs the batch, writing its new K/V into the cache; returns logits
+    /// `[batch.logits_indices.len(), vocab_size]`.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError>;
+    /// Turns per-op timing on or off (off by default: no overhead).
+    fn set_profiling(&mut self, on: bool);
+    /// Per-op statistics gathered since the last call; resets them.
+    fn take_profile(&mut self) -> Vec<OpStat>;
+}
+
+/// Bytes per KV-cache token for a config with f32 storage (K and V, all layers).
+pub fn kv_bytes_per_token(cfg: &quire_core::ModelConfig) -> usize {
+    2 * cfg.num_layers * cfg.kv_size() * std::mem::size_of::<f32>()
+}

@@ -1,0 +1,442 @@
+//! The Llama-family forward pass on the CPU (Llama 2/3, SmolLM2, Mistral; Qwen2's QKV bias and
+//! Qwen3's QK-norm are switches of the same block). Q/K/V and gate/up are stacked at load time so
+//! each layer makes four threaded matrix products. Buffers live in `Scratch` and only grow.
+
+use half::f16;
+use quire_core::ModelConfig;
+
+use super::attention::{paged_attention, AttnParams, KvElem};
+use super::matmul::{matmul, Activations, QMatrix};
+use super::ops;
+use super::profile::Profiler;
+use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct CpuOptions {
+    pub threads: usize,
+    pub kv_dtype: KvDtype,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            kv_dtype: KvDtype::F32,
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wqkv: QMatrix,
+    bqkv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    w_gate_up: QMatrix,
+    w_down: QMatrix,
+}
+
+enum KvStore {
+    F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
+}
+
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,    // [n, hidden] residual stream
+    h: Vec<f32>,    // [n, hidden] normed
+    qkv: Vec<f32>,  // [n, q + 2kv]
+    attn: Vec<f32>, // [n, q]
+    tmp: Vec<f32>,  // [n, hidden] projection output
+    gu: Vec<f32>,   // [n, 2 * inter]
+    act: Vec<f32>,  // [n, inter]
+    last: Vec<f32>, // [n_logits, hidden]
+    q8: Activations,
+    logits: Vec<f32>,
+}
+
+pub struct CpuExecutor {
+    cfg: ModelConfig,
+    pool: rayon::ThreadPool,
+    embed: QMatrix,
+    output: QMatrix,
+    output_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    inv_freq: Vec<f32>,
+    kv: KvCacheSpec,
+    store: KvStore,
+    scratch: Scratch,
+    prof: Profiler,
+}
+
+fn vec_f32(t: &crate::HostTensor, len: usize) -> Result<Vec<f32>, BackendError> {
+    if t.n_elements() != len {
+        return Err(BackendError::Shape {
+            name: t.name.clone(),
+            got: t.dims.clone(),
+            expected: vec![len],
+        });
+    }
+    t.to_f32()
+}
+
+impl CpuExecutor {
+    pub fn new(w: &ModelWeights, kv: KvCacheSpec, opts: CpuOptions) -> Result<Self, BackendError> {
+        let c = &w.config;
+        c.validate().map_err(BackendError::Config)?;
+        if !kv.block_size.is_power_of_two() || kv.block_size > 128 || kv.num_blocks == 0 {
+            return Err(BackendError::Config(format!(
+                "block size must be a power of two up to 128 and the cache non-empty (got {} blocks of {})",
+                kv.num_blocks, kv.block_size
+            )));
+        }
+        if c.num_heads / c.num_kv_heads > 16 {
+            return Err(BackendError::Config(
+                "GQA groups above 16 heads are not supported".into(),
+            ));
+        }
+        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let embed = QMatrix::from_tensor(&w.tok_embd, hd, c.vocab_size)?;
+        let output = match &w.output {
+            Some(t) => QMatrix::from_tensor(t, hd, c.vocab_size)?,
+            None => embed.clone(),
+        };
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for l in &w.layers {
+            let wq = QMatrix::from_tensor(&l.wq, hd, qs)?;
+            let wk = QMatrix::from_tensor(&l.wk, hd, kvs)?;
+            let wv = QMatrix::from_tensor(&l.wv, hd, kvs)?;
+            let bqkv = match (&l.bq, &l.bk, &l.bv) {
+                (Some(bq), Some(bk), Some(bv)) => {
+                    let mut b = vec_f32(bq, qs)?;
+                    b.extend(vec_f32(bk, kvs)?);
+                    b.extend(vec_f32(bv, kvs)?);
+                    Some(b)
+                }
+                (None, None, None) => None,
+                _ => {
+                    return Err(BackendError::Config(
+                        "Q, K and V biases must come together".into(),
+                    ))
+                }
+            };
+            let gate = QMatrix::from_tensor(&l.w_gate, hd, inter)?;
+            let up = QMatrix::from_tensor(&l.w_up, hd, inter)?;
+            layers.push(Layer {
+                attn_norm: vec_f32(&l.attn_norm, hd)?,
+                wqkv: QMatrix::concat_rows(&format!("{}+k+v", l.wq.name), &[wq, wk, wv])?,
+                bqkv,
+                q_norm: l
+                    .q_norm
+                    .as_ref()
+                    .map(|t| vec_f32(t, c.head_dim))
+                    .transpose()?,
+                k_norm: l
+                    .k_norm
+                    .as_ref()
+                    .map(|t| vec_f32(t, c.head_dim))
+                    .transpose()?,
+                wo: QMatrix::from_tensor(&l.wo, qs, hd)?,
+                ffn_norm: vec_f32(&l.ffn_norm, hd)?,
+                w_gate_up: QMatrix::concat_rows(&format!("{}+up", l.w_gate.name), &[gate, up])?,
+                w_down: QMatrix::from_tensor(&l.w_down, inter, hd)?,
+            });
+        }
+        if layers.len() != c.num_layers {
+            return Err(BackendError::Config(format!(
+                "config says {} layers, weights have {}",
+                c.num_layers,
+                layers.len()
+            )));
+        }
+        let slots = kv
+            .num_blocks
+            .checked_mul(kv.block_size)
+            .and_then(|s| s.checked_mul(kvs))
+            .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
+        let store = match opts.kv_dtype {
+            KvDtype::F32 => KvStore::F32(
+                (0..c.num_layers).map(|_| vec![0f32; slots]).collect(),
+                (0..c.num_layers).map(|_| vec![0f32; slots]).collect(),
+            ),
+            KvDtype::F16 => KvStore::F16(
+                (0..c.num_layers).map(|_| vec![f16::ZERO; slots]).collect(),
+                (0..c.num_layers).map(|_| vec![f16::ZERO; slots]).collect(),
+            ),
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads.max(1))
+            .thread_name(|i| format!("quire-cpu-{i}"))
+            .build()
+            .map_err(|e| BackendError::Config(format!("thread pool: {e}")))?;
+        Ok(Self {
+            inv_freq: ops::rope_inv_freq(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref()),
+            output_norm: vec_f32(&w.output_norm, hd)?,
+            cfg: c.clone(),
+            pool,
+            embed,
+            output,
+            layers,
+            kv,
+            store,
+            scratch: Scratch::default(),
+            prof: Profiler::default(),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Bytes of weights read by one forward pass (all layers plus the output projection).
+    pub fn weight_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
+            .sum::<usize>()
+            + self.output.bytes()
+    }
+}
+
+/// Dims of the matrix product `n × w`: bytes read (weights + activations + output) and FLOPs.
+fn mm_cost(w: &QMatrix, n: usize) -> (u64, u64) {
+    let bytes = w.bytes() + n * (w.cols + w.rows) * 4;
+    (bytes as u64, (2 * n * w.rows * w.cols) as u64)
+}
+
+impl Executor for CpuExecutor {
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn kv_spec(&self) -> KvCacheSpec {
+        self.kv
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.prof.set(on);
+    }
+
+    fn take_profile(&mut self) -> Vec<OpStat> {
+        self.prof.take()
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
+        batch.validate(self.kv.block_size, self.kv.num_blocks)?;
+        if let Some(&bad) = batch
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.cfg.vocab_size)
+        {
+            return Err(BackendError::InvalidBatch(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
+        }
+        let c = &self.cfg;
+        let n = batch.num_tokens();
+        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let qkv_dim = qs + 2 * kvs;
+        let s = &mut self.scratch;
+        s.x.resize(n * hd, 0.0);
+        s.h.resize(n * hd, 0.0);
+        s.qkv.resize(n * qkv_dim, 0.0);
+        s.attn.resize(n * qs, 0.0);
+        s.tmp.resize(n * hd, 0.0);
+        s.gu.resize(n * 2 * inter, 0.0);
+        s.act.resize(n * inter, 0.0);
+        let prof = &mut self.prof;
+        let pool = &self.pool;
+
+        prof.time("embed", None, (n * self.embed.row_bytes) as u64, 0, || {
+            for (t, &tok) in batch.token_ids.iter().enumerate() {
+                self.embed
+                    .dequantize_row(tok as usize, &mut s.x[t * hd..(t + 1) * hd]);
+            }
+        });
+        let attn = AttnParams {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: self.kv.block_size,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        for (li, l) in self.layers.iter().enumerate() {
+            let layer = Some(li);
+            prof.time(
+                "rms_norm",
+                layer,
+                (n * hd * 8) as u64,
+                (n * hd * 3) as u64,
+                || {
+                    ops::rms_norm(&s.x, &l.attn_norm, c.rms_norm_eps, &mut s.h);
+                    s.q8.prepare(&s.h, hd, l.wqkv.dtype);
+                },
+            );
+            let (b, f) = mm_cost(&l.wqkv, n);
+            prof.time("matmul_qkv", layer, b, f, || {
+                matmul(pool, &l.wqkv, &s.h, &s.q8, &mut s.qkv)
+            });
+            prof.time(
+                "rope",
+                layer,
+                (n * (qs + kvs) * 8) as u64,
+                (n * (qs + kvs) * 6) as u64,
+                || {
+                    for (t, row) in s.qkv.chunks_exact_mut(qkv_dim).enumerate() {
+                        if let Some(b) = &l.bqkv {
+                            ops::add_in_place(row, b);
+                        }
+                        let (q, rest) = row.split_at_mut(qs);
+                        let k = &mut rest[..kvs];
+                        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                            ops::rms_norm_heads(q, qn, c.rms_norm_eps);
+                            ops::rms_norm_heads(k, kn, c.rms_norm_eps);
+                        }
+                        let pos = batch.positions[t];
+                        ops::rope(q, c.head_dim, &self.inv_freq, pos, c.rope_style);
+                        ops::rope(k, c.head_dim, &self.inv_freq, pos, c.rope_style);
+                    }
+                },
+            );
+            let ctx: usize = batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum();
+            let elem = match self.store {
+                KvStore::F32(..) => 4,
+                KvStore::F16(..) => 2,
+            };
+            let attn_bytes = (batch.seqs.iter().map(|q| q.seq_len).sum::<usize>() * 2 * kvs * elem
+                + n * qs * 8) as u64;
+            let attn_flops = (4 * ctx * qs) as u64;
+            prof.time("attention", layer, attn_bytes, attn_flops, || {
+                let (q, kv) = s.qkv.split_at(qs);
+                let (k_new, v_new) = (&kv[..], &kv[kvs..]);
+                match &mut self.store {
+                    KvStore::F32(kc, vc) => run_attn(
+                        pool,
+                        &attn,
+                        q,
+                        qkv_dim,
+                        k_new,
+                        v_new,
+                        batch,
+                        &mut kc[li],
+                        &mut vc[li],
+                        &mut s.attn,
+                    ),
+                    KvStore::F16(kc, vc) => run_attn(
+                        pool,
+                        &attn,
+                        q,
+                        qkv_dim,
+                        k_new,
+                        v_new,
+                        batch,
+                        &mut kc[li],
+                        &mut vc[li],
+                        &mut s.attn,
+                    ),
+                }
+            });
+            let (b, f) = mm_cost(&l.wo, n);
+            prof.time("matmul_o", layer, b, f, || {
+                s.q8.prepare(&s.attn, qs, l.wo.dtype);
+                matmul(pool, &l.wo, &s.attn, &s.q8, &mut s.tmp);
+                ops::add_in_place(&mut s.x, &s.tmp);
+            });
+            prof.time(
+                "rms_norm",
+                layer,
+                (n * hd * 8) as u64,
+                (n * hd * 3) as u64,
+                || {
+                    ops::rms_norm(&s.x, &l.ffn_norm, c.rms_norm_eps, &mut s.h);
+                    s.q8.prepare(&s.h, hd, l.w_gate_up.dtype);
+                },
+            );
+            let (b, f) = mm_cost(&l.w_gate_up, n);
+            prof.time("matmul_gate_up", layer, b, f, || {
+                matmul(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.gu)
+            });
+            prof.time(
+                "swiglu",
+                layer,
+                (n * inter * 12) as u64,
+                (n * inter * 6) as u64,
+                || ops::swiglu(&s.gu, inter, &mut s.act),
+            );
+            let (b, f) = mm_cost(&l.w_down, n);
+            prof.time("matmul_down", layer, b, f, || {
+                s.q8.prepare(&s.act, inter, l.w_down.dtype);
+                matmul(pool, &l.w_down, &s.act, &s.q8, &mut s.tmp);
+                ops::add_in_place(&mut s.x, &s.tmp);
+            });
+        }
+        let nl = batch.logits_indices.len();
+        s.last.resize(nl * hd, 0.0);
+        s.h.resize(nl * hd, 0.0);
+        for (i, &row) in batch.logits_indices.iter().enumerate() {
+            let row = row as usize;
+            s.last[i * hd..(i + 1) * hd].copy_from_slice(&s.x[row * hd..(row + 1) * hd]);
+        }
+        s.logits.resize(nl * c.vocab_size, 0.0);
+        let (b, f) = mm_cost(&self.output, nl);
+        let output = &self.output;
+        prof.time("output", None, b, f, || {
+            ops::rms_norm(
+                &s.last,
+                &self.output_norm,
+                c.rms_norm_eps,
+                &mut s.h[..nl * hd],
+            );
+            s.q8.prepare(&s.h[..nl * hd], hd, output.dtype);
+            matmul(pool, output, &s.h[..nl * hd], &s.q8, &mut s.logits);
+        });
+        Ok(&self.scratch.logits)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_attn<T: KvElem>(
+    pool: &rayon::ThreadPool,
+    p: &AttnParams,
+    q: &[f32],
+    stride: usize,
+    k_new: &[f32],
+    v_new: &[f32],
+    batch: &ForwardBatch,
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    out: &mut [f32],
+) {
+    paged_attention(
+        pool,
+        p,
+        q,
+        stride,
+        k_new,
+        v_new,
+        stride,
+        batch.slot_mapping,
+        batch.seqs,
+        k_cache,
+        v_cache,
+        out,
+    );
+}

@@ -1,0 +1,181 @@
+//! Weight matrices kept in their storage type and the multi-threaded matrix product over them.
+//! Work is split over output rows (each thread reads a disjoint slice of the weights, which is what
+//! bounds decode speed) and, inside a task, tiled so a tile of weight rows stays in L1 while every
+//! token of a prefill batch passes over it.
+
+use quire_gguf::GgmlType;
+
+use super::quant::{dot_row, needs_q8, quantize_row_q8a, BlockQ8A, QK};
+use crate::{BackendError, HostTensor, TensorBytes};
+
+/// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    pub name: String,
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub data: TensorBytes,
+}
+
+impl QMatrix {
+    pub fn from_tensor(t: &HostTensor, cols: usize, rows: usize) -> Result<Self, BackendError> {
+        if t.dims.len() != 2 || t.dims[0] != cols || t.dims[1] != rows {
+            return Err(BackendError::Shape {
+                name: t.name.clone(),
+                got: t.dims.clone(),
+                expected: vec![cols, rows],
+            });
+        }
+        if !super::quant::supported_matmul_type(t.dtype) {
+            return Err(BackendError::UnsupportedType {
+                dtype: t.dtype.name(),
+                what: t.name.clone(),
+            });
+        }
+        if cols % t.dtype.block_size() != 0 || (needs_q8(t.dtype) && cols % QK != 0) {
+            return Err(BackendError::Config(format!(
+                "{}: row length {cols} is not a multiple of the block size",
+                t.name
+            )));
+        }
+        let row_bytes = cols / t.dtype.block_size() * t.dtype.type_size();
+        if t.bytes.as_slice().len() != row_bytes * rows {
+            return Err(BackendError::Config(format!(
+                "{}: byte length does not match its shape",
+                t.name
+            )));
+        }
+        Ok(Self {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            rows,
+            cols,
+            row_bytes,
+            data: t.bytes.clone(),
+        })
+    }
+
+    /// Stacks matrices with the same type and row length (e.g. Q, K and V) into one, so one
+    /// threaded launch computes all of them.
+    pub fn concat_rows(name: &str, parts: &[QMatrix]) -> Result<Self, BackendError> {
+        let first = &parts[0];
+        if parts
+            .iter()
+            .any(|p| p.dtype != first.dtype || p.cols != first.cols)
+        {
+            return Err(BackendError::Config(format!(
+                "{name}: parts differ in type or width"
+            )));
+        }
+        let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.data.as_slice().len()).sum());
+        for p in parts {
+            bytes.extend_from_slice(p.data.as_slice());
+        }
+        Ok(Self {
+            name: name.to_string(),
+            dtype: first.dtype,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            row_bytes: first.row_bytes,
+            data: TensorBytes::owned(bytes),
+        })
+    }
+
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.data.as_slice()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+
+    /// Dequantizes row `r` into `out` (embedding lookup).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        quire_gguf::dequantize_row(self.dtype, self.row(r), out).expect("type checked at load");
+    }
+}
+
+/// Activations of a batch, in f32 and (when the weights need it) quantized to 8 bits.
+#[derive(Default)]
+pub struct Activations {
+    pub q: Vec<BlockQ8A>,
+}
+
+impl Activations {
+    // x: [n, cols]
+    pub fn prepare(&mut self, x: &[f32], cols: usize, dtype: GgmlType) {
+        if !needs_q8(dtype) {
+            return;
+        }
+        let n = x.len() / cols;
+        let nb = cols / QK;
+        self.q.resize(n * nb, BlockQ8A::default());
+        for (row, out) in x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb)) {
+            quantize_row_q8a(row, out);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint (row, token) cells of the output.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+const TILE_ROWS: usize = 16;
+
+/// `out[t, r] = sum_i x[t, i] * w[r, i]` for every token t.
+// x: [n, cols]; xq: quantized x (if the type needs it); out: [n, rows]
+pub fn matmul(
+    pool: &rayon::ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    act: &Activations,
+    out: &mut [f32],
+) {
+    let n = x.len() / w.cols;
+    assert_eq!(out.len(), n * w.rows);
+    let nb = w.cols / QK;
+    let quantized = needs_q8(w.dtype);
+    let threads = pool.current_num_threads().max(1);
+    // Enough tasks to balance, each a whole number of tiles.
+    let tiles = w.rows.div_ceil(TILE_ROWS);
+    let tasks = (threads * 4).min(tiles).max(1);
+    let tiles_per_task = tiles.div_ceil(tasks);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |task: usize| {
+        let out_ptr = out_ptr;
+        let r0 = task * tiles_per_task * TILE_ROWS;
+        let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
+        let mut tile = r0;
+        while tile < r1 {
+            let tile_end = (tile + TILE_ROWS).min(r1);
+            for t in 0..n {
+                let xt = &x[t * w.cols..(t + 1) * w.cols];
+                let xqt: &[BlockQ8A] = if quantized {
+                    &act.q[t * nb..(t + 1) * nb]
+                } else {
+                    &[]
+                };
+                for r in tile..tile_end {
+                    let v = dot_row(w.dtype, w.row(r), xt, xqt);
+                    // SAFETY: (t, r) is written by exactly one task; index < n * rows.
+                    unsafe { *out_ptr.0.add(t * w.rows + r) = v };
+                }
+            }
+            tile = tile_end;
+        }
+    };
+    if tasks == 1 {
+        run(0);
+    } else {
+        pool.scope(|s| {
+            for task in 0..tasks {
+                let run = &run;
+                s.spawn(move |_| run(task));
+            }
+        });
+    }
+}

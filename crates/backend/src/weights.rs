@@ -1,0 +1,129 @@
+//! Host-side view of a model's weights, as a loader produces them: each tensor is a typed byte range
+//! of some owner (a memory-mapped GGUF file, or an owned buffer). Backends read from here once, at
+//! load time, and keep quantized data quantized.
+
+use std::sync::Arc;
+
+use quire_core::ModelConfig;
+use quire_gguf::GgmlType;
+
+/// Anything that owns a byte buffer for the lifetime of the weights.
+pub trait ByteOwner: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+impl ByteOwner for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl ByteOwner for quire_gguf::GgufFile {
+    fn bytes(&self) -> &[u8] {
+        quire_gguf::GgufFile::bytes(self)
+    }
+}
+
+/// A byte range of a shared owner.
+#[derive(Clone)]
+pub struct TensorBytes {
+    owner: Arc<dyn ByteOwner>,
+    start: usize,
+    len: usize,
+}
+
+impl TensorBytes {
+    /// `None` when the range does not lie inside the owner.
+    pub fn new(owner: Arc<dyn ByteOwner>, start: usize, len: usize) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        (end <= owner.bytes().len()).then_some(Self { owner, start, len })
+    }
+
+    pub fn owned(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        Self {
+            owner: Arc::new(bytes),
+            start: 0,
+            len,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.owner.bytes()[self.start..self.start + self.len]
+    }
+}
+
+impl std::fmt::Debug for TensorBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TensorBytes({} bytes)", self.len)
+    }
+}
+
+/// One tensor: ggml dimension order (`dims[0]` is the contiguous row length).
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    pub name: String,
+    pub dtype: GgmlType,
+    pub dims: Vec<usize>,
+    pub bytes: TensorBytes,
+}
+
+impl HostTensor {
+    pub fn n_elements(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Row length and number of rows of a 2-D (or 1-D) tensor.
+    pub fn row_len(&self) -> usize {
+        self.dims.first().copied().unwrap_or(0)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.dims.iter().skip(1).product()
+    }
+
+    /// Dequantizes the whole tensor to f32 (norms, biases, tests).
+    pub fn to_f32(&self) -> Result<Vec<f32>, crate::BackendError> {
+        let mut out = vec![0f32; self.n_elements()];
+        quire_gguf::dequantize_row(self.dtype, self.bytes.as_slice(), &mut out).map_err(|e| {
+            crate::BackendError::UnsupportedType {
+                dtype: self.dtype.name(),
+                what: format!("{}: {e}", self.name),
+            }
+        })?;
+        Ok(out)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub attn_norm: HostTensor,
+    // wq: [hidden, q_size], wk/wv: [hidden, kv_size], wo: [q_size, hidden] (ggml order)
+    pub wq: HostTensor,
+    pub wk: HostTensor,
+    pub wv: HostTensor,
+    pub wo: HostTensor,
+    pub bq: Option<HostTensor>,
+    pub bk: Option<HostTensor>,
+    pub bv: Option<HostTensor>,
+    pub q_norm: Option<HostTensor>,
+    pub k_norm: Option<HostTensor>,
+    pub ffn_norm: HostTensor,
+    // w_gate, w_up: [hidden, intermediate]; w_down: [intermediate, hidden]
+    pub w_gate: HostTensor,
+    pub w_up: HostTensor,
+    pub w_down: HostTensor,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelWeights {
+    pub config: ModelConfig,
+    // tok_embd: [hidden, vocab]
+    pub tok_embd: HostTensor,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: HostTensor,
+    /// `None` when the output projection is tied to the embeddings.
+    pub output: Option<HostTensor>,
+    /// Per-frequency divisors of Llama 3's RoPE scaling (`rope_freqs.weight`), `[rope_dim / 2]`.
+    pub rope_freqs: Option<Vec<f32>>,
+}
