@@ -141,6 +141,11 @@ impl KvCacheManager {
         self.seqs.get(&seq).map_or(&[], |s| &s.block_table)
     }
 
+    /// Number of sequences holding a block table.
+    pub fn num_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+
     /// Whether the sequence holds a block table (it was allocated and not freed since).
     pub fn contains_seq(&self, seq: SeqId) -> bool {
         self.seqs.contains_key(&seq)
