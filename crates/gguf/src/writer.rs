@@ -36,6 +36,18 @@ pub struct GgufWriter {
     names: HashSet<String>,
 }
 
+impl std::fmt::Debug for GgufWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tensors: Vec<&TensorInfo> = self.tensors.iter().map(|t| &t.info).collect();
+        f.debug_struct("GgufWriter")
+            .field("version", &self.version)
+            .field("alignment", &self.alignment)
+            .field("metadata", &self.metadata)
+            .field("tensors", &tensors)
+            .finish()
+    }
+}
+
 impl Default for GgufWriter {
     fn default() -> Self {
         Self::new()
