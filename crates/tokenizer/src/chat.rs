@@ -1,0 +1,235 @@
+//! Chat templates: the Jinja template stored in `tokenizer.chat_template`, rendered with minijinja in
+//! an environment set up like Hugging Face transformers' (`apply_chat_template`), because that is
+//! what the templates were written for: `trim_blocks` and `lstrip_blocks` on, loop controls,
+//! `raise_exception`, `strftime_now`, Python string/dict methods (`.strip()`, `.startswith()`,
+//! `.items()` ...), and `tojson` as Python's `json.dumps` rather than Jinja's HTML-safe variant.
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+use crate::pyfns::{dumps, strftime_now, DumpOptions};
+use crate::TokenizerError;
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+#[derive(Clone)]
+enum Inner {
+    Jinja {
+        env: Box<Environment<'static>>,
+        bos_token: String,
+        eos_token: String,
+    },
+    /// Rendered in Rust, so that the fallback can never fail to compile.
+    ChatMl,
+}
+
+/// A compiled chat template.
+#[derive(Clone)]
+pub struct ChatTemplate {
+    inner: Inner,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::Jinja { .. } => f.write_str("ChatTemplate(jinja)"),
+            Inner::ChatMl => f.write_str("ChatTemplate(chatml)"),
+        }
+    }
+}
+
+/// `raise_exception(message)`: aborts rendering with the template's message.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `value | tojson(indent=None, ensure_ascii=False, separators=None, sort_keys=False)`.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let bad = |what: &str| Error::new(ErrorKind::InvalidOperation, format!("tojson: {what}"));
+    let json = serde_json::to_value(value)
+        .map_err(|e| bad("value cannot be serialized").with_source(e))?;
+    let mut opts = DumpOptions::default();
+    let indent = match indent {
+        Some(v) => Some(v),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    if let Some(indent) = indent.filter(|v| !v.is_none() && !v.is_undefined()) {
+        opts.indent = Some(match indent.as_str() {
+            Some(s) => s.to_string(),
+            None => {
+                let n = i64::try_from(indent).map_err(|_| bad("indent must be int or str"))?;
+                " ".repeat(usize::try_from(n).unwrap_or(0).min(64))
+            }
+        });
+        // Python's default item separator drops its space when indenting.
+        opts.item_sep = ",".into();
+    }
+    if let Some(b) = kwargs.get::<Option<bool>>("ensure_ascii")? {
+        opts.ensure_ascii = b;
+    }
+    if let Some(b) = kwargs.get::<Option<bool>>("sort_keys")? {
+        opts.sort_keys = b;
+    }
+    if let Some(seps) = kwargs.get::<Option<Value>>("separators")? {
+        if !seps.is_none() {
+            let item = seps.get_item(&Value::from(0))?;
+            let key = seps.get_item(&Value::from(1))?;
+            match (item.as_str(), key.as_str()) {
+                (Some(i), Some(k)) => {
+                    opts.item_sep = i.to_string();
+                    opts.key_sep = k.to_string();
+                }
+                _ => return Err(bad("separators must be a pair of strings")),
+            }
+        }
+    }
+    kwargs.assert_all_used()?;
+    Ok(Value::from_safe_string(dumps(&json, &opts)))
+}
+
+/// Rewrites HF's `{% generation %}` / `{% endgeneration %}` tags (which only mark assistant text for
+/// training masks) into an always-true `if`, keeping any whitespace-control dashes.
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+impl ChatTemplate {
+    /// Compiles `source` once; `bos_token` and `eos_token` are the texts the template sees.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TokenizerError> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()?;
+        env.set_syntax(syntax);
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))?;
+        Ok(Self {
+            inner: Inner::Jinja {
+                env: Box::new(env),
+                bos_token: bos_token.to_string(),
+                eos_token: eos_token.to_string(),
+            },
+        })
+    }
+
+    /// A ChatML template (`<|im_start|>role\ncontent<|im_end|>\n` per message) for models that ship
+    /// none.
+    pub fn chatml_fallback() -> Self {
+        Self {
+            inner: Inner::ChatMl,
+        }
+    }
+
+    /// Renders a conversation; `add_generation_prompt` appends the opening of an assistant turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        self.render_with(messages, add_generation_prompt, serde_json::Map::new())
+    }
+
+    /// As [`render`](Self::render), with extra template variables (e.g. `tools`,
+    /// `enable_thinking`); the standard variables win over extras of the same name.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
+        match &self.inner {
+            Inner::ChatMl => {
+                let mut out = String::new();
+                for m in messages {
+                    out.push_str("<|im_start|>");
+                    out.push_str(&m.role);
+                    out.push('\n');
+                    out.push_str(&m.content);
+                    out.push_str("<|im_end|>\n");
+                }
+                if add_generation_prompt {
+                    out.push_str("<|im_start|>assistant\n");
+                }
+                Ok(out)
+            }
+            Inner::Jinja {
+                env,
+                bos_token,
+                eos_token,
+            } => {
+                let mut ctx = extra;
+                let messages = serde_json::to_value(messages).map_err(|e| {
+                    Error::new(ErrorKind::BadSerialization, "messages").with_source(e)
+                })?;
+                ctx.insert("messages".into(), messages);
+                ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
+                ctx.insert("bos_token".into(), bos_token.clone().into());
+                ctx.insert("eos_token".into(), eos_token.clone().into());
+                let template = env.get_template(TEMPLATE_NAME)?;
+                Ok(template.render(Value::from(minijinja::value::Serde(&ctx)))?)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_generation_tags;
+
+    #[test]
+    fn generation_tags_become_if_true() {
+        assert_eq!(
+            strip_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}"),
+            "a{%- if true -%}b{% endif %}c{% if x %}"
+        );
+        assert_eq!(strip_generation_tags("x {% unclosed"), "x {% unclosed");
+    }
+}
