@@ -127,13 +127,18 @@ impl ByteTable {
         Self { to_byte }
     }
 
+    /// The byte a byte-level character stands for.
+    pub fn byte_of(&self, c: char) -> Option<u8> {
+        self.to_byte.get(c as usize).copied().flatten()
+    }
+
     /// Undoes the byte-level encoding of a token text. A text containing characters outside the
     /// table (not produced by byte-level encoding) is returned as its own UTF-8 bytes, as the
     /// `tokenizers` ByteLevel decoder does.
     pub fn decode(&self, text: &str) -> Vec<u8> {
         let mut out = Vec::with_capacity(text.len());
         for c in text.chars() {
-            match self.to_byte.get(c as usize).copied().flatten() {
+            match self.byte_of(c) {
                 Some(b) => out.push(b),
                 None => return text.as_bytes().to_vec(),
             }
@@ -146,6 +151,10 @@ impl ByteTable {
 pub(crate) struct ByteLevelBpe {
     model: BPE,
     pre: PreTokenizerWrapper,
+    /// Whether the vocabulary has the single-character token of each byte.
+    has_byte: [bool; 256],
+    ignore_merges: bool,
+    bytes: ByteTable,
 }
 
 impl std::fmt::Debug for ByteLevelBpe {
@@ -220,9 +229,18 @@ impl ByteLevelBpe {
             .use_regex(false);
         steps.push(byte_level.into());
 
+        let mut has_byte = [false; 256];
+        for (b, has) in has_byte.iter_mut().enumerate() {
+            let c = byte_to_char(b as u8);
+            *has = vocab.lookup(c.encode_utf8(&mut [0; 4])).is_some();
+        }
+
         Ok(Self {
             model,
             pre: Sequence::new(steps).into(),
+            has_byte,
+            ignore_merges: config.ignore_merges,
+            bytes: ByteTable::new(),
         })
     }
 
@@ -234,9 +252,36 @@ impl ByteLevelBpe {
         let mut pretok = PreTokenizedString::from(text);
         self.pre.pre_tokenize(&mut pretok).map_err(bpe_err)?;
         for (piece, _, _) in pretok.get_splits(OffsetReferential::Original, OffsetType::None) {
-            for token in self.model.tokenize(piece).map_err(bpe_err)? {
-                out.push(token.id);
+            let known = |c: char| {
+                self.bytes
+                    .byte_of(c)
+                    .is_some_and(|b| self.has_byte[b as usize])
+            };
+            if piece.chars().all(known)
+                || (self.ignore_merges && self.model.token_to_id(piece).is_some())
+            {
+                self.tokenize_run(piece, out)?;
+                continue;
             }
+            // llama.cpp keeps a byte without a token as a symbol that no merge touches and drops it
+            // at the end; `tokenizers` would drop it first and let its neighbours merge. So the runs
+            // between such bytes are tokenized separately.
+            for run in piece.split(|c: char| !known(c)) {
+                self.tokenize_run(run, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn tokenize_run(&self, run: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+        if !run.is_empty() {
+            out.extend(
+                self.model
+                    .tokenize(run)
+                    .map_err(bpe_err)?
+                    .iter()
+                    .map(|t| t.id),
+            );
         }
         Ok(())
     }

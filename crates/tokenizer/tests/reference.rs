@@ -241,3 +241,56 @@ fn chat_template_renders_chatml_with_default_system_prompt() {
     let ids = m.tokenizer.encode(&prompt, false, true).expect("encode");
     assert_eq!(ids, case.prompt_tokens);
 }
+
+#[test]
+fn arbitrary_text_round_trips() {
+    let m = load();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let pieces = [
+        " ",
+        "  ",
+        "\n\n",
+        "\t",
+        "Hello",
+        "world",
+        "é",
+        "日本語",
+        "😀",
+        "2024",
+        "3.14",
+        "'s",
+        "'LL",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_",
+        "def f(x):",
+        "\u{a0}",
+        "\u{2581}",
+    ];
+    for _ in 0..300 {
+        let mut text = String::new();
+        for _ in 0..next() % 30 {
+            if next() % 5 == 0 {
+                // Up to U+3FFFF: SmolLM2 has no tokens for the lead bytes F1 and F2 of higher planes
+                // (nor for a few ASCII control characters), and drops those bytes as llama.cpp does.
+                let c = 0x20 + next() % (0x4_0000 - 0x20);
+                text.push(char::from_u32(c as u32).unwrap_or('?'));
+            } else {
+                text.push_str(pieces[(next() % pieces.len() as u64) as usize]);
+            }
+        }
+        for parse_special in [false, true] {
+            let ids = m
+                .tokenizer
+                .encode(&text, false, parse_special)
+                .expect("encode");
+            assert_eq!(m.tokenizer.decode(&ids, false).expect("decode"), text);
+        }
+    }
+}
