@@ -21,6 +21,10 @@ pub struct RunStamp {
     pub os: String,
     /// RFC 3339 UTC time of the stamp.
     pub date: String,
+    /// 1-minute load average when stamped: above ~0.5 on an idle-by-design benchmark host,
+    /// something else was competing for the cores.
+    #[serde(default)]
+    pub load_avg: f64,
 }
 
 impl RunStamp {
@@ -36,22 +40,42 @@ impl RunStamp {
             cpu_features: cpu_features(),
             os: os_release(),
             date: rfc3339_utc(SystemTime::now()),
+            load_avg: load_avg(),
         }
     }
 
     /// One line for the end of a human-readable report.
     pub fn line(&self) -> String {
         format!(
-            "quire {} ({}) on {} ({} cores, {}), {}, {}",
+            "quire {} ({}) on {} ({} cores, {}), {}, {}, load average {:.2}",
             self.quire_version,
             self.commit,
             self.cpu,
             self.cores,
             self.cpu_features,
             self.os,
-            self.date
+            self.date,
+            self.load_avg
         )
     }
+
+    /// A warning when the machine was busy (load average above half a core) at stamp time.
+    pub fn busy_warning(&self) -> Option<String> {
+        (self.load_avg > 0.5).then(|| {
+            format!(
+                "warning: load average {:.2} on {} cores: other work is competing for the CPU, results will be noisy",
+                self.load_avg, self.cores
+            )
+        })
+    }
+}
+
+/// The 1-minute load average from /proc/loadavg (0 where unavailable).
+pub fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// `QUIRE_COMMIT`, else `git rev-parse --short HEAD`, else "unknown".
@@ -62,14 +86,26 @@ pub fn git_commit() -> String {
     {
         return c.trim().to_string();
     }
-    Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
+    // The working directory's checkout, else the one the running binary was built in.
+    let exe_dir = std::env::current_exe()
         .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()));
+    [None, exe_dir]
+        .into_iter()
+        .find_map(|dir| {
+            let mut cmd = Command::new("git");
+            if let Some(d) = &dir {
+                cmd.arg("-C").arg(d);
+            }
+            cmd.args(["rev-parse", "--short", "HEAD"])
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .and_then(|o| String::from_utf8(o.stdout).ok())
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+        })
         .unwrap_or_else(|| "unknown".to_string())
 }
 

@@ -1,0 +1,541 @@
+//! `quire attn-bench`: the paged attention kernel on its own. It builds random sequences whose KV
+//! blocks are scattered over a shared pool (shuffled block ids, every unused slot NaN-poisoned so
+//! a wrong read cannot go unnoticed), checks the kernel against the dense f64 reference, then
+//! times every dispatch of the paged kernel and of a dense one (each sequence's K/V contiguous,
+//! no block table, same online-softmax algorithm and work split), so the cost of paging is the
+//! difference between the two. One CSV row per dispatch; the summary separates the first (cold)
+//! dispatches from the steady state.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use half::f16;
+use quire_backend::cpu::attention::{dense_reference, paged_attention, AttnParams, KvElem};
+use quire_backend::SeqBatch;
+use quire_core::BlockId;
+use quire_perf::output::csv_line;
+use quire_perf::{RunStamp, Summary, Table};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+/// Dispatches counted as cold in the summary.
+const COLD: usize = 5;
+
+#[derive(Args, Debug)]
+pub struct AttnBenchArgs {
+    /// Sequences per dispatch
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Query heads
+    #[arg(long, default_value_t = 16)]
+    pub q_heads: usize,
+    /// KV heads (grouped-query attention when fewer than query heads)
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: usize,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: usize,
+    /// Tokens per KV block
+    #[arg(long, default_value_t = 32)]
+    pub block_size: usize,
+    /// Blocks reserved per sequence (the pool holds batch × max-blocks blocks)
+    #[arg(long, default_value_t = 64)]
+    pub max_blocks: usize,
+    /// Blocks each sequence fills (its context is active-blocks × block-size tokens)
+    #[arg(long, default_value_t = 32)]
+    pub active_blocks: usize,
+    /// Timed dispatches per kernel
+    #[arg(long, default_value_t = 256)]
+    pub repeats: usize,
+    /// KV-cache storage type: float16, float32 or bfloat16
+    #[arg(long, default_value = "float16")]
+    pub dtype: String,
+    /// decode: one new token per sequence; prefill: a chunk of --query-len tokens per sequence
+    #[arg(long, default_value = "decode", value_parser = ["decode", "prefill"])]
+    pub mode: String,
+    /// New tokens per sequence in prefill mode
+    #[arg(long, default_value_t = 32)]
+    pub query_len: usize,
+    /// Compute backend
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub backend: String,
+    /// Threads [default: all cores]
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write one row per dispatch to this CSV file (settings and stamp go to FILE.meta.json)
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+}
+
+/// bfloat16 KV storage for this benchmark. The kernel is generic over the storage type; quire's
+/// KV cache itself offers f32 and f16 only, and AVX2 has no bf16 arithmetic (values widen to f32
+/// by a 16-bit shift), so this measures the kernel, not an engine configuration.
+#[derive(Clone, Copy)]
+struct Bf16(half::bf16);
+
+impl KvElem for Bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self.0.to_f32()
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        Bf16(half::bf16::from_f32(v))
+    }
+    const NAME: &'static str = "bf16";
+}
+
+/// A sequence of the dispatch: where its new tokens are and how long its context is.
+#[derive(Clone, Copy)]
+struct Seq {
+    query_start: usize,
+    query_len: usize,
+    seq_len: usize,
+}
+
+/// Dense attention: sequence `s` keeps its K/V rows contiguous at `[s * cap, s * cap + seq_len)`.
+/// Writes the new rows, then for every (token, KV head) runs the same online softmax as the
+/// paged kernel over chunks of `block_size` rows.
+#[allow(clippy::too_many_arguments)]
+fn dense_attention<T: KvElem>(
+    pool: &rayon::ThreadPool,
+    p: &AttnParams,
+    q: &[f32],
+    k_new: &[f32],
+    v_new: &[f32],
+    seqs: &[Seq],
+    token_seq: &[usize],
+    cap: usize,
+    k: &mut [T],
+    v: &mut [T],
+    out: &mut [f32],
+) {
+    let d = p.head_dim;
+    let kv_row = p.num_kv_heads * d;
+    for (si, s) in seqs.iter().enumerate() {
+        for i in 0..s.query_len {
+            let row = si * cap + s.seq_len - s.query_len + i;
+            let src = (s.query_start + i) * kv_row;
+            for j in 0..kv_row {
+                k[row * kv_row + j] = T::from_f32(k_new[src + j]);
+                v[row * kv_row + j] = T::from_f32(v_new[src + j]);
+            }
+        }
+    }
+    let group = p.num_heads / p.num_kv_heads;
+    let (k, v): (&[T], &[T]) = (k, v);
+    pool.install(|| {
+        out.par_chunks_mut(group * d)
+            .enumerate()
+            .for_each(|(item, o)| {
+                let t = item / p.num_kv_heads;
+                let kvh = item % p.num_kv_heads;
+                let si = token_seq[t];
+                let s = seqs[si];
+                let ctx = s.seq_len - s.query_len + (t - s.query_start) + 1;
+                let qg = &q[(t * p.num_heads + kvh * group) * d..][..group * d];
+                let base = si * cap * kv_row + kvh * d;
+                dense_group(p, qg, ctx, &k[base..], &v[base..], kv_row, o);
+            });
+    });
+}
+
+/// Online softmax of `group` heads over `ctx` contiguous rows (row stride `stride`).
+fn dense_group<T: KvElem>(
+    p: &AttnParams,
+    q: &[f32],
+    ctx: usize,
+    k: &[T],
+    v: &[T],
+    stride: usize,
+    out: &mut [f32],
+) {
+    let d = p.head_dim;
+    let group = q.len() / d;
+    let chunk = p.block_size;
+    let mut m = [f32::NEG_INFINITY; 16];
+    let mut l = [0f32; 16];
+    let mut sc = [0f32; 2048];
+    out.fill(0.0);
+    for c0 in (0..ctx).step_by(chunk) {
+        let n = chunk.min(ctx - c0);
+        for j in 0..n {
+            let kr = &k[(c0 + j) * stride..][..d];
+            for g in 0..group {
+                let dot: f32 = q[g * d..(g + 1) * d]
+                    .iter()
+                    .zip(kr)
+                    .map(|(a, b)| a * b.to_f32())
+                    .sum();
+                sc[g * chunk + j] = dot * p.scale;
+            }
+        }
+        for g in 0..group {
+            let s = &sc[g * chunk..g * chunk + n];
+            let mx = s.iter().fold(m[g], |a, &b| a.max(b));
+            let corr = (m[g] - mx).exp();
+            let og = &mut out[g * d..(g + 1) * d];
+            og.iter_mut().for_each(|x| *x *= corr);
+            l[g] *= corr;
+            for (j, &x) in s.iter().enumerate() {
+                let w = (x - mx).exp();
+                l[g] += w;
+                let vr = &v[(c0 + j) * stride..][..d];
+                og.iter_mut()
+                    .zip(vr)
+                    .for_each(|(o, b)| *o += w * b.to_f32());
+            }
+            m[g] = mx;
+        }
+    }
+    for g in 0..group {
+        let inv = 1.0 / l[g];
+        out[g * d..(g + 1) * d].iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// (max absolute error, max absolute error ÷ max |reference|); NaN when any output is NaN.
+fn errors(out: &[f32], reference: &[f64]) -> (f64, f64) {
+    let mut abs = 0f64;
+    let mut scale = 0f64;
+    for (&o, &r) in out.iter().zip(reference) {
+        let e = (o as f64 - r).abs();
+        if e.is_nan() {
+            return (f64::NAN, f64::NAN);
+        }
+        abs = abs.max(e);
+        scale = scale.max(r.abs());
+    }
+    (abs, abs / scale.max(f64::MIN_POSITIVE))
+}
+
+fn check(a: &AttnBenchArgs) -> Result<()> {
+    if a.backend != "cpu" {
+        bail!("backend {} was not built into this binary", a.backend);
+    }
+    if a.batch == 0 || a.q_heads == 0 || a.kv_heads == 0 || a.head_dim == 0 || a.repeats == 0 {
+        bail!("--batch, --q-heads, --kv-heads, --head-dim and --repeats must be at least 1");
+    }
+    if !a.q_heads.is_multiple_of(a.kv_heads) || a.q_heads / a.kv_heads > 16 {
+        bail!("--q-heads must be a multiple of --kv-heads, at most 16 per KV head");
+    }
+    if a.block_size == 0 || a.block_size * (a.q_heads / a.kv_heads) > 2048 {
+        bail!("--block-size × (q-heads / kv-heads) must be between 1 and 2048");
+    }
+    if a.active_blocks == 0 || a.active_blocks > a.max_blocks {
+        bail!("--active-blocks must be between 1 and --max-blocks");
+    }
+    if a.mode == "prefill" && (a.query_len == 0 || a.query_len > a.active_blocks * a.block_size) {
+        bail!("--query-len must be between 1 and active-blocks × block-size");
+    }
+    Ok(())
+}
+
+pub fn run(a: AttnBenchArgs) -> Result<()> {
+    check(&a)?;
+    match a.dtype.to_ascii_lowercase().as_str() {
+        "float16" | "f16" | "half" => bench::<f16>(&a, "float16"),
+        "float32" | "f32" | "float" => bench::<f32>(&a, "float32"),
+        "bfloat16" | "bf16" => {
+            eprintln!(
+                "note: quire's KV cache offers f32 and f16 only; bfloat16 here is the generic kernel \
+                 with bf16 storage (no bf16 arithmetic on AVX2: values widen to f32 by a shift)"
+            );
+            bench::<Bf16>(&a, "bfloat16")
+        }
+        other => bail!("--dtype {other}: use float16, float32 or bfloat16"),
+    }
+}
+
+fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
+    let stamp = RunStamp::collect();
+    if let Some(w) = stamp.busy_warning() {
+        eprintln!("{w}");
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("thread pool")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let (b, d, bs) = (a.batch, a.head_dim, a.block_size);
+    let kv_row = a.kv_heads * d;
+    let q_row = a.q_heads * d;
+    let seq_len = a.active_blocks * bs;
+    let qlen = if a.mode == "prefill" { a.query_len } else { 1 };
+    let tokens = b * qlen;
+    let p = AttnParams {
+        num_heads: a.q_heads,
+        num_kv_heads: a.kv_heads,
+        head_dim: d,
+        block_size: bs,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    // Shuffled pool of batch × max-blocks blocks; each sequence takes active-blocks of them.
+    let pool_blocks = b * a.max_blocks;
+    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+    ids.shuffle(&mut rng);
+    let tables: Vec<Vec<BlockId>> = (0..b)
+        .map(|i| {
+            ids[i * a.active_blocks..(i + 1) * a.active_blocks]
+                .iter()
+                .map(|&x| BlockId(x))
+                .collect()
+        })
+        .collect();
+    let rnd = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<f32> {
+        // Rounded through the storage type so the reference sees what the cache holds.
+        (0..n)
+            .map(|_| T::from_f32(rng.random_range(-1.0..1.0)).to_f32())
+            .collect()
+    };
+    let full_k: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
+    let full_v: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
+    let q: Vec<f32> = (0..tokens * q_row)
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect();
+    let nan = T::from_f32(f32::NAN);
+    let mut k_cache = vec![nan; pool_blocks * bs * kv_row];
+    let mut v_cache = k_cache.clone();
+    let mut k_dense = vec![nan; b * seq_len * kv_row];
+    let mut v_dense = k_dense.clone();
+    let (mut k_new, mut v_new) = (Vec::new(), Vec::new());
+    let mut slots = Vec::new();
+    let mut seqs = Vec::new();
+    let mut token_seq = Vec::new();
+    for (i, table) in tables.iter().enumerate() {
+        let cached = seq_len - qlen;
+        for pos in 0..seq_len {
+            let src = &full_k[i][pos * kv_row..(pos + 1) * kv_row];
+            let srcv = &full_v[i][pos * kv_row..(pos + 1) * kv_row];
+            if pos < cached {
+                let slot = table[pos / bs].as_usize() * bs + pos % bs;
+                let dense = i * seq_len + pos;
+                for j in 0..kv_row {
+                    k_cache[slot * kv_row + j] = T::from_f32(src[j]);
+                    v_cache[slot * kv_row + j] = T::from_f32(srcv[j]);
+                    k_dense[dense * kv_row + j] = T::from_f32(src[j]);
+                    v_dense[dense * kv_row + j] = T::from_f32(srcv[j]);
+                }
+            } else {
+                k_new.extend_from_slice(src);
+                v_new.extend_from_slice(srcv);
+                slots.push((table[pos / bs].as_usize() * bs + pos % bs) as u32);
+                token_seq.push(i);
+            }
+        }
+        seqs.push(Seq {
+            query_start: i * qlen,
+            query_len: qlen,
+            seq_len,
+        });
+    }
+    let seq_batch: Vec<SeqBatch> = seqs
+        .iter()
+        .zip(&tables)
+        .map(|(s, t)| SeqBatch {
+            query_start: s.query_start,
+            query_len: s.query_len,
+            seq_len: s.seq_len,
+            block_table: t,
+        })
+        .collect();
+    let mut out = vec![0f32; tokens * q_row];
+    let mut paged = |out: &mut [f32]| {
+        paged_attention(
+            &pool,
+            &p,
+            &q,
+            q_row,
+            &k_new,
+            &v_new,
+            kv_row,
+            &slots,
+            &seq_batch,
+            &mut k_cache,
+            &mut v_cache,
+            out,
+        )
+    };
+    let mut dense = |out: &mut [f32]| {
+        dense_attention(
+            &pool,
+            &p,
+            &q,
+            &k_new,
+            &v_new,
+            &seqs,
+            &token_seq,
+            seq_len,
+            &mut k_dense,
+            &mut v_dense,
+            out,
+        )
+    };
+
+    // Parity against the f64 reference, sequence by sequence.
+    let reference: Vec<f64> = (0..b)
+        .into_par_iter()
+        .flat_map_iter(|i| {
+            let qs = &q[i * qlen * q_row..(i + 1) * qlen * q_row];
+            dense_reference(&p, qs, &full_k[i], &full_v[i], seq_len)
+        })
+        .collect();
+    let mut parity = Vec::new();
+    for (name, kernel) in [
+        ("paged", &mut paged as &mut dyn FnMut(&mut [f32])),
+        ("dense", &mut dense),
+    ] {
+        out.fill(f32::NAN);
+        kernel(&mut out);
+        let (abs, rel) = errors(&out, &reference);
+        let ok = rel < 1e-4;
+        println!(
+            "parity {name} vs dense f64 reference ({dtype} KV, {} outputs): max abs err {abs:.3e}, max rel err {rel:.3e} — {}",
+            out.len(),
+            if ok { "OK" } else { "FAILED" }
+        );
+        parity.push((name, abs, rel, ok));
+    }
+    if parity.iter().any(|x| !x.3) {
+        bail!("attention output differs from the reference (NaN means a poisoned slot was read)");
+    }
+
+    // Timing: every dispatch of one kernel, then the other.
+    let elem = std::mem::size_of::<T>();
+    let kv_bytes = (b * seq_len * 2 * kv_row * elem) as u64;
+    let bytes = kv_bytes + (tokens * (2 * kv_row * (elem + 4) + 2 * q_row * 4)) as u64;
+    let pairs: usize = (0..qlen).map(|i| seq_len - qlen + i + 1).sum::<usize>() * b;
+    let flops = (4 * pairs * q_row) as u64;
+    let mut times: Vec<(&str, Vec<f64>)> = Vec::new();
+    for (name, kernel) in [
+        ("paged", &mut paged as &mut dyn FnMut(&mut [f32])),
+        ("dense", &mut dense),
+    ] {
+        let mut ms = Vec::with_capacity(a.repeats);
+        for _ in 0..a.repeats {
+            let t0 = Instant::now();
+            kernel(&mut out);
+            ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        std::hint::black_box(&out);
+        times.push((name, ms));
+    }
+
+    if let Some(path) = &a.csv {
+        let mut text = csv_line(&[
+            "tokens",
+            "seq_len",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "block_size",
+            "threads",
+            "kernel",
+            "time_ms",
+            "bytes",
+            "gbps",
+            "flops",
+            "intensity",
+        ]);
+        for (name, ms) in &times {
+            for &t in ms {
+                text += &csv_line(&[
+                    tokens.to_string(),
+                    seq_len.to_string(),
+                    a.q_heads.to_string(),
+                    a.kv_heads.to_string(),
+                    d.to_string(),
+                    bs.to_string(),
+                    threads.to_string(),
+                    name.to_string(),
+                    format!("{t:.6}"),
+                    bytes.to_string(),
+                    format!("{:.4}", bytes as f64 / (t * 1e6)),
+                    flops.to_string(),
+                    format!("{:.4}", flops as f64 / bytes as f64),
+                ]);
+            }
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        let meta = path.with_extension("meta.json");
+        let info = serde_json::json!({
+            "stamp": stamp,
+            "settings": {
+                "batch": b, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": d,
+                "block_size": bs, "max_blocks": a.max_blocks, "active_blocks": a.active_blocks,
+                "repeats": a.repeats, "dtype": dtype, "mode": a.mode, "query_len": qlen,
+                "threads": threads, "seed": a.seed, "backend": a.backend,
+            },
+            "parity": parity.iter().map(|(n, abs, rel, _)| serde_json::json!({
+                "kernel": n, "max_abs_err": abs, "max_rel_err": rel})).collect::<Vec<_>>(),
+        });
+        std::fs::write(&meta, serde_json::to_string_pretty(&info)? + "\n")
+            .with_context(|| format!("cannot write {}", meta.display()))?;
+        eprintln!(
+            "wrote {} ({} rows) and {}",
+            path.display(),
+            2 * a.repeats,
+            meta.display()
+        );
+    }
+
+    println!(
+        "\n{} mode: {b} seqs × {qlen} new tokens, context {seq_len} ({} blocks of {bs} scattered over {pool_blocks}), \
+         {} q / {} kv heads × {d}, {dtype} KV, {threads} threads, {} dispatches per kernel",
+        a.mode, a.active_blocks, a.q_heads, a.kv_heads, a.repeats
+    );
+    println!(
+        "per dispatch: {:.2} MiB moved ({:.2} MiB of KV), {:.3} GFLOP, intensity {:.2} FLOP/B\n",
+        bytes as f64 / (1 << 20) as f64,
+        kv_bytes as f64 / (1 << 20) as f64,
+        flops as f64 / 1e9,
+        flops as f64 / bytes as f64
+    );
+    let cols = [
+        "kernel",
+        "median ms",
+        "p10 ms",
+        "p90 ms",
+        "cold ms",
+        "steady median ms",
+        "steady p90 ms",
+        "GB/s",
+        "GFLOP/s",
+    ];
+    let mut t = Table::new(&cols, &cols[1..]);
+    let mut steady_medians = Vec::new();
+    for (name, ms) in &times {
+        let all = Summary::of(ms);
+        let cold = Summary::of(&ms[..COLD.min(ms.len())]);
+        let steady = Summary::of(if ms.len() > COLD { &ms[COLD..] } else { ms });
+        steady_medians.push(steady.median);
+        t.push(vec![
+            name.to_string(),
+            format!("{:.3}", all.median),
+            format!("{:.3}", all.p10),
+            format!("{:.3}", all.p90),
+            format!("{:.3}", cold.mean),
+            format!("{:.3}", steady.median),
+            format!("{:.3}", steady.p90),
+            format!("{:.2}", bytes as f64 / (steady.median * 1e6)),
+            format!("{:.2}", flops as f64 / (steady.median * 1e6)),
+        ]);
+    }
+    print!("{}", t.markdown());
+    println!(
+        "\ncold = mean of the first {COLD} dispatches; steady = dispatches {}..{}. paged / dense steady median: {:.3}×",
+        COLD + 1,
+        a.repeats,
+        steady_medians[0] / steady_medians[1]
+    );
+    println!("{}", stamp.line());
+    Ok(())
+}

@@ -1,0 +1,735 @@
+//! `quire bench`: llama-bench's measurements, flags and output, run on quire's executor. Like
+//! llama-bench (which calls `llama_decode` directly) it drives the backend without the scheduler:
+//! `pp` is one forward of the prompt from an empty cache (in chunks of 512), `tg` is n one-token
+//! forwards, `pp+tg` both, `@ dN` first fills N tokens of context untimed. `-b` adds batched
+//! decode: B sequences, each with its own block table, decoding together, one forward per step.
+//! A warm-up run precedes each test; each repetition starts from an empty cache. JSON keeps
+//! llama-bench's field names so tools (and `quire compare`) read both.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use quire_backend::{Executor, ForwardBatch, KvCacheSpec, SeqBatch};
+use quire_core::BlockId;
+use quire_model::LoadedModel;
+use quire_perf::output::{records_csv, records_json, records_jsonl};
+use quire_perf::{Ceilings, Format, RunStamp, Summary, Table};
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+
+use crate::common::{executor, load_model, ModelArgs};
+
+/// Tokens per forward when a prompt is longer (llama-bench's default n_ubatch).
+pub const CHUNK: usize = 512;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model files, comma-separated [default: $QUIRE_MODEL, else the default model]
+    #[arg(short = 'm', long = "model", value_delimiter = ',')]
+    pub models: Vec<PathBuf>,
+    /// Prompt lengths, comma-separated (0 for none)
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<String>,
+    /// Generation lengths, comma-separated (0 for none)
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<String>,
+    /// Prompt then generation as one test, PP,TG (also written `-pg PP,TG`, as llama-bench does)
+    #[arg(long = "pg", value_name = "PP,TG")]
+    pub pg: Vec<String>,
+    /// Context depths filled before each test, comma-separated
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub depth: Vec<usize>,
+    /// Batched decode: numbers of sequences decoding together, comma-separated (e.g. 1,2,4,8,16)
+    #[arg(short = 'b', long = "batch", value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// Repetitions of each test
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Output format: md, csv, json, jsonl
+    #[arg(short = 'o', long = "output", default_value = "md")]
+    pub output: String,
+    /// Compute backend
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub backend: String,
+    /// CPU threads, comma-separated [default: all cores]
+    #[arg(short = 't', long = "threads", value_delimiter = ',')]
+    pub threads: Vec<usize>,
+    /// KV-cache storage type (f16 is llama-bench's default)
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
+    pub kv_dtype: String,
+    /// Tokens per KV-cache block
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Seed of the random prompt tokens
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// The value of `-pg` when written as llama-bench does (`-pg 512,128` parses as `-p g`)
+    #[arg(hide = true)]
+    pub pg_values: Vec<String>,
+}
+
+/// One test of the matrix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TestSpec {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub n_depth: usize,
+    /// Sequences decoding together; 1 for llama-bench's tests.
+    pub n_seqs: usize,
+    /// A batched-decode test (`-b`), reported in the batch-scaling table.
+    pub batched: bool,
+}
+
+impl TestSpec {
+    /// llama-bench's test name (`pp512`, `tg128`, `pp512+tg128`, `… @ d4096`); batched decode
+    /// appends `xB` (`tg128 x8`).
+    pub fn name(&self) -> String {
+        let mut s = match (self.n_prompt, self.n_gen) {
+            (p, 0) => format!("pp{p}"),
+            (0, g) => format!("tg{g}"),
+            (p, g) => format!("pp{p}+tg{g}"),
+        };
+        if self.batched {
+            s += &format!(" x{}", self.n_seqs);
+        }
+        if self.n_depth > 0 {
+            s += &format!(" @ d{}", self.n_depth);
+        }
+        s
+    }
+
+    /// Tokens counted in t/s (all sequences).
+    pub fn tokens(&self) -> usize {
+        (self.n_prompt + self.n_gen) * self.n_seqs
+    }
+
+    /// Blocks the test needs in the KV cache.
+    pub fn blocks(&self, block_size: usize) -> usize {
+        self.n_seqs * (self.n_depth + self.n_prompt + self.n_gen).div_ceil(block_size)
+    }
+
+    /// Forward passes of one timed run.
+    pub fn forwards(&self) -> usize {
+        self.n_prompt.div_ceil(CHUNK) + self.n_gen
+    }
+}
+
+/// Per-model constants of the cost model (bytes moved, FLOPs done).
+#[derive(Debug, Clone, Copy)]
+pub struct ModelCosts {
+    pub n_params: u64,
+    /// Weight bytes one forward reads (all layers and the output projection).
+    pub weight_bytes: u64,
+    /// K and V bytes of one cached token, all layers.
+    pub kv_bytes_per_token: u64,
+    /// FLOPs of attention per (query token, context token) pair, all layers.
+    pub attn_flops_per_pair: u64,
+}
+
+impl ModelCosts {
+    pub fn of(model: &LoadedModel, kv_dtype: &str) -> ModelCosts {
+        let w = &model.weights;
+        let c = &w.config;
+        let len = |t: &quire_backend::HostTensor| t.bytes.as_slice().len() as u64;
+        let layers: u64 = w
+            .layers
+            .iter()
+            .map(|l| {
+                len(&l.wq)
+                    + len(&l.wk)
+                    + len(&l.wv)
+                    + len(&l.wo)
+                    + len(&l.w_gate)
+                    + len(&l.w_up)
+                    + len(&l.w_down)
+            })
+            .sum();
+        let elem = if kv_dtype == "f16" { 2 } else { 4 };
+        ModelCosts {
+            n_params: model.meta.n_params,
+            weight_bytes: layers + len(w.output.as_ref().unwrap_or(&w.tok_embd)),
+            kv_bytes_per_token: (2 * c.num_layers * c.kv_size() * elem) as u64,
+            attn_flops_per_pair: (4 * c.num_layers * c.q_size()) as u64,
+        }
+    }
+
+    /// (bytes, FLOPs) of one timed run: weights once per forward plus the KV cache read by each
+    /// decode step (prompt chunks read their context once); 2 FLOPs per parameter per token plus
+    /// attention.
+    pub fn run_cost(&self, t: &TestSpec) -> (u64, u64) {
+        let (d, p, g, s) = (
+            t.n_depth as u64,
+            t.n_prompt as u64,
+            t.n_gen as u64,
+            t.n_seqs as u64,
+        );
+        let kv_tokens_read =
+            s * ((d + p) * u64::from(p > 0) + (0..g).map(|i| d + p + i + 1).sum::<u64>());
+        let bytes =
+            self.weight_bytes * t.forwards() as u64 + self.kv_bytes_per_token * kv_tokens_read;
+        // Attention pairs: prompt token i at depth d sees d + i + 1 tokens.
+        let pairs = s * (p * d + p * (p + 1) / 2 + (0..g).map(|i| d + p + i + 1).sum::<u64>());
+        let flops = 2 * self.n_params * t.tokens() as u64 + self.attn_flops_per_pair * pairs;
+        (bytes, flops)
+    }
+}
+
+/// A sequence in the benchmark's cache: its block table and how many tokens it holds.
+pub struct BenchSeq {
+    pub table: Vec<BlockId>,
+    pub len: usize,
+}
+
+/// Reusable flat-batch buffers.
+#[derive(Default)]
+pub struct Stepper {
+    token_ids: Vec<u32>,
+    positions: Vec<u32>,
+    slots: Vec<u32>,
+    logits: Vec<u32>,
+}
+
+impl Stepper {
+    /// One forward: `tokens[i]` appended to `seqs[i]` (every list non-empty), logits of each
+    /// sequence's last token.
+    pub fn step(
+        &mut self,
+        exec: &mut dyn Executor,
+        seqs: &mut [BenchSeq],
+        tokens: &[&[u32]],
+    ) -> Result<()> {
+        let bs = exec.kv_spec().block_size;
+        self.token_ids.clear();
+        self.positions.clear();
+        self.slots.clear();
+        self.logits.clear();
+        let mut ranges = Vec::with_capacity(seqs.len());
+        for (s, toks) in seqs.iter().zip(tokens) {
+            let start = self.token_ids.len();
+            for (i, &t) in toks.iter().enumerate() {
+                let pos = s.len + i;
+                self.token_ids.push(t);
+                self.positions.push(pos as u32);
+                self.slots
+                    .push((s.table[pos / bs].as_usize() * bs + pos % bs) as u32);
+            }
+            ranges.push((start, toks.len(), s.len + toks.len()));
+            self.logits.push((start + toks.len() - 1) as u32);
+        }
+        let sb: Vec<SeqBatch> = ranges
+            .iter()
+            .zip(seqs.iter())
+            .map(|(&(query_start, query_len, seq_len), s)| SeqBatch {
+                query_start,
+                query_len,
+                seq_len,
+                block_table: &s.table,
+            })
+            .collect();
+        exec.forward(&ForwardBatch {
+            token_ids: &self.token_ids,
+            positions: &self.positions,
+            slot_mapping: &self.slots,
+            seqs: &sb,
+            logits_indices: &self.logits,
+        })?;
+        for (s, toks) in seqs.iter_mut().zip(tokens) {
+            s.len += toks.len();
+        }
+        Ok(())
+    }
+
+    /// Appends `n` random tokens to one sequence in forwards of at most `CHUNK` tokens.
+    pub fn prefill(
+        &mut self,
+        exec: &mut dyn Executor,
+        seq: &mut BenchSeq,
+        n: usize,
+        rng: &mut impl Rng,
+    ) -> Result<()> {
+        let vocab = exec.vocab_size() as u32;
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(CHUNK);
+            let toks: Vec<u32> = (0..k).map(|_| rng.random_range(0..vocab)).collect();
+            self.step(exec, std::slice::from_mut(seq), &[&toks])?;
+            left -= k;
+        }
+        Ok(())
+    }
+}
+
+/// Fresh sequences (empty, each with its own run of blocks) for a test.
+pub fn fresh_seqs(n_seqs: usize, tokens_each: usize, block_size: usize) -> Vec<BenchSeq> {
+    let per = tokens_each.div_ceil(block_size).max(1);
+    (0..n_seqs)
+        .map(|i| BenchSeq {
+            table: (i * per..(i + 1) * per)
+                .map(|b| BlockId(b as u32))
+                .collect(),
+            len: 0,
+        })
+        .collect()
+}
+
+/// One run of a test from an empty cache; returns the timed nanoseconds.
+fn run_once(
+    exec: &mut dyn Executor,
+    st: &mut Stepper,
+    t: &TestSpec,
+    rng: &mut impl Rng,
+) -> Result<u64> {
+    let bs = exec.kv_spec().block_size;
+    let vocab = exec.vocab_size() as u32;
+    let mut seqs = fresh_seqs(t.n_seqs, t.n_depth + t.n_prompt + t.n_gen, bs);
+    for s in seqs.iter_mut() {
+        st.prefill(exec, s, t.n_depth, rng)?;
+    }
+    let gen: Vec<Vec<u32>> = (0..t.n_gen)
+        .map(|_| (0..t.n_seqs).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let t0 = Instant::now();
+    if t.n_prompt > 0 {
+        st.prefill(exec, &mut seqs[0], t.n_prompt, rng)?;
+    }
+    for step in &gen {
+        let toks: Vec<&[u32]> = step.chunks(1).collect();
+        st.step(exec, &mut seqs, &toks)?;
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
+}
+
+fn parse_list(v: &[String], what: &str) -> Result<Vec<usize>> {
+    v.iter()
+        .filter(|s| s.as_str() != "g")
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{what}: '{s}' is not a number"))
+        })
+        .collect()
+}
+
+/// The test matrix of one model and thread count, in llama-bench's order.
+pub fn test_matrix(a: &BenchArgs) -> Result<Vec<TestSpec>> {
+    let mut prompts = parse_list(&a.n_prompt, "-p")?;
+    // `-pg 512,128` arrives as `-p g` plus a positional value.
+    let n_pg_short = a.n_prompt.iter().filter(|s| s.as_str() == "g").count();
+    if n_pg_short != a.pg_values.len() {
+        bail!("unexpected arguments {:?} (write -pg PP,TG)", a.pg_values);
+    }
+    if prompts.is_empty() && n_pg_short > 0 {
+        prompts.push(512);
+    }
+    let gens = parse_list(&a.n_gen, "-n")?;
+    let mut pgs = Vec::new();
+    for v in a.pg.iter().chain(&a.pg_values) {
+        let (p, g) = v
+            .split_once(',')
+            .with_context(|| format!("-pg wants PP,TG (got '{v}')"))?;
+        pgs.push((
+            parse_list(&[p.into()], "-pg")?[0],
+            parse_list(&[g.into()], "-pg")?[0],
+        ));
+    }
+    let mut tests = Vec::new();
+    for &d in &a.depth {
+        let one = |p, g| TestSpec {
+            n_prompt: p,
+            n_gen: g,
+            n_depth: d,
+            n_seqs: 1,
+            batched: false,
+        };
+        tests.extend(prompts.iter().filter(|&&p| p > 0).map(|&p| one(p, 0)));
+        tests.extend(gens.iter().filter(|&&g| g > 0).map(|&g| one(0, g)));
+        tests.extend(pgs.iter().map(|&(p, g)| one(p, g)));
+        for &b in &a.batch {
+            if b == 0 {
+                bail!("-b: batch sizes must be at least 1");
+            }
+            for &g in gens.iter().filter(|&&g| g > 0) {
+                tests.push(TestSpec {
+                    n_seqs: b,
+                    batched: true,
+                    ..one(0, g)
+                });
+            }
+        }
+    }
+    Ok(tests)
+}
+
+fn fmt_size(bytes: u64) -> String {
+    if bytes < 1 << 30 {
+        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    }
+}
+
+fn fmt_params(n: u64) -> String {
+    if n < 1_000_000_000 {
+        format!("{:.2} M", n as f64 / 1e6)
+    } else {
+        format!("{:.2} B", n as f64 / 1e9)
+    }
+}
+
+/// What one model contributes to every record.
+struct ModelInfo {
+    filename: String,
+    model_type: String,
+    size: u64,
+    n_params: u64,
+    weight_type: String,
+    costs: ModelCosts,
+}
+
+/// Where a run sits under the roofs: (percent of the attainable rate, which roof bounds it).
+pub fn pct_of_ceiling(
+    c: &Ceilings,
+    weight_type: &str,
+    bytes: f64,
+    flops: f64,
+    ns: f64,
+) -> (f64, String) {
+    let (peak, label) = c.compute_gflops(weight_type);
+    let mem = c.mem_bw_gbps * flops / bytes;
+    let achieved = flops / ns;
+    if mem < peak {
+        (
+            100.0 * achieved / mem,
+            format!("memory {:.1} GB/s", c.mem_bw_gbps),
+        )
+    } else {
+        (100.0 * achieved / peak, format!("{label} {peak:.1} GOP/s"))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    m: &ModelInfo,
+    t: &TestSpec,
+    threads: usize,
+    a: &BenchArgs,
+    stamp: &RunStamp,
+    ceil: &Ceilings,
+    test_time: String,
+    samples_ns: &[u64],
+) -> Map<String, Value> {
+    let ns: Vec<f64> = samples_ns.iter().map(|&x| x as f64).collect();
+    let ts: Vec<f64> = ns.iter().map(|&x| t.tokens() as f64 * 1e9 / x).collect();
+    let (sn, st) = (Summary::of(&ns), Summary::of(&ts));
+    let (bytes, flops) = m.costs.run_cost(t);
+    let weights_per_run = (m.costs.weight_bytes * t.forwards() as u64) as f64;
+    let (pct, bound) = pct_of_ceiling(ceil, &m.weight_type, bytes as f64, flops as f64, sn.mean);
+    let v = json!({
+        "build_commit": stamp.commit,
+        "cpu_info": stamp.cpu,
+        "gpu_info": "",
+        "backends": if a.backend == "cpu" { "CPU".to_string() } else { a.backend.to_uppercase() },
+        "model_filename": m.filename,
+        "model_type": m.model_type,
+        "model_size": m.size,
+        "model_n_params": m.n_params,
+        "n_batch": CHUNK,
+        "n_ubatch": CHUNK,
+        "n_threads": threads,
+        "type_k": a.kv_dtype,
+        "type_v": a.kv_dtype,
+        "n_prompt": t.n_prompt,
+        "n_gen": t.n_gen,
+        "n_depth": t.n_depth,
+        "test_time": test_time,
+        "avg_ns": sn.mean.round() as u64,
+        "stddev_ns": sn.stddev.round() as u64,
+        "avg_ts": st.mean,
+        "stddev_ts": st.stddev,
+        "samples_ns": samples_ns,
+        "samples_ts": ts,
+    });
+    let ours = json!({
+        "test": t.name(),
+        "n_seqs": t.n_seqs,
+        "per_seq_ts": st.mean / t.n_seqs as f64,
+        "median_ts": st.median,
+        "p10_ts": st.p10,
+        "p90_ts": st.p90,
+        "gbps": weights_per_run / sn.mean,
+        "gbps_with_kv": bytes as f64 / sn.mean,
+        "tflops": 2.0 * m.n_params as f64 * t.tokens() as f64 / sn.mean / 1e3,
+        "bytes": bytes,
+        "flops": flops,
+        "intensity": flops as f64 / bytes as f64,
+        "pct_of_ceiling": pct,
+        "ceiling": bound,
+        "device": stamp.cpu,
+        "driver": stamp.os,
+        "cpu_features": stamp.cpu_features,
+        "cores": stamp.cores,
+        "load_avg": stamp.load_avg,
+        "block_size": a.block_size,
+        "kv_dtype": a.kv_dtype,
+        "repetitions": a.reps,
+        "seed": a.seed,
+        "weight_type": m.weight_type,
+        "quire_version": stamp.quire_version,
+    });
+    let mut out = Map::new();
+    for part in [v, ours] {
+        if let Value::Object(o) = part {
+            out.extend(o);
+        }
+    }
+    out
+}
+
+fn s(r: &Map<String, Value>, k: &str) -> String {
+    match r.get(k) {
+        Some(Value::String(x)) => x.clone(),
+        Some(v) => v.to_string(),
+        None => String::new(),
+    }
+}
+
+fn f(r: &Map<String, Value>, k: &str) -> f64 {
+    r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+/// llama-bench's markdown table with quire's columns after `t/s`, then the batch-scaling table.
+fn markdown(records: &[Map<String, Value>], stamp: &RunStamp, ceil_lines: &[String]) -> String {
+    let mut t = Table::new(
+        &[
+            "model",
+            "size",
+            "params",
+            "backend",
+            "threads",
+            "test",
+            "t/s",
+            "GB/s",
+            "TFLOP/s",
+            "% of ceiling",
+        ],
+        &[
+            "size",
+            "params",
+            "threads",
+            "test",
+            "t/s",
+            "GB/s",
+            "TFLOP/s",
+            "% of ceiling",
+        ],
+    );
+    let mut b = Table::new(
+        &[
+            "model",
+            "threads",
+            "test",
+            "B",
+            "t/s (all seqs)",
+            "t/s per seq",
+            "speedup vs B=1",
+            "GB/s",
+        ],
+        &[
+            "threads",
+            "B",
+            "t/s (all seqs)",
+            "t/s per seq",
+            "speedup vs B=1",
+            "GB/s",
+        ],
+    );
+    for r in records {
+        let ts = format!("{:.2} ± {:.2}", f(r, "avg_ts"), f(r, "stddev_ts"));
+        if r.get("test")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n.contains(" x"))
+        {
+            let base = records.iter().find(|o| {
+                o.get("n_seqs").and_then(Value::as_u64) == Some(1)
+                    && s(o, "test").contains(" x")
+                    && ["model_filename", "n_threads", "n_gen", "n_depth"]
+                        .iter()
+                        .all(|k| o.get(*k) == r.get(*k))
+            });
+            b.push(vec![
+                s(r, "model_type"),
+                s(r, "n_threads"),
+                s(r, "test"),
+                s(r, "n_seqs"),
+                ts,
+                format!("{:.2}", f(r, "per_seq_ts")),
+                base.map_or("-".into(), |o| {
+                    format!("{:.2}×", f(r, "avg_ts") / f(o, "avg_ts"))
+                }),
+                format!("{:.1}", f(r, "gbps")),
+            ]);
+            continue;
+        }
+        let size = r.get("model_size").and_then(Value::as_u64).unwrap_or(0);
+        let params = r.get("model_n_params").and_then(Value::as_u64).unwrap_or(0);
+        t.push(vec![
+            s(r, "model_type"),
+            fmt_size(size),
+            fmt_params(params),
+            s(r, "backends"),
+            s(r, "n_threads"),
+            s(r, "test"),
+            ts,
+            format!("{:.1}", f(r, "gbps")),
+            format!("{:.3}", f(r, "tflops")),
+            format!(
+                "{:.1}% {}",
+                f(r, "pct_of_ceiling"),
+                s(r, "ceiling").split(' ').next().unwrap_or("")
+            ),
+        ]);
+    }
+    let mut out = String::new();
+    if !t.rows.is_empty() {
+        out += &t.markdown();
+    }
+    if !b.rows.is_empty() {
+        out += "\nbatched decode (B sequences, one forward per step):\n\n";
+        out += &b.markdown();
+    }
+    out += &format!(
+        "\nbuild: {} (quire {})\n",
+        stamp.commit, stamp.quire_version
+    );
+    out += &format!("{}\n", stamp.line());
+    for l in ceil_lines {
+        out += &format!("{l}\n");
+    }
+    out
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let format: Format = a.output.parse()?;
+    if a.reps == 0 {
+        bail!("-r must be at least 1");
+    }
+    if !matches!(a.block_size, 16 | 32 | 64 | 128) {
+        bail!("--block-size must be 16, 32, 64 or 128");
+    }
+    let tests = test_matrix(&a)?;
+    if tests.is_empty() {
+        bail!("nothing to run: every -p and -n is 0 and no -pg was given");
+    }
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads_list = if a.threads.is_empty() {
+        vec![all]
+    } else {
+        a.threads.clone()
+    };
+    if threads_list.contains(&0) {
+        bail!("-t: thread counts must be at least 1");
+    }
+    let models: Vec<Option<PathBuf>> = if a.models.is_empty() {
+        vec![None]
+    } else {
+        a.models.iter().cloned().map(Some).collect()
+    };
+    let stamp = RunStamp::collect();
+    if let Some(w) = stamp.busy_warning() {
+        eprintln!("{w}");
+    }
+    let total = models.len() * threads_list.len() * tests.len() * (a.reps + 1);
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {msg}  eta {eta}")
+            .expect("static template"),
+    );
+    let mut records = Vec::new();
+    let mut ceil_lines = Vec::new();
+    let mut st = Stepper::default();
+    for m in &models {
+        let margs = ModelArgs {
+            model: m.clone(),
+            backend: a.backend.clone(),
+            threads: None,
+        };
+        let model = bar.suspend(|| load_model(&margs))?;
+        let info = ModelInfo {
+            filename: model.meta.path.clone(),
+            model_type: model.meta.model_type.clone(),
+            size: model.file.tensors().iter().map(|t| t.size_bytes()).sum(),
+            n_params: model.meta.n_params,
+            weight_type: model.meta.weight_type.clone(),
+            costs: ModelCosts::of(&model, &a.kv_dtype),
+        };
+        let kv = KvCacheSpec {
+            num_blocks: tests
+                .iter()
+                .map(|t| t.blocks(a.block_size))
+                .max()
+                .unwrap_or(1),
+            block_size: a.block_size,
+        };
+        for &th in &threads_list {
+            let ceil = bar.suspend(|| crate::roofline::ceilings_for(th))?;
+            let (peak, label) = ceil.compute_gflops(&info.weight_type);
+            let line = format!(
+                "ceilings ({th} threads): memory {:.2} GB/s, {label} {peak:.1} GOP/s, fp32 {:.1} GFLOP/s",
+                ceil.mem_bw_gbps, ceil.fp32_gflops
+            );
+            if !ceil_lines.contains(&line) {
+                ceil_lines.push(line);
+            }
+            let margs = ModelArgs {
+                threads: Some(th),
+                ..margs.clone()
+            };
+            let mut exec = executor(&model, &margs, kv, &a.kv_dtype)?;
+            for t in &tests {
+                bar.set_message(format!("{} ({th} threads)", t.name()));
+                let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+                let warm = TestSpec {
+                    n_gen: t.n_gen.min(1),
+                    n_depth: 0,
+                    ..*t
+                };
+                run_once(exec.as_mut(), &mut st, &warm, &mut rng)
+                    .with_context(|| format!("{} warm-up", t.name()))?;
+                bar.inc(1);
+                let test_time = quire_perf::stamp::rfc3339_utc(std::time::SystemTime::now());
+                let mut samples = Vec::with_capacity(a.reps);
+                for _ in 0..a.reps {
+                    samples.push(run_once(exec.as_mut(), &mut st, t, &mut rng)?);
+                    bar.inc(1);
+                }
+                records.push(record(&info, t, th, &a, &stamp, &ceil, test_time, &samples));
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let out = match format {
+        Format::Md => markdown(&records, &stamp, &ceil_lines),
+        Format::Csv => records_csv(&records),
+        Format::Json => records_json(&records),
+        Format::Jsonl => records_jsonl(&records),
+    };
+    print!("{out}");
+    Ok(())
+}

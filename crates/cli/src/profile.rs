@@ -1,0 +1,411 @@
+//! `quire profile`: where one prefill and one decode step spend their time. The executor's
+//! per-op timers (on only for the profiled step) give calls, time, bytes and FLOPs per op and per
+//! layer; each op is then placed against this machine's ceilings (memory- or compute-bound, and
+//! how close to its roof it runs). Steps are repeated and the median step (by wall time) is
+//! reported, so one preempted run does not decide the picture.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use quire_backend::{Executor, KvCacheSpec, OpStat};
+use quire_perf::output::csv_line;
+use quire_perf::{Ceilings, RunStamp, Summary, Table};
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::bench::{fresh_seqs, Stepper};
+use crate::common::{executor, load_model, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens of the profiled prefill (one forward)
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Context depth of the profiled decode step
+    #[arg(short = 'd', long = "n-depth", default_value_t = 512)]
+    pub depth: usize,
+    /// Repetitions of each step (the median step is reported)
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Write per-op, per-layer rows of the median steps to this CSV file
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Print the report as JSON (for `quire roofline`) instead of tables
+    #[arg(long)]
+    pub json: bool,
+    /// KV-cache storage type
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
+    pub kv_dtype: String,
+    /// Tokens per KV-cache block
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Seed of the random tokens
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// One op (or one op of one layer) of a step, with its derived rates.
+struct Row {
+    op: String,
+    layer: Option<usize>,
+    calls: u64,
+    total_ns: u64,
+    bytes: u64,
+    flops: u64,
+}
+
+struct Phase {
+    name: &'static str,
+    tokens: usize,
+    depth: usize,
+    samples_ns: Vec<u64>,
+    step_ns: u64,
+    layers: Vec<Row>,
+    ops: Vec<Row>,
+}
+
+/// The roof an op runs under: quantized matrix products under the kernel rate of the weight
+/// type, everything else under the FP32 peak.
+fn peak_for(op: &str, c: &Ceilings, weight_type: &str) -> f64 {
+    if op.starts_with("matmul") || op == "output" {
+        c.compute_gflops(weight_type).0
+    } else {
+        c.fp32_gflops
+    }
+}
+
+fn derived(r: &Row, step_ns: u64, c: &Ceilings, wt: &str) -> Value {
+    let ns = r.total_ns.max(1) as f64;
+    let intensity = if r.bytes > 0 {
+        r.flops as f64 / r.bytes as f64
+    } else {
+        0.0
+    };
+    let peak = peak_for(&r.op, c, wt);
+    let mem_roof = c.mem_bw_gbps * intensity;
+    let (bound, pct_roof) = if r.flops == 0 || mem_roof < peak {
+        ("memory", 100.0 * (r.bytes as f64 / ns) / c.mem_bw_gbps)
+    } else {
+        ("compute", 100.0 * (r.flops as f64 / ns) / peak)
+    };
+    json!({
+        "op": r.op,
+        "layer": r.layer,
+        "calls": r.calls,
+        "total_ns": r.total_ns,
+        "mean_ns": r.total_ns as f64 / r.calls.max(1) as f64,
+        "pct_of_step": 100.0 * r.total_ns as f64 / step_ns.max(1) as f64,
+        "bytes": r.bytes,
+        "flops": r.flops,
+        "gbps": r.bytes as f64 / ns,
+        "gflops": r.flops as f64 / ns,
+        "intensity": intensity,
+        "bound": bound,
+        "pct_of_roof": pct_roof,
+    })
+}
+
+fn aggregate(stats: &[OpStat]) -> (Vec<Row>, Vec<Row>) {
+    let mut layers: Vec<Row> = stats
+        .iter()
+        .map(|s| Row {
+            op: s.name.clone(),
+            layer: s.layer,
+            calls: s.calls,
+            total_ns: s.total_ns,
+            bytes: s.bytes,
+            flops: s.flops,
+        })
+        .collect();
+    layers.sort_by_key(|r| (r.layer.map_or(usize::MAX, |l| l), r.op.clone()));
+    let mut by_op: BTreeMap<&str, Row> = BTreeMap::new();
+    for s in stats {
+        let e = by_op.entry(&s.name).or_insert_with(|| Row {
+            op: s.name.clone(),
+            layer: None,
+            calls: 0,
+            total_ns: 0,
+            bytes: 0,
+            flops: 0,
+        });
+        e.calls += s.calls;
+        e.total_ns += s.total_ns;
+        e.bytes += s.bytes;
+        e.flops += s.flops;
+    }
+    let mut ops: Vec<Row> = by_op.into_values().collect();
+    ops.sort_by_key(|r| std::cmp::Reverse(r.total_ns));
+    (layers, ops)
+}
+
+/// Runs `reps` profiled steps (`depth` tokens filled first, untimed) and keeps the median one.
+#[allow(clippy::too_many_arguments)]
+fn profile_phase(
+    exec: &mut dyn Executor,
+    st: &mut Stepper,
+    name: &'static str,
+    tokens: usize,
+    depth: usize,
+    reps: usize,
+    rng: &mut impl Rng,
+) -> Result<Phase> {
+    let bs = exec.kv_spec().block_size;
+    let vocab = exec.vocab_size() as u32;
+    let mut runs: Vec<(u64, Vec<OpStat>)> = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let mut seqs = fresh_seqs(1, depth + tokens, bs);
+        exec.set_profiling(false);
+        st.prefill(exec, &mut seqs[0], depth, rng)?;
+        let toks: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..vocab)).collect();
+        exec.take_profile();
+        exec.set_profiling(true);
+        let t0 = Instant::now();
+        st.step(exec, &mut seqs, &[&toks])?;
+        let ns = t0.elapsed().as_nanos() as u64;
+        exec.set_profiling(false);
+        runs.push((ns, exec.take_profile()));
+    }
+    let samples_ns: Vec<u64> = runs.iter().map(|r| r.0).collect();
+    runs.sort_by_key(|r| r.0);
+    let (step_ns, stats) = runs.swap_remove(runs.len() / 2);
+    let (layers, ops) = aggregate(&stats);
+    Ok(Phase {
+        name,
+        tokens,
+        depth,
+        samples_ns,
+        step_ns,
+        layers,
+        ops,
+    })
+}
+
+fn phase_table(p: &Phase, c: &Ceilings, wt: &str) -> String {
+    let cols = [
+        "op",
+        "calls",
+        "total ms",
+        "mean µs",
+        "% step",
+        "GB/s",
+        "GFLOP/s",
+        "FLOP/B",
+        "bound",
+        "% of roof",
+    ];
+    let mut t = Table::new(
+        &cols,
+        &cols[1..8]
+            .iter()
+            .chain(&cols[9..])
+            .copied()
+            .collect::<Vec<_>>(),
+    );
+    let mut covered = 0u64;
+    for r in &p.ops {
+        covered += r.total_ns;
+        let d = derived(r, p.step_ns, c, wt);
+        let g = |k: &str| d[k].as_f64().unwrap_or(0.0);
+        t.push(vec![
+            r.op.clone(),
+            r.calls.to_string(),
+            format!("{:.3}", r.total_ns as f64 / 1e6),
+            format!("{:.1}", g("mean_ns") / 1e3),
+            format!("{:.1}", g("pct_of_step")),
+            format!("{:.2}", g("gbps")),
+            format!("{:.2}", g("gflops")),
+            format!("{:.2}", g("intensity")),
+            d["bound"].as_str().unwrap_or("").into(),
+            format!("{:.1}", g("pct_of_roof")),
+        ]);
+    }
+    let rest = p.step_ns.saturating_sub(covered);
+    t.push(vec![
+        "(outside ops)".into(),
+        "".into(),
+        format!("{:.3}", rest as f64 / 1e6),
+        "".into(),
+        format!("{:.1}", 100.0 * rest as f64 / p.step_ns.max(1) as f64),
+        "".into(),
+        "".into(),
+        "".into(),
+        "".into(),
+        "".into(),
+    ]);
+    t.markdown()
+}
+
+pub fn run(a: ProfileArgs) -> Result<()> {
+    if a.n_prompt == 0 || a.reps == 0 {
+        bail!("-p and -r must be at least 1");
+    }
+    if !matches!(a.block_size, 16 | 32 | 64 | 128) {
+        bail!("--block-size must be 16, 32, 64 or 128");
+    }
+    let model = load_model(&a.model)?;
+    let threads = a
+        .model
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let ceil = crate::roofline::ceilings_for(threads)?;
+    let stamp = RunStamp::collect();
+    if let Some(w) = stamp.busy_warning() {
+        eprintln!("{w}");
+    }
+    let wt = model.meta.weight_type.clone();
+    let need = a.n_prompt.max(a.depth + 1);
+    let kv = KvCacheSpec {
+        num_blocks: need.div_ceil(a.block_size),
+        block_size: a.block_size,
+    };
+    let margs = ModelArgs {
+        threads: Some(threads),
+        ..a.model.clone()
+    };
+    let mut exec = executor(&model, &margs, kv, &a.kv_dtype)?;
+    let mut st = Stepper::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    // Warm-up: one unprofiled prefill.
+    let mut warm = fresh_seqs(1, a.n_prompt, a.block_size);
+    st.prefill(exec.as_mut(), &mut warm[0], a.n_prompt, &mut rng)?;
+    let phases = [
+        profile_phase(
+            exec.as_mut(),
+            &mut st,
+            "prefill",
+            a.n_prompt,
+            0,
+            a.reps,
+            &mut rng,
+        )?,
+        profile_phase(
+            exec.as_mut(),
+            &mut st,
+            "decode",
+            1,
+            a.depth,
+            a.reps,
+            &mut rng,
+        )?,
+    ];
+
+    if let Some(path) = &a.csv {
+        let mut out = csv_line(&[
+            "phase",
+            "op",
+            "layer",
+            "calls",
+            "total_ns",
+            "mean_ns",
+            "pct_of_step",
+            "bytes",
+            "flops",
+            "gbps",
+            "gflops",
+            "intensity",
+            "bound",
+            "pct_of_roof",
+            "threads",
+            "commit",
+            "device",
+        ]);
+        for p in &phases {
+            for r in &p.layers {
+                let d = derived(r, p.step_ns, &ceil, &wt);
+                let mut cells = vec![p.name.to_string()];
+                for k in [
+                    "op",
+                    "layer",
+                    "calls",
+                    "total_ns",
+                    "mean_ns",
+                    "pct_of_step",
+                    "bytes",
+                    "flops",
+                    "gbps",
+                    "gflops",
+                    "intensity",
+                    "bound",
+                    "pct_of_roof",
+                ] {
+                    cells.push(quire_perf::output::csv_cell(&d[k]));
+                }
+                cells.extend([threads.to_string(), stamp.commit.clone(), stamp.cpu.clone()]);
+                out += &csv_line(&cells);
+            }
+        }
+        std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+
+    let phase_json: Vec<Value> = phases
+        .iter()
+        .map(|p| {
+            let s = Summary::of(&p.samples_ns.iter().map(|&x| x as f64).collect::<Vec<_>>());
+            json!({
+                "phase": p.name,
+                "tokens": p.tokens,
+                "depth": p.depth,
+                "step_ns": p.step_ns,
+                "samples_ns": p.samples_ns,
+                "p10_ns": s.p10,
+                "p90_ns": s.p90,
+                "tok_s": p.tokens as f64 * 1e9 / p.step_ns as f64,
+                "ops": p.ops.iter().map(|r| derived(r, p.step_ns, &ceil, &wt)).collect::<Vec<_>>(),
+                "layers": p.layers.iter().map(|r| derived(r, p.step_ns, &ceil, &wt)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    if a.json {
+        let report = json!({
+            "stamp": stamp,
+            "settings": {
+                "model_filename": model.meta.path,
+                "model_type": model.meta.model_type,
+                "backend": a.model.backend,
+                "threads": threads,
+                "n_prompt": a.n_prompt,
+                "n_depth": a.depth,
+                "repetitions": a.reps,
+                "kv_dtype": a.kv_dtype,
+                "block_size": a.block_size,
+                "seed": a.seed,
+            },
+            "ceilings": {
+                "mem_bw_gbps": ceil.mem_bw_gbps,
+                "fp32_gflops": ceil.fp32_gflops,
+                "quant_gops": ceil.quant_gops,
+            },
+            "phases": phase_json,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let (peak, label) = ceil.compute_gflops(&wt);
+    println!(
+        "{} · {threads} threads · KV {} · ceilings: memory {:.2} GB/s, {label} {peak:.1} GOP/s, fp32 {:.1} GFLOP/s\n",
+        model.meta.model_type, a.kv_dtype, ceil.mem_bw_gbps, ceil.fp32_gflops
+    );
+    for (p, pj) in phases.iter().zip(&phase_json) {
+        let title = match p.name {
+            "prefill" => format!("prefill of {} tokens (one forward)", p.tokens),
+            _ => format!("decode step at depth {}", p.depth),
+        };
+        println!(
+            "## {title}: median {:.2} ms (p10 {:.2}, p90 {:.2}; {} runs), {:.1} tok/s\n",
+            p.step_ns as f64 / 1e6,
+            pj["p10_ns"].as_f64().unwrap_or(0.0) / 1e6,
+            pj["p90_ns"].as_f64().unwrap_or(0.0) / 1e6,
+            p.samples_ns.len(),
+            pj["tok_s"].as_f64().unwrap_or(0.0)
+        );
+        println!("{}", phase_table(p, &ceil, &wt));
+    }
+    println!("{}", stamp.line());
+    Ok(())
+}
