@@ -273,3 +273,26 @@ fn malformed_specs_are_errors() {
     let ids = t.encode("aa [EMPTY_0] x", true, true).expect("encode");
     assert!(t.decode(&ids, false).is_ok());
 }
+
+#[test]
+fn shareable_between_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<quire_tokenizer::ChatTemplate>();
+    assert_send_sync::<StreamDecoder>();
+
+    let t = std::sync::Arc::new(bpe("llama-bpe"));
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let text = format!("thread {i}: 12345 it's");
+                let ids = t.encode(&text, false, false).expect("encode");
+                t.decode(&ids, false).expect("decode") == text
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().expect("thread"));
+    }
+}
