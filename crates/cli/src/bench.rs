@@ -71,8 +71,8 @@ pub struct BenchArgs {
     /// CPU threads, comma-separated [default: all cores]
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
-    /// KV-cache storage type (f16 is llama-bench's default)
-    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
+    /// KV-cache storage type (f32 is the engine's default; llama-bench defaults to f16)
+    #[arg(long, default_value = "f32", value_parser = ["f32", "f16"])]
     pub kv_dtype: String,
     /// Tokens per KV-cache block
     #[arg(long, default_value_t = 16)]
@@ -481,6 +481,8 @@ fn record(
         "intensity": flops as f64 / bytes as f64,
         "pct_of_ceiling": pct,
         "ceiling": bound,
+        "pct_of_bw": 100.0 * bytes as f64 / sn.mean / ceil.mem_bw_gbps,
+        "pct_of_peak": 100.0 * flops as f64 / sn.mean / ceil.compute_gflops(&m.weight_type).0,
         "device": stamp.cpu,
         "driver": stamp.os,
         "cpu_features": stamp.cpu_features,

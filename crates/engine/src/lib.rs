@@ -1,1 +1,23 @@
-//! placeholder
+//! The engine: requests in, streamed tokens and text out. One thread owns all of its state (the
+//! scheduler, the executor with its KV cache, each request's sampler and detokenizer); the server
+//! talks to that thread over channels. `runner` turns a scheduler step into a backend batch.
+
+pub mod engine;
+pub mod runner;
+pub mod sampler;
+pub mod stop;
+
+pub use engine::{Engine, EngineConfig, EngineStats, RequestOutput, RequestTimings};
+pub use sampler::{Sampled, Sampler};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Backend(#[from] quire_backend::BackendError),
+    #[error("{0}")]
+    Sched(#[from] quire_sched::SchedError),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] quire_tokenizer::TokenizerError),
+}

@@ -325,8 +325,8 @@ impl Executor for CpuExecutor {
                 + n * qs * 8) as u64;
             let attn_flops = (4 * ctx * qs) as u64;
             prof.time("attention", layer, attn_bytes, attn_flops, || {
-                let (q, kv) = s.qkv.split_at(qs);
-                let (k_new, v_new) = (&kv[..], &kv[kvs..]);
+                // Rows of qkv are [q | k | v]; each view keeps the row stride.
+                let (q, k_new, v_new) = (&s.qkv[..], &s.qkv[qs..], &s.qkv[qs + kvs..]);
                 match &mut self.store {
                     KvStore::F32(kc, vc) => run_attn(
                         pool,

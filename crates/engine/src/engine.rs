@@ -1,0 +1,318 @@
+//! The step loop. `step` asks the scheduler what to run, runs it as one batch, samples every
+//! sequence that reached the end of its known tokens with its own sampler, and turns new tokens
+//! into text deltas, applying stop tokens, stop strings and length limits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quire_backend::Executor;
+use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
+use quire_kv::KvCacheConfig;
+use quire_sched::{Scheduler, SchedulerConfig};
+use quire_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::runner::{execute, BatchBuffers};
+use crate::sampler::{Sampled, Sampler};
+use crate::stop::{find_stop, held_back};
+use crate::EngineError;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub enable_prefix_caching: bool,
+    /// Longest prompt + completion of one request.
+    pub max_model_len: usize,
+    /// Alternatives reported per token (0 = none).
+    pub top_logprobs: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            enable_prefix_caching: true,
+            max_model_len: 8192,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// Timing of one finished request.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct RequestTimings {
+    /// Arrival to first token.
+    pub ttft_ms: f64,
+    /// Prompt tokens over time to first token.
+    pub prefill_tok_s: f64,
+    /// Tokens after the first over the time after the first.
+    pub decode_tok_s: f64,
+    pub total_ms: f64,
+}
+
+/// What one step produced for one request.
+#[derive(Debug, Clone)]
+pub struct RequestOutput {
+    pub id: SeqId,
+    pub tokens: Vec<Sampled>,
+    pub text_delta: String,
+    pub finish_reason: Option<FinishReason>,
+    pub num_prompt_tokens: usize,
+    pub num_output_tokens: usize,
+    pub timings: Option<RequestTimings>,
+}
+
+struct RequestState {
+    prompt_len: usize,
+    /// Prompt and outputs (the sampler's history).
+    all_tokens: Vec<TokenId>,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    text: String,
+    emitted: usize,
+    arrival: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    num_output: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_total: usize,
+    pub preemptions_total: u64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub computed_tokens_total: u64,
+    pub prompt_tokens_last_step: usize,
+    pub decode_tokens_last_step: usize,
+}
+
+pub struct Engine {
+    exec: Box<dyn Executor>,
+    sched: Scheduler,
+    tokenizer: Arc<Tokenizer>,
+    stop_tokens: Vec<TokenId>,
+    cfg: EngineConfig,
+    requests: HashMap<SeqId, RequestState>,
+    next_id: u64,
+    buf: BatchBuffers,
+    row: Vec<f32>,
+    stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(exec: Box<dyn Executor>, tokenizer: Arc<Tokenizer>, cfg: EngineConfig) -> Self {
+        let kv = exec.kv_spec();
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: cfg.max_num_seqs,
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                max_model_len: cfg.max_model_len,
+                long_prefill_token_threshold: None,
+            },
+            KvCacheConfig {
+                num_blocks: kv.num_blocks,
+                block_size: kv.block_size,
+                enable_prefix_caching: cfg.enable_prefix_caching,
+            },
+        );
+        let stop_tokens = tokenizer.stop_tokens();
+        Self {
+            exec,
+            sched,
+            tokenizer,
+            stop_tokens,
+            cfg,
+            requests: HashMap::new(),
+            next_id: 0,
+            buf: BatchBuffers::default(),
+            row: Vec::new(),
+            stats: EngineStats::default(),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn executor(&mut self) -> &mut dyn Executor {
+        self.exec.as_mut()
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Queues a request; its first output comes from a later `step`.
+    pub fn add_request(&mut self, prompt: Vec<TokenId>, params: SamplingParams) -> Result<SeqId, EngineError> {
+        params.validate().map_err(EngineError::InvalidRequest)?;
+        if params.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        let vocab = self.exec.vocab_size();
+        if let Some(t) = prompt.iter().find(|t| t.as_usize() >= vocab) {
+            return Err(EngineError::InvalidRequest(format!("token id {} is outside the vocabulary", t.0)));
+        }
+        let id = SeqId(self.next_id);
+        self.sched.add_request(id, prompt.clone(), params.max_tokens)?;
+        self.next_id += 1;
+        self.requests.insert(
+            id,
+            RequestState {
+                prompt_len: prompt.len(),
+                all_tokens: prompt,
+                sampler: Sampler::new(params),
+                decoder: StreamDecoder::new(),
+                text: String::new(),
+                emitted: 0,
+                arrival: Instant::now(),
+                first_token: None,
+                last_token: None,
+                num_output: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Stops a request at once and frees its KV blocks. False if it is unknown or finished.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        let known = self.requests.remove(&id).is_some();
+        self.sched.abort(id) || known
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.sched.has_unfinished()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = self.sched.stats();
+        let kv = self.sched.kv();
+        EngineStats {
+            running: self.sched.num_running(),
+            waiting: self.sched.num_waiting(),
+            kv_blocks_used: kv.num_used_blocks(),
+            kv_blocks_total: kv.num_blocks(),
+            preemptions_total: s.num_preemptions,
+            prefix_cache_queries: s.prefix_cache_queries,
+            prefix_cache_hits: s.prefix_cache_hits,
+            computed_tokens_total: s.total_computed_tokens,
+            ..self.stats
+        }
+    }
+
+    /// Runs one engine step: schedule, one forward pass over the mixed batch, sample, detokenize.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let out = self.sched.schedule();
+        self.stats.steps += 1;
+        if out.scheduled.is_empty() {
+            return Ok(Vec::new());
+        }
+        let block_size = self.exec.kv_spec().block_size;
+        let rows = self.buf.fill(&out, block_size);
+        let requests = &self.requests;
+        self.stats.decode_tokens_last_step = out
+            .scheduled
+            .iter()
+            .filter(|s| requests.get(&s.seq_id).is_some_and(|r| s.num_computed_tokens >= r.prompt_len))
+            .count();
+        self.stats.prompt_tokens_last_step = out.num_batched_tokens - self.stats.decode_tokens_last_step;
+        let tables: Vec<&[quire_core::BlockId]> = out.scheduled.iter().map(|s| &s.block_table[..]).collect();
+        let vocab = self.exec.vocab_size();
+        let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
+        let now = Instant::now();
+        let mut sampled = Vec::new();
+        let mut picks: Vec<(SeqId, Sampled)> = Vec::new();
+        for (s, row) in out.scheduled.iter().zip(&rows) {
+            let Some(row) = *row else { continue };
+            let Some(req) = self.requests.get_mut(&s.seq_id) else { continue };
+            self.row.clear();
+            self.row.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+            let pick = req.sampler.sample(&mut self.row, &req.all_tokens, self.cfg.top_logprobs);
+            sampled.push((s.seq_id, pick.token));
+            picks.push((s.seq_id, pick));
+        }
+        let length_done: HashMap<SeqId, FinishReason> = self.sched.update_from_output(&out, &sampled).into_iter().collect();
+        let mut outputs = Vec::with_capacity(picks.len());
+        for (id, pick) in picks {
+            let Some(req) = self.requests.get_mut(&id) else { continue };
+            req.first_token.get_or_insert(now);
+            req.last_token = Some(now);
+            let is_stop_token = !req.sampler.params.ignore_eos && self.stop_tokens.contains(&pick.token);
+            let mut finish = None;
+            let mut cut = false;
+            let mut tokens = Vec::new();
+            if is_stop_token {
+                finish = Some(FinishReason::Stop);
+            } else {
+                req.all_tokens.push(pick.token);
+                req.num_output += 1;
+                req.text.push_str(&req.decoder.push(&self.tokenizer, pick.token, true));
+                tokens.push(pick);
+                if let Some(at) = find_stop(&req.text, &req.sampler.params.stop, req.emitted) {
+                    req.text.truncate(at);
+                    finish = Some(FinishReason::Stop);
+                    cut = true;
+                }
+            }
+            if finish.is_none() {
+                finish = length_done.get(&id).copied();
+            }
+            if finish.is_some() && !cut {
+                // The text ends here: release bytes the detokenizer held for an unfinished character.
+                let tail = req.decoder.flush();
+                req.text.push_str(&tail);
+            }
+            let visible = if finish.is_some() {
+                req.text.len()
+            } else {
+                req.text.len() - held_back(&req.text, &req.sampler.params.stop)
+            };
+            let mut visible = visible.max(req.emitted);
+            while !req.text.is_char_boundary(visible) {
+                visible -= 1;
+            }
+            let text_delta = req.text[req.emitted..visible].to_string();
+            req.emitted = visible;
+            let timings = finish.map(|_| timings_of(req, now));
+            outputs.push(RequestOutput {
+                id,
+                tokens,
+                text_delta,
+                finish_reason: finish,
+                num_prompt_tokens: req.prompt_len,
+                num_output_tokens: req.num_output,
+                timings,
+            });
+            if let Some(reason) = finish {
+                if !length_done.contains_key(&id) {
+                    self.sched.finish(id, reason);
+                }
+                self.requests.remove(&id);
+            }
+        }
+        Ok(outputs)
+    }
+}
+
+fn timings_of(req: &RequestState, now: Instant) -> RequestTimings {
+    let first = req.first_token.unwrap_or(now);
+    let last = req.last_token.unwrap_or(now);
+    let ttft = first.duration_since(req.arrival).as_secs_f64();
+    let decode = last.duration_since(first).as_secs_f64();
+    RequestTimings {
+        ttft_ms: ttft * 1e3,
+        prefill_tok_s: if ttft > 0.0 { req.prompt_len as f64 / ttft } else { 0.0 },
+        decode_tok_s: if decode > 0.0 && req.num_output > 1 {
+            (req.num_output - 1) as f64 / decode
+        } else {
+            0.0
+        },
+        total_ms: now.duration_since(req.arrival).as_secs_f64() * 1e3,
+    }
+}

@@ -1,0 +1,105 @@
+//! Model runner: a scheduler step becomes one flat batch for the backend — token ids, positions,
+//! slot mapping, per-sequence query ranges and block tables, and which rows need logits.
+
+use quire_backend::{BackendError, Executor, ForwardBatch, SeqBatch};
+use quire_core::BlockId;
+use quire_sched::SchedulerOutput;
+
+/// Reusable buffers of the flat batch (no allocation per step once warm).
+#[derive(Default)]
+pub struct BatchBuffers {
+    pub token_ids: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub slot_mapping: Vec<u32>,
+    pub logits_indices: Vec<u32>,
+    /// (query_start, query_len, seq_len) per scheduled sequence.
+    pub ranges: Vec<(usize, usize, usize)>,
+}
+
+impl BatchBuffers {
+    /// Fills the buffers from a scheduler step. Returns, per scheduled sequence, the row of its
+    /// logits in the output (if it samples this step).
+    pub fn fill(&mut self, out: &SchedulerOutput, block_size: usize) -> Vec<Option<usize>> {
+        self.token_ids.clear();
+        self.positions.clear();
+        self.slot_mapping.clear();
+        self.logits_indices.clear();
+        self.ranges.clear();
+        let mut rows = Vec::with_capacity(out.scheduled.len());
+        for s in &out.scheduled {
+            let start = self.token_ids.len();
+            for (i, t) in s.token_ids.iter().enumerate() {
+                let pos = s.num_computed_tokens + i;
+                self.token_ids.push(t.0);
+                self.positions.push(pos as u32);
+                let block = s.block_table[pos / block_size];
+                self.slot_mapping.push((block.as_usize() * block_size + pos % block_size) as u32);
+            }
+            let len = s.token_ids.len();
+            self.ranges.push((start, len, s.num_computed_tokens + len));
+            if s.samples {
+                rows.push(Some(self.logits_indices.len()));
+                self.logits_indices.push((start + len - 1) as u32);
+            } else {
+                rows.push(None);
+            }
+        }
+        rows
+    }
+}
+
+/// Runs a filled batch through the executor.
+pub fn execute<'a>(
+    exec: &'a mut dyn Executor,
+    buf: &BatchBuffers,
+    tables: &[&[BlockId]],
+) -> Result<&'a [f32], BackendError> {
+    let seqs: Vec<SeqBatch> = buf
+        .ranges
+        .iter()
+        .zip(tables)
+        .map(|(&(query_start, query_len, seq_len), &block_table)| SeqBatch {
+            query_start,
+            query_len,
+            seq_len,
+            block_table,
+        })
+        .collect();
+    exec.forward(&ForwardBatch {
+        token_ids: &buf.token_ids,
+        positions: &buf.positions,
+        slot_mapping: &buf.slot_mapping,
+        seqs: &seqs,
+        logits_indices: &buf.logits_indices,
+    })
+}
+
+/// One sequence from an empty cache through blocks `0..`, outside the scheduler: logits of the
+/// requested rows. Used by perplexity and by tests that want raw logits.
+pub fn forward_single(exec: &mut dyn Executor, tokens: &[u32], logits_rows: &[u32]) -> Result<Vec<f32>, BackendError> {
+    let spec = exec.kv_spec();
+    let nblocks = tokens.len().div_ceil(spec.block_size);
+    if nblocks > spec.num_blocks {
+        return Err(BackendError::InvalidBatch(format!(
+            "{} tokens need {nblocks} KV blocks, the cache has {}",
+            tokens.len(),
+            spec.num_blocks
+        )));
+    }
+    let table: Vec<BlockId> = (0..nblocks as u32).map(BlockId).collect();
+    let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+    let seqs = [SeqBatch {
+        query_start: 0,
+        query_len: tokens.len(),
+        seq_len: tokens.len(),
+        block_table: &table,
+    }];
+    let out = exec.forward(&ForwardBatch {
+        token_ids: tokens,
+        positions: &positions,
+        slot_mapping: &positions,
+        seqs: &seqs,
+        logits_indices: logits_rows,
+    })?;
+    Ok(out.to_vec())
+}

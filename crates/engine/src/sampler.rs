@@ -1,0 +1,242 @@
+//! Choosing the next token from logits. Order follows llama.cpp's default chain: penalties, then
+//! top-k, top-p and min-p on the unscaled distribution, then temperature, then a draw from the
+//! request's own seeded random stream (so a seed reproduces a completion whatever else is batched).
+
+use quire_core::{SamplingParams, TokenId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Per-request sampling state.
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: StdRng,
+    /// Scratch: (logit, id) candidates.
+    cand: Vec<(f32, u32)>,
+}
+
+/// A token with its log-probability and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: TokenId,
+    pub logprob: f32,
+    pub top: Vec<(TokenId, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(|| {
+            use std::time::{SystemTime, UNIX_EPOCH};
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        Self {
+            params,
+            rng: StdRng::seed_from_u64(seed),
+            cand: Vec::new(),
+        }
+    }
+
+    /// Applies penalties in place, using the tokens generated (and prompted) so far.
+    fn apply_penalties(&self, logits: &mut [f32], history: &[TokenId]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 && p.repeat_last_n > 0 {
+            let start = history.len().saturating_sub(p.repeat_last_n);
+            let mut seen = std::collections::HashSet::new();
+            for t in &history[start..] {
+                if seen.insert(t.0) {
+                    if let Some(l) = logits.get_mut(t.as_usize()) {
+                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    }
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            let mut counts = std::collections::HashMap::new();
+            for t in history {
+                *counts.entry(t.0).or_insert(0u32) += 1;
+            }
+            for (t, c) in counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * c as f32;
+                }
+            }
+        }
+    }
+
+    /// Picks the next token. `logits` may be modified. `n_top` alternatives are reported with
+    /// log-probabilities of the unmodified model distribution.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[TokenId], n_top: usize) -> Sampled {
+        let top = if n_top > 0 { top_logprobs(logits, n_top) } else { Vec::new() };
+        let raw_lse = log_sum_exp(logits);
+        self.apply_penalties(logits, history);
+        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits) };
+        let logprob = logits_raw_logprob(token, &top, raw_lse, logits);
+        Sampled {
+            token: TokenId(token),
+            logprob,
+            top,
+        }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let c = &mut self.cand;
+        c.clear();
+        c.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (l, i as u32)));
+        if c.is_empty() {
+            return 0;
+        }
+        let by_logit_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            c.truncate(p.top_k);
+        }
+        c.sort_unstable_by(by_logit_desc);
+        // Probabilities of the unscaled distribution for top-p and min-p.
+        let mx = c[0].0;
+        let mut probs: Vec<f32> = c.iter().map(|&(l, _)| (l - mx).exp()).collect();
+        let z: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|v| *v /= z);
+        let mut keep = c.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, &pr) in probs.iter().enumerate() {
+                cum += pr;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = p.min_p * probs[0];
+            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
+        }
+        c.truncate(keep);
+        let t = p.temperature;
+        let weights: Vec<f64> = c.iter().map(|&(l, _)| (((l - mx) / t) as f64).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut u = self.rng.random::<f64>() * total;
+        for (w, &(_, id)) in weights.iter().zip(c.iter()) {
+            if u < *w {
+                return id;
+            }
+            u -= w;
+        }
+        c.last().map(|e| e.1).unwrap_or(0)
+    }
+}
+
+/// Index of the largest logit (the lowest index among equals).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let s: f64 = logits.iter().map(|&l| ((l - mx) as f64).exp()).sum();
+    mx + s.ln() as f32
+}
+
+/// The `n` most likely tokens with their log-probabilities, most likely first.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(TokenId, f32)> {
+    let lse = log_sum_exp(logits);
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(idx.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    idx.select_nth_unstable_by(n - 1, cmp);
+    idx.truncate(n);
+    idx.sort_by(cmp);
+    idx.into_iter().map(|i| (TokenId(i), logits[i as usize] - lse)).collect()
+}
+
+fn logits_raw_logprob(token: u32, top: &[(TokenId, f32)], raw_lse: f32, logits: &[f32]) -> f32 {
+    // Prefer the value computed before penalties touched the logits.
+    top.iter()
+        .find(|(t, _)| t.0 == token)
+        .map(|e| e.1)
+        .unwrap_or_else(|| logits[token as usize] - raw_lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams {
+            seed: Some(1),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        let mut s = Sampler::new(params());
+        let mut l = vec![0.1, 3.0, 2.9, -1.0];
+        assert_eq!(s.sample(&mut l, &[], 0).token, TokenId(1));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_at_any_temperature() {
+        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, ..params() });
+        for _ in 0..50 {
+            let mut l = vec![0.1, 3.0, 2.9, -1.0];
+            assert_eq!(s.sample(&mut l, &[], 0).token, TokenId(1));
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        // probabilities ~ [0.64, 0.24, 0.09, 0.03]
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.7, ..params() });
+        let mut seen = [false; 4];
+        for _ in 0..400 {
+            seen[s.sample(&mut logits.clone(), &[], 0).token.as_usize()] = true;
+        }
+        assert_eq!(seen, [true, true, false, false]);
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.3, ..params() });
+        let mut seen = [false; 4];
+        for _ in 0..400 {
+            seen[s.sample(&mut logits.clone(), &[], 0).token.as_usize()] = true;
+        }
+        assert_eq!(seen, [true, true, false, false]);
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let logits = [1.0f32, 1.1, 0.9, 1.05, 0.95];
+        let p = SamplingParams { temperature: 1.0, seed: Some(42), ..Default::default() };
+        let run = || {
+            let mut s = Sampler::new(p.clone());
+            (0..32).map(|_| s.sample(&mut logits.clone(), &[], 0).token.0).collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+        assert!(run().iter().any(|&t| t != run()[0]), "draws should vary");
+    }
+
+    #[test]
+    fn repetition_penalty_discourages_seen_tokens() {
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..params() });
+        let mut l = vec![2.0, 1.5, -1.0];
+        assert_eq!(s.sample(&mut l, &[TokenId(0)], 0).token, TokenId(1));
+        assert_eq!(l[0], 1.0);
+    }
+
+    #[test]
+    fn top_logprobs_are_normalized_and_sorted() {
+        let l = [0.0f32, 2.0, 1.0];
+        let t = top_logprobs(&l, 3);
+        assert_eq!(t.iter().map(|e| e.0 .0).collect::<Vec<_>>(), vec![1, 2, 0]);
+        let total: f32 = t.iter().map(|e| e.1.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
+}
