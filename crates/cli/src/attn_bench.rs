@@ -52,6 +52,10 @@ pub struct AttnBenchArgs {
     /// KV-cache storage type: float16, float32 or bfloat16
     #[arg(long, default_value = "float16")]
     pub dtype: String,
+    /// Round Q and the V accumulator to f16 (llama.cpp's CPU flash-attention numerics); default:
+    /// f32 math on f16 storage
+    #[arg(long)]
+    pub f16_accum: bool,
     /// decode: one new token per sequence; prefill: a chunk of --query-len tokens per sequence
     #[arg(long, default_value = "decode", value_parser = ["decode", "prefill"])]
     pub mode: String,
@@ -277,6 +281,7 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
         head_dim: d,
         block_size: bs,
         scale: 1.0 / (d as f32).sqrt(),
+        f16_accum: a.f16_accum,
     };
     // Shuffled pool of batch × max-blocks blocks; each sequence takes active-blocks of them.
     let pool_blocks = b * a.max_blocks;

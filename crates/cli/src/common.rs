@@ -33,8 +33,9 @@ pub struct EngineArgs {
     /// KV-cache size in MiB when --num-blocks is not given
     #[arg(long, default_value_t = 1024)]
     pub kv_cache_mb: usize,
-    /// KV-cache storage type
-    #[arg(long, default_value = "f32", value_parser = ["f32", "f16"])]
+    /// KV-cache storage type. f16 (llama.cpp's default) also rounds Q and the attention
+    /// accumulator to f16 as llama.cpp's CPU flash attention does; f32 is exact f32 attention
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
     pub kv_dtype: String,
     /// Most sequences in one step
     #[arg(long, default_value_t = 64)]

@@ -1,5 +1,5 @@
 //! Prints, per reference prompt, how far quire's teacher-forced log-probabilities are from
-//! llama.cpp's (`QUIRE_KV=f16` for an f16 KV cache). A diagnostic, not a test.
+//! llama.cpp's (`QUIRE_KV=f32` for an exact f32 KV cache). A diagnostic, not a test.
 use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
 use quire_backend::{Executor, KvCacheSpec};
 use quire_engine::runner::forward_single;
@@ -8,8 +8,8 @@ use quire_engine::sampler::log_sum_exp;
 fn main() {
     let m = quire_model::load_gguf(&quire_core::default_model::model_for_tests()).unwrap();
     let mut o = CpuOptions::default();
-    if std::env::var("QUIRE_KV").as_deref() == Ok("f16") {
-        o.kv_dtype = KvDtype::F16;
+    if std::env::var("QUIRE_KV").as_deref() == Ok("f32") {
+        o.kv_dtype = KvDtype::F32;
     }
     let mut exec = CpuExecutor::new(&m.weights, KvCacheSpec { num_blocks: 16, block_size: 16 }, o).unwrap();
     let vocab = exec.vocab_size();
@@ -26,9 +26,9 @@ fn main() {
             let l = &logits[i * vocab..(i + 1) * vocab];
             let lse = log_sum_exp(l);
             for cand in top3.as_array().unwrap() {
-                let d = ((l[cand[0].as_u64().unwrap() as usize] - lse) as f64 - cand[1].as_f64().unwrap()).abs();
+                let sd = (l[cand[0].as_u64().unwrap() as usize] - lse) as f64 - cand[1].as_f64().unwrap(); let d = sd.abs(); if let Ok(f) = std::env::var("QUIRE_DUMP") { use std::io::Write; let mut fh = std::fs::OpenOptions::new().append(true).create(true).open(f).unwrap(); writeln!(fh, "{} {} {} {}", r["prompt"].as_str().unwrap().len(), i, cand[0], sd + cand[1].as_f64().unwrap()).unwrap(); }
                 mx = f64::max(mx, d);
-                if std::env::var("QUIRE_VERBOSE").is_ok() && n < 60 { print!("{i}:{d:.3} "); }
+                if std::env::var("QUIRE_VERBOSE").is_ok() && n < 60 { print!("{i}:{sd:+.3} "); }
                 sum += d;
                 n += 1;
             }

@@ -46,6 +46,10 @@ pub struct AttnParams {
     pub head_dim: usize,
     pub block_size: usize,
     pub scale: f32,
+    /// Round Q and the V accumulator to f16 after every step, as llama.cpp's CPU flash attention
+    /// does with an f16 cache for decode and short prompts (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`).
+    /// Less exact than f32 math, but it makes greedy paths track llama.cpp's at near-ties.
+    pub f16_accum: bool,
 }
 
 /// Largest block size × GQA group the stack score buffer holds.
@@ -102,7 +106,11 @@ pub fn paged_attention<T: KvElem>(
                     .expect("validated batch");
                 let pos = seq.seq_len - seq.query_len + (t - seq.query_start);
                 let qh = &q[t * q_stride + kvh * group * p.head_dim..][..group * p.head_dim];
-                attend_group(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+                if p.f16_accum {
+                    attend_group_f16_accum(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+                } else {
+                    attend_group(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+                }
             });
     });
     debug_assert_eq!(out.len(), slot_mapping.len() * q_row);
@@ -168,6 +176,86 @@ fn attend_group<T: KvElem>(
         let inv = 1.0 / l[g];
         out[g * d..(g + 1) * d].iter_mut().for_each(|v| *v *= inv);
     }
+}
+
+/// The f16-accumulator variant: token by token, each query head's running maximum `m`, sum `l`
+/// and output accumulator (kept in f16, rounded after every scale and multiply-add) are updated
+/// in the order ggml's one-chunk flash attention uses, with Q rounded to f16 first.
+#[allow(clippy::too_many_arguments)]
+fn attend_group_f16_accum<T: KvElem>(
+    p: &AttnParams,
+    q: &[f32], // [group, head_dim]
+    block_table: &[quire_core::BlockId],
+    ctx: usize,
+    kvh: usize,
+    k_cache: &[T],
+    v_cache: &[T],
+    out: &mut [f32], // [group, head_dim]
+) {
+    const MAX_D: usize = 256;
+    let d = p.head_dim;
+    assert!(d <= MAX_D, "head_dim above {MAX_D}");
+    let group = q.len() / d;
+    let kv_row = p.num_kv_heads * d;
+    let mut q16 = [0f32; MAX_D];
+    let mut acc = [f16::ZERO; MAX_D];
+    let mut acc32 = [0f32; MAX_D];
+    let mut v32 = [0f32; MAX_D];
+    let mut k32 = [0f32; MAX_D];
+    for g in 0..group {
+        for (a, &b) in q16[..d].iter_mut().zip(&q[g * d..(g + 1) * d]) {
+            *a = f16::from_f32(b).to_f32();
+        }
+        acc[..d].fill(f16::ZERO);
+        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+        for j in 0..ctx {
+            let slot = block_table[j / p.block_size].as_usize() * p.block_size + j % p.block_size;
+            let row = slot * kv_row + kvh * d;
+            for (a, b) in k32[..d].iter_mut().zip(&k_cache[row..row + d]) {
+                *a = b.to_f32();
+            }
+            let s = dot8(&q16[..d], &k32[..d]) * p.scale;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > m {
+                ms = (m - s).exp();
+                m = s;
+                for a in acc[..d].iter_mut() {
+                    *a = f16::from_f32(a.to_f32() * ms);
+                }
+            } else {
+                vs = (s - m).exp();
+            }
+            for (a, b) in v32[..d].iter_mut().zip(&v_cache[row..row + d]) {
+                *a = b.to_f32();
+            }
+            for ((a, &v), a32) in acc[..d].iter_mut().zip(&v32[..d]).zip(acc32.iter_mut()) {
+                *a32 = v.mul_add(vs, a.to_f32());
+                *a = f16::from_f32(*a32);
+            }
+            l = l * ms + vs;
+        }
+        let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
+        for (o, a) in out[g * d..(g + 1) * d].iter_mut().zip(&acc[..d]) {
+            *o = a.to_f32() * inv;
+        }
+    }
+}
+
+/// f32 dot product with eight interleaved partial sums (the summation order of 256-bit SIMD).
+#[inline(always)]
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for i in 0..8 {
+            acc[i] = a[c * 8 + i].mul_add(b[c * 8 + i], acc[i]);
+        }
+    }
+    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
 }
 
 /// Dense f64 attention of one sequence, the reference for the parity tests and `attn-bench`.

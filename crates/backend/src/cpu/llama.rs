@@ -29,7 +29,7 @@ impl Default for CpuOptions {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
-            kv_dtype: KvDtype::F32,
+            kv_dtype: KvDtype::F16,
         }
     }
 }
@@ -63,6 +63,8 @@ struct Scratch {
     last: Vec<f32>, // [n_logits, hidden]
     q8: Activations,
     logits: Vec<f32>,
+    rope_cs: Vec<(f32, f32)>, // [n, rope_dim / 2] (cos, sin) per token
+    cs_tmp: Vec<(f32, f32)>,
 }
 
 pub struct CpuExecutor {
@@ -72,7 +74,7 @@ pub struct CpuExecutor {
     output: QMatrix,
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
-    inv_freq: Vec<f32>,
+    rope: ops::RopeTable,
     kv: KvCacheSpec,
     store: KvStore,
     scratch: Scratch,
@@ -180,7 +182,7 @@ impl CpuExecutor {
             .build()
             .map_err(|e| BackendError::Config(format!("thread pool: {e}")))?;
         Ok(Self {
-            inv_freq: ops::rope_inv_freq(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref()),
+            rope: ops::RopeTable::new(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref()),
             output_norm: vec_f32(&w.output_norm, hd)?,
             cfg: c.clone(),
             pool,
@@ -277,7 +279,14 @@ impl Executor for CpuExecutor {
             head_dim: c.head_dim,
             block_size: self.kv.block_size,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
+            f16_accum: matches!(self.store, KvStore::F16(..)),
         };
+        let pairs = c.rope_dim / 2;
+        s.rope_cs.clear();
+        for &pos in batch.positions {
+            self.rope.angles(pos, &mut s.cs_tmp);
+            s.rope_cs.extend_from_slice(&s.cs_tmp);
+        }
         for (li, l) in self.layers.iter().enumerate() {
             let layer = Some(li);
             prof.time(
@@ -310,9 +319,9 @@ impl Executor for CpuExecutor {
                             ops::rms_norm_heads(q, qn, c.rms_norm_eps);
                             ops::rms_norm_heads(k, kn, c.rms_norm_eps);
                         }
-                        let pos = batch.positions[t];
-                        ops::rope(q, c.head_dim, &self.inv_freq, pos, c.rope_style);
-                        ops::rope(k, c.head_dim, &self.inv_freq, pos, c.rope_style);
+                        let cs = &s.rope_cs[t * pairs..(t + 1) * pairs];
+                        ops::rope(q, c.head_dim, cs, c.rope_style);
+                        ops::rope(k, c.head_dim, cs, c.rope_style);
                     }
                 },
             );

@@ -8,7 +8,8 @@ use quire_core::RopeStyle;
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        // The sum of squares in f64, as ggml does, so long rows lose nothing.
+        let ss = (xr.iter().map(|&v| (v * v) as f64).sum::<f64>() / dim as f64) as f32;
         let scale = 1.0 / (ss + eps).sqrt();
         for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
             *o = v * scale * w;
@@ -28,26 +29,50 @@ pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// Inverse frequencies of RoPE, with Llama 3's per-frequency divisors when present.
-pub fn rope_inv_freq(rope_dim: usize, theta: f32, freq_factors: Option<&[f32]>) -> Vec<f32> {
-    (0..rope_dim / 2)
-        .map(|i| {
-            let f = (theta as f64).powf(-(2.0 * i as f64) / rope_dim as f64) as f32;
-            match freq_factors {
-                Some(ff) => f / ff.get(i).copied().unwrap_or(1.0),
-                None => f,
-            }
-        })
-        .collect()
+/// RoPE angles, computed as ggml does (`ggml_rope_cache_init`): the angle of pair `i` at
+/// position `p` is `p · θ^(-2i/d)` accumulated by repeated f32 multiplication, divided by Llama 3's
+/// per-frequency factor when present. The f32 rounding of that product differs from an exact
+/// `p · inv_freq[i]` by up to ~1e-4 rad at long positions; matching it keeps greedy paths aligned
+/// with llama.cpp's.
+#[derive(Debug, Clone)]
+pub struct RopeTable {
+    theta_scale: f32,
+    freq_factors: Option<Vec<f32>>,
+    pairs: usize,
 }
 
-/// Rotates the first `rope_dim` dims of each head of one token at `pos`.
-// x: [num_heads, head_dim]
-pub fn rope(x: &mut [f32], head_dim: usize, inv_freq: &[f32], pos: u32, style: RopeStyle) {
-    let half = inv_freq.len();
+impl RopeTable {
+    pub fn new(rope_dim: usize, theta: f32, freq_factors: Option<&[f32]>) -> Self {
+        Self {
+            theta_scale: theta.powf(-2.0 / rope_dim as f32),
+            freq_factors: freq_factors.map(|f| f.to_vec()),
+            pairs: rope_dim / 2,
+        }
+    }
+
+    /// `(cos, sin)` of every pair's angle at `pos`.
+    pub fn angles(&self, pos: u32, out: &mut Vec<(f32, f32)>) {
+        out.clear();
+        let mut theta = pos as f32;
+        for i in 0..self.pairs {
+            let ff = self
+                .freq_factors
+                .as_ref()
+                .and_then(|f| f.get(i).copied())
+                .unwrap_or(1.0);
+            let t = theta / ff;
+            out.push((t.cos(), t.sin()));
+            theta *= self.theta_scale;
+        }
+    }
+}
+
+/// Rotates the first `rope_dim` dims of each head of one token by precomputed angles.
+// x: [num_heads, head_dim]; cs: [rope_dim / 2] (cos, sin)
+pub fn rope(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], style: RopeStyle) {
+    let half = cs.len();
     for head in x.chunks_exact_mut(head_dim) {
-        for (i, &f) in inv_freq.iter().enumerate() {
-            let (sin, cos) = (pos as f32 * f).sin_cos();
+        for (i, &(cos, sin)) in cs.iter().enumerate() {
             let (a, b) = match style {
                 RopeStyle::Normal => (2 * i, 2 * i + 1),
                 RopeStyle::Neox => (i, i + half),
@@ -82,14 +107,16 @@ mod tests {
 
     #[test]
     fn rope_styles_rotate_the_right_pairs() {
-        let inv = rope_inv_freq(4, 10000.0, None);
+        let table = RopeTable::new(4, 10000.0, None);
+        let mut cs = Vec::new();
+        table.angles(1, &mut cs);
         let mut x = vec![1.0, 0.0, 1.0, 0.0];
-        rope(&mut x, 4, &inv, 1, RopeStyle::Normal);
+        rope(&mut x, 4, &cs, RopeStyle::Normal);
         // pair (0,1) rotated by 1 rad, pair (2,3) by 0.01 rad
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
         assert!((x[2] - 0.01f32.cos()).abs() < 1e-6 && (x[3] - 0.01f32.sin()).abs() < 1e-6);
         let mut y = vec![1.0, 1.0, 0.0, 0.0];
-        rope(&mut y, 4, &inv, 1, RopeStyle::Neox);
+        rope(&mut y, 4, &cs, RopeStyle::Neox);
         // pairs (0,2) and (1,3)
         assert!((y[0] - 1f32.cos()).abs() < 1e-6 && (y[2] - 1f32.sin()).abs() < 1e-6);
         assert!((y[1] - 0.01f32.cos()).abs() < 1e-6 && (y[3] - 0.01f32.sin()).abs() < 1e-6);

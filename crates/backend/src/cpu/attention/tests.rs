@@ -14,6 +14,7 @@ struct Case {
     block_size: usize,
     /// (context already cached, new tokens) per sequence.
     seqs: Vec<(usize, usize)>,
+    f16_accum: bool,
 }
 
 fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
@@ -41,6 +42,7 @@ fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
         head_dim: d,
         block_size: c.block_size,
         scale: 1.0 / (d as f32).sqrt(),
+        f16_accum: c.f16_accum,
     };
     let mut tables = Vec::new();
     let mut full_k = Vec::new();
@@ -142,6 +144,7 @@ fn paged_matches_dense_reference_f32() {
                     block_size,
                     // decodes with odd contexts, a fresh odd prompt, a chunk after a cached prefix
                     seqs: vec![(0, 37), (100, 1), (1, 1), (63, 13), (0, 1), (129, 1)],
+                    f16_accum: false,
                 };
                 let rel = run_case::<f32>(&c, seed);
                 assert!(
@@ -161,7 +164,26 @@ fn paged_matches_dense_reference_f16_storage() {
         head_dim: 128,
         block_size: 32,
         seqs: vec![(200, 1), (0, 45), (31, 2)],
+        f16_accum: false,
     };
     let rel = run_case::<f16>(&c, 99);
     assert!(rel < 1e-5, "rel err {rel:e}");
+}
+
+#[test]
+fn f16_accumulator_stays_within_f16_precision() {
+    // llama.cpp-style numerics: Q and the running V sum rounded to f16. The error is that of f16
+    // (2^-11 relative per rounding), far above f32's but bounded; NaN-poisoned slots stay unread.
+    for (num_heads, num_kv_heads, head_dim) in [(8, 8, 64), (12, 4, 128), (16, 2, 64)] {
+        let c = Case {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size: 16,
+            seqs: vec![(0, 19), (150, 1), (33, 3)],
+            f16_accum: true,
+        };
+        let rel = run_case::<f16>(&c, 7);
+        assert!(rel < 2e-2 && rel > 1e-6, "rel err {rel:e}");
+    }
 }

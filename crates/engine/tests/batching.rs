@@ -1,0 +1,169 @@
+//! Continuous batching on the default model: many requests stepped together through one paged
+//! KV cache give exactly the tokens each gives alone, whatever the block size, with prefix caching
+//! on or off, and when the cache is so small that requests are preempted and recomputed. Also:
+//! a shared prompt prefix is computed once.
+
+use std::collections::HashMap;
+
+use quire_backend::cpu::{CpuExecutor, CpuOptions};
+use quire_backend::KvCacheSpec;
+use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
+use quire_engine::{Engine, EngineConfig};
+
+fn load() -> quire_model::LoadedModel {
+    quire_model::load_gguf(&quire_core::default_model::model_for_tests()).expect("default model loads")
+}
+
+fn engine(m: &quire_model::LoadedModel, num_blocks: usize, block_size: usize, cfg: EngineConfig) -> Engine {
+    let exec = CpuExecutor::new(&m.weights, KvCacheSpec { num_blocks, block_size }, CpuOptions::default()).unwrap();
+    Engine::new(Box::new(exec), m.tokenizer.clone(), cfg)
+}
+
+fn prompts(m: &quire_model::LoadedModel) -> Vec<Vec<TokenId>> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            m.tokenizer.encode(v["prompt"].as_str().unwrap(), true, true).unwrap()
+        })
+        .collect()
+}
+
+type Outcome = (Vec<u32>, FinishReason);
+
+/// Steps until every request finished; returns each request's tokens and finish reason.
+fn drain(e: &mut Engine) -> HashMap<SeqId, Outcome> {
+    let mut toks: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut done = HashMap::new();
+    let mut steps = 0;
+    while e.has_unfinished() {
+        steps += 1;
+        assert!(steps < 100_000, "engine does not make progress");
+        for o in e.step().unwrap() {
+            toks.entry(o.id).or_default().extend(o.tokens.iter().map(|t| t.token.0));
+            if let Some(r) = o.finish_reason {
+                done.insert(o.id, (toks.remove(&o.id).unwrap_or_default(), r));
+            }
+        }
+    }
+    done
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { max_tokens, ..Default::default() }
+}
+
+const MAX_TOKENS: [usize; 4] = [48, 7, 33, 16];
+
+#[test]
+fn concurrent_requests_match_solo_runs() {
+    let m = load();
+    let prompts = prompts(&m);
+    // Each prompt alone, with the longest max_tokens; shorter runs are its prefixes.
+    let mut solo = Vec::new();
+    for p in &prompts {
+        let mut e = engine(&m, 64, 16, EngineConfig::default());
+        let id = e.add_request(p.clone(), greedy(48)).unwrap();
+        solo.push(drain(&mut e).remove(&id).unwrap());
+    }
+    let expect = |i: usize, max_tokens: usize| -> Outcome {
+        let (t, r) = &solo[i];
+        if t.len() > max_tokens {
+            (t[..max_tokens].to_vec(), FinishReason::Length)
+        } else if t.len() == max_tokens && *r == FinishReason::Stop {
+            // It would have stopped on the next token; with this budget it ends by length.
+            (t.clone(), FinishReason::Length)
+        } else {
+            (t.clone(), *r)
+        }
+    };
+    // (block size, blocks, prefix caching, expect preemption)
+    let configs = [
+        (16, 512, true, false),
+        (16, 512, false, false),
+        (32, 256, true, false),
+        (32, 256, false, false),
+        (64, 128, true, false),
+        (64, 128, false, false),
+        // 40 blocks of 16 = 640 slots for 32 requests of up to ~100 tokens: preemption.
+        (16, 40, true, true),
+        (16, 40, false, true),
+    ];
+    for (block_size, num_blocks, prefix, want_preempt) in configs {
+        let cfg = EngineConfig { enable_prefix_caching: prefix, max_num_batched_tokens: 256, ..Default::default() };
+        let mut e = engine(&m, num_blocks, block_size, cfg);
+        let mut ids = Vec::new();
+        for (k, &mt) in MAX_TOKENS.iter().enumerate() {
+            for (i, p) in prompts.iter().enumerate() {
+                ids.push((e.add_request(p.clone(), greedy(mt)).unwrap(), i, mt, k));
+            }
+        }
+        let got = drain(&mut e);
+        let label = format!("block size {block_size}, {num_blocks} blocks, prefix caching {prefix}");
+        for (id, i, mt, _) in &ids {
+            assert_eq!(got[id], expect(*i, *mt), "{label}: prompt {i}, max_tokens {mt}");
+        }
+        let st = e.stats();
+        assert_eq!(st.kv_blocks_used, 0, "{label}: blocks leaked");
+        if want_preempt {
+            assert!(st.preemptions_total > 0, "{label}: the small cache should have forced preemption");
+        } else {
+            assert_eq!(st.preemptions_total, 0, "{label}");
+        }
+        if prefix && block_size <= 32 {
+            // The same prompts arrive four times: copies admitted after the first computed a full
+            // block hit the cache (no reference prompt fills a 64-token block).
+            assert!(st.prefix_cache_hits > 0, "{label}: no prefix-cache hits");
+        } else {
+            assert_eq!(st.prefix_cache_hits, 0, "{label}");
+        }
+        eprintln!("{label}: {} preemptions, {} prefix-cache hit tokens, {} steps", st.preemptions_total, st.prefix_cache_hits, st.steps);
+    }
+}
+
+#[test]
+fn shared_prefix_is_computed_once() {
+    let m = load();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/REFERENCE.md")).unwrap();
+    let all = m.tokenizer.encode(&text, false, false).unwrap();
+    assert!(all.len() > 300);
+    let prefix = all[..200].to_vec();
+    let suffixes: Vec<Vec<TokenId>> = (0..8)
+        .map(|i| m.tokenizer.encode(&format!(" Question {i}: what is {}?", i * 7 + 3), false, false).unwrap())
+        .collect();
+    let mut results = Vec::new();
+    for caching in [true, false] {
+        let cfg = EngineConfig { enable_prefix_caching: caching, ..Default::default() };
+        let mut e = engine(&m, 256, 16, cfg);
+        let mut prompt_tokens = 0u64;
+        let mut ids = Vec::new();
+        let mut first = Vec::new();
+        for (i, s) in suffixes.iter().enumerate() {
+            let p: Vec<TokenId> = prefix.iter().chain(s).copied().collect();
+            prompt_tokens += p.len() as u64;
+            ids.push(e.add_request(p, greedy(1)).unwrap());
+            if i == 0 {
+                // The first request's prompt is computed (and its blocks cached) before the rest arrive.
+                first = e.step().unwrap();
+            }
+        }
+        let mut got = drain(&mut e);
+        assert_eq!(first.len(), 1);
+        let o = &first[0];
+        let toks = o.tokens.iter().map(|t| t.token.0).collect();
+        got.insert(o.id, (toks, o.finish_reason.expect("max_tokens 1 ends at the first token")));
+        let computed = e.stats().computed_tokens_total;
+        let shared = (200 / 16 * 16) as u64; // full blocks of the prefix
+        if caching {
+            assert_eq!(computed, prompt_tokens - 7 * shared, "the shared prefix is computed once");
+            assert_eq!(e.stats().prefix_cache_hits, 7 * shared);
+        } else {
+            assert_eq!(computed, prompt_tokens);
+        }
+        eprintln!("prefix caching {caching}: {computed} of {prompt_tokens} prompt tokens computed");
+        results.push(ids.iter().map(|id| got[id].clone()).collect::<Vec<_>>());
+    }
+    assert_eq!(results[0], results[1], "prefix caching changes no output");
+}
