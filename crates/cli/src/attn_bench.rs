@@ -91,6 +91,9 @@ impl KvElem for Bf16 {
         Bf16(half::bf16::from_f32(v))
     }
     const NAME: &'static str = "bf16";
+    fn as_f16(_: &[Self]) -> Option<&[half::f16]> {
+        None
+    }
 }
 
 /// A sequence of the dispatch: where its new tokens are and how long its context is.

@@ -13,6 +13,8 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
     const NAME: &'static str;
+    /// The slice as f16, when that is its storage (the SIMD path of the f16 accumulator).
+    fn as_f16(s: &[Self]) -> Option<&[f16]>;
 }
 
 impl KvElem for f32 {
@@ -25,6 +27,9 @@ impl KvElem for f32 {
         v
     }
     const NAME: &'static str = "f32";
+    fn as_f16(_: &[Self]) -> Option<&[f16]> {
+        None
+    }
 }
 
 impl KvElem for f16 {
@@ -37,6 +42,9 @@ impl KvElem for f16 {
         f16::from_f32(v)
     }
     const NAME: &'static str = "f16";
+    fn as_f16(s: &[Self]) -> Option<&[f16]> {
+        Some(s)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -179,8 +187,8 @@ fn attend_group<T: KvElem>(
 }
 
 /// The f16-accumulator variant: token by token, each query head's running maximum `m`, sum `l`
-/// and output accumulator (kept in f16, rounded after every scale and multiply-add) are updated
-/// in the order ggml's one-chunk flash attention uses, with Q rounded to f16 first.
+/// and output accumulator (f16 values, rounded after every scale and multiply-add) are updated in
+/// the order ggml's one-chunk flash attention uses, with Q rounded to f16 first.
 #[allow(clippy::too_many_arguments)]
 fn attend_group_f16_accum<T: KvElem>(
     p: &AttnParams,
@@ -193,69 +201,179 @@ fn attend_group_f16_accum<T: KvElem>(
     out: &mut [f32], // [group, head_dim]
 ) {
     const MAX_D: usize = 256;
+    const MAX_G: usize = 16;
     let d = p.head_dim;
     assert!(d <= MAX_D, "head_dim above {MAX_D}");
     let group = q.len() / d;
     let kv_row = p.num_kv_heads * d;
-    let mut q16 = [0f32; MAX_D];
-    let mut acc = [f16::ZERO; MAX_D];
-    let mut acc32 = [0f32; MAX_D];
-    let mut v32 = [0f32; MAX_D];
+    let mut q16 = [0f32; MAX_G * MAX_D];
+    let mut acc = [0f32; MAX_G * MAX_D]; // always holds f16-representable values
     let mut k32 = [0f32; MAX_D];
-    for g in 0..group {
-        for (a, &b) in q16[..d].iter_mut().zip(&q[g * d..(g + 1) * d]) {
-            *a = f16::from_f32(b).to_f32();
-        }
-        acc[..d].fill(f16::ZERO);
-        let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-        for j in 0..ctx {
-            let slot = block_table[j / p.block_size].as_usize() * p.block_size + j % p.block_size;
-            let row = slot * kv_row + kvh * d;
-            for (a, b) in k32[..d].iter_mut().zip(&k_cache[row..row + d]) {
-                *a = b.to_f32();
+    let mut v32 = [0f32; MAX_D];
+    for (a, &b) in q16[..group * d].iter_mut().zip(q) {
+        *a = f16::from_f32(b).to_f32();
+    }
+    let mut m = [f32::NEG_INFINITY; MAX_G];
+    let mut l = [0f32; MAX_G];
+    let simd = simd::available() && d % 32 == 0;
+    for j in 0..ctx {
+        let slot = block_table[j / p.block_size].as_usize() * p.block_size + j % p.block_size;
+        let row = slot * kv_row + kvh * d;
+        match (T::as_f16(&k_cache[row..row + d]), T::as_f16(&v_cache[row..row + d])) {
+            (Some(k), Some(v)) if simd => {
+                // SAFETY: `simd::available()` checked AVX2, FMA and F16C.
+                unsafe {
+                    simd::f16_to_f32(k, &mut k32[..d]);
+                    simd::f16_to_f32(v, &mut v32[..d]);
+                }
             }
-            let s = dot8(&q16[..d], &k32[..d]) * p.scale;
+            _ => {
+                for (a, b) in k32[..d].iter_mut().zip(&k_cache[row..row + d]) {
+                    *a = b.to_f32();
+                }
+                for (a, b) in v32[..d].iter_mut().zip(&v_cache[row..row + d]) {
+                    *a = b.to_f32();
+                }
+            }
+        }
+        for g in 0..group {
+            let qg = &q16[g * d..(g + 1) * d];
+            let ag = &mut acc[g * d..(g + 1) * d];
+            let s = if simd {
+                // SAFETY: as above; d is a multiple of 32.
+                unsafe { simd::dot(qg, &k32[..d]) }
+            } else {
+                dot_ggml_order(qg, &k32[..d])
+            } * p.scale;
             let (mut ms, mut vs) = (1f32, 1f32);
-            if s > m {
-                ms = (m - s).exp();
-                m = s;
-                for a in acc[..d].iter_mut() {
-                    *a = f16::from_f32(a.to_f32() * ms);
+            if s > m[g] {
+                ms = (m[g] - s).exp();
+                m[g] = s;
+                if simd {
+                    // SAFETY: as above.
+                    unsafe { simd::scale_round(ag, ms) };
+                } else {
+                    ag.iter_mut().for_each(|a| *a = f16::from_f32(*a * ms).to_f32());
                 }
             } else {
-                vs = (s - m).exp();
+                vs = (s - m[g]).exp();
             }
-            for (a, b) in v32[..d].iter_mut().zip(&v_cache[row..row + d]) {
-                *a = b.to_f32();
+            if simd {
+                // SAFETY: as above.
+                unsafe { simd::mad_round(ag, &v32[..d], vs) };
+            } else {
+                for (a, &v) in ag.iter_mut().zip(&v32[..d]) {
+                    *a = f16::from_f32(v.mul_add(vs, *a)).to_f32();
+                }
             }
-            for ((a, &v), a32) in acc[..d].iter_mut().zip(&v32[..d]).zip(acc32.iter_mut()) {
-                *a32 = v.mul_add(vs, a.to_f32());
-                *a = f16::from_f32(*a32);
-            }
-            l = l * ms + vs;
+            l[g] = l[g].mul_add(ms, vs); // contracted, as GCC compiles ggml's `S*ms + vs`
         }
-        let inv = if l == 0.0 { 0.0 } else { 1.0 / l };
-        for (o, a) in out[g * d..(g + 1) * d].iter_mut().zip(&acc[..d]) {
-            *o = a.to_f32() * inv;
+    }
+    for g in 0..group {
+        let inv = if l[g] == 0.0 { 0.0 } else { 1.0 / l[g] };
+        for (o, a) in out[g * d..(g + 1) * d].iter_mut().zip(&acc[g * d..(g + 1) * d]) {
+            *o = a * inv;
         }
     }
 }
 
-/// f32 dot product with eight interleaved partial sums (the summation order of 256-bit SIMD).
-#[inline(always)]
-fn dot8(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for i in 0..8 {
-            acc[i] = a[c * 8 + i].mul_add(b[c * 8 + i], acc[i]);
+/// f32 dot product summed as ggml's AVX2 `ggml_vec_dot_f16` does: four 8-lane accumulators over
+/// steps of 32, folded (0+2, 1+3, 0+1), then the 8 lanes pairwise.
+fn dot_ggml_order(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [[0f32; 8]; 4];
+    let np = a.len() / 32 * 32;
+    for i in (0..np).step_by(32) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, v) in accj.iter_mut().enumerate() {
+                *v = a[i + j * 8 + l].mul_add(b[i + j * 8 + l], *v);
+            }
         }
     }
-    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
-    for i in chunks * 8..a.len() {
+    let mut r = [0f32; 8];
+    for l in 0..8 {
+        r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let t: [f32; 4] = [r[0] + r[4], r[1] + r[5], r[2] + r[6], r[3] + r[7]];
+    let mut s = (t[0] + t[1]) + (t[2] + t[3]);
+    for i in np..a.len() {
         s += a[i] * b[i];
     }
     s
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+        for i in (0..dst.len()).step_by(8) {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn round16(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    /// `acc = f16(acc * s)`
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scale_round(acc: &mut [f32], s: f32) {
+        let sv = _mm256_set1_ps(s);
+        for i in (0..acc.len()).step_by(8) {
+            let p = acc.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, round16(_mm256_mul_ps(_mm256_loadu_ps(p), sv)));
+        }
+    }
+
+    /// `acc = f16(v * s + acc)` with one rounding for the multiply-add.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn mad_round(acc: &mut [f32], v: &[f32], s: f32) {
+        let sv = _mm256_set1_ps(s);
+        for i in (0..acc.len()).step_by(8) {
+            let p = acc.as_mut_ptr().add(i);
+            let r = _mm256_fmadd_ps(_mm256_loadu_ps(v.as_ptr().add(i)), sv, _mm256_loadu_ps(p));
+            _mm256_storeu_ps(p, round16(r));
+        }
+    }
+
+    /// The same summation order as `dot_ggml_order`; `a.len()` a multiple of 32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut s = [_mm256_setzero_ps(); 4];
+        for i in (0..a.len()).step_by(32) {
+            for (j, sj) in s.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(a.as_ptr().add(i + j * 8));
+                let y = _mm256_loadu_ps(b.as_ptr().add(i + j * 8));
+                *sj = _mm256_fmadd_ps(x, y, *sj);
+            }
+        }
+        let r = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps::<1>(r));
+        let h = _mm_hadd_ps(t, t);
+        _mm_cvtss_f32(_mm_hadd_ps(h, h))
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod simd {
+    use half::f16;
+    pub fn available() -> bool {
+        false
+    }
+    pub unsafe fn f16_to_f32(_: &[f16], _: &mut [f32]) {}
+    pub unsafe fn scale_round(_: &mut [f32], _: f32) {}
+    pub unsafe fn mad_round(_: &mut [f32], _: &[f32], _: f32) {}
+    pub unsafe fn dot(_: &[f32], _: &[f32]) -> f32 {
+        0.0
+    }
 }
 
 /// Dense f64 attention of one sequence, the reference for the parity tests and `attn-bench`.

@@ -187,3 +187,34 @@ fn f16_accumulator_stays_within_f16_precision() {
         assert!(rel < 2e-2 && rel > 1e-6, "rel err {rel:e}");
     }
 }
+
+#[test]
+fn simd_f16_accumulator_steps_equal_the_scalar_ones_bit_for_bit() {
+    if !simd::available() {
+        return;
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    for d in [32usize, 64, 128, 256] {
+        let a: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let b: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
+        // SAFETY: available() checked the features; d is a multiple of 32.
+        let fast = unsafe { simd::dot(&a, &b) };
+        assert_eq!(fast.to_bits(), dot_ggml_order(&a, &b).to_bits());
+        let h: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
+        let mut conv = vec![0f32; d];
+        unsafe { simd::f16_to_f32(&h, &mut conv) };
+        assert!(conv.iter().zip(&h).all(|(c, h)| *c == h.to_f32()));
+        let mut acc_fast: Vec<f32> = conv.clone();
+        let mut acc_slow = conv.clone();
+        let (s, vs) = (rng.random_range(0.0..1.0f32), rng.random_range(0.0..1.0f32));
+        unsafe {
+            simd::scale_round(&mut acc_fast, s);
+            simd::mad_round(&mut acc_fast, &b, vs);
+        }
+        for (x, &v) in acc_slow.iter_mut().zip(&b) {
+            *x = f16::from_f32(*x * s).to_f32();
+            *x = f16::from_f32(v.mul_add(vs, *x)).to_f32();
+        }
+        assert_eq!(acc_fast, acc_slow);
+    }
+}
