@@ -64,23 +64,42 @@ pub fn cpu_options(args: &ModelArgs, kv_dtype: &str) -> CpuOptions {
     if let Some(t) = args.threads {
         o.threads = t.max(1);
     }
-    o.kv_dtype = if kv_dtype == "f16" { KvDtype::F16 } else { KvDtype::F32 };
+    o.kv_dtype = if kv_dtype == "f16" {
+        KvDtype::F16
+    } else {
+        KvDtype::F32
+    };
     o
 }
 
 /// Builds the executor for `kv` on the chosen backend.
-pub fn executor(model: &LoadedModel, args: &ModelArgs, kv: KvCacheSpec, kv_dtype: &str) -> Result<Box<dyn Executor>> {
+pub fn executor(
+    model: &LoadedModel,
+    args: &ModelArgs,
+    kv: KvCacheSpec,
+    kv_dtype: &str,
+) -> Result<Box<dyn Executor>> {
     match args.backend.as_str() {
-        "cpu" => Ok(Box::new(CpuExecutor::new(&model.weights, kv, cpu_options(args, kv_dtype))?)),
-        other => bail!("backend {other} was not built into this binary (build with --features {other})"),
+        "cpu" => Ok(Box::new(CpuExecutor::new(
+            &model.weights,
+            kv,
+            cpu_options(args, kv_dtype),
+        )?)),
+        other => {
+            bail!("backend {other} was not built into this binary (build with --features {other})")
+        }
     }
 }
 
 pub fn kv_spec(model: &LoadedModel, e: &EngineArgs) -> Result<KvCacheSpec> {
     if !matches!(e.block_size, 16 | 32 | 64 | 128) {
-        bail!("--block-size must be 16, 32, 64 or 128 (got {})", e.block_size);
+        bail!(
+            "--block-size must be 16, 32, 64 or 128 (got {})",
+            e.block_size
+        );
     }
-    let per_token = kv_bytes_per_token(&model.weights.config) / if e.kv_dtype == "f16" { 2 } else { 1 };
+    let per_token =
+        kv_bytes_per_token(&model.weights.config) / if e.kv_dtype == "f16" { 2 } else { 1 };
     let num_blocks = match e.num_blocks {
         Some(n) => n,
         None => e.kv_cache_mb.saturating_mul(1 << 20) / (per_token * e.block_size),
@@ -94,11 +113,19 @@ pub fn kv_spec(model: &LoadedModel, e: &EngineArgs) -> Result<KvCacheSpec> {
     })
 }
 
-pub fn build_engine(model: &LoadedModel, m: &ModelArgs, e: &EngineArgs, top_logprobs: usize) -> Result<Engine> {
+pub fn build_engine(
+    model: &LoadedModel,
+    m: &ModelArgs,
+    e: &EngineArgs,
+    top_logprobs: usize,
+) -> Result<Engine> {
     let kv = kv_spec(model, e)?;
     let exec = executor(model, m, kv, &e.kv_dtype)?;
     let ctx = model.weights.config.max_position_embeddings;
-    let max_model_len = e.max_model_len.unwrap_or(ctx).min(kv.num_blocks * kv.block_size);
+    let max_model_len = e
+        .max_model_len
+        .unwrap_or(ctx)
+        .min(kv.num_blocks * kv.block_size);
     if e.max_num_seqs == 0 || e.max_num_batched_tokens == 0 {
         bail!("--max-num-seqs and --max-num-batched-tokens must be at least 1");
     }

@@ -108,7 +108,10 @@ pub struct ChatArgs {
 /// Renders messages with the model's chat template and tokenizes the result.
 pub fn encode_chat(model: &LoadedModel, messages: &[ChatMessage]) -> Result<Vec<TokenId>> {
     let text = model.chat_template.render(messages, true)?;
-    let bos = model.tokenizer.bos().and_then(|b| model.tokenizer.token_str(b).map(str::to_string));
+    let bos = model
+        .tokenizer
+        .bos()
+        .and_then(|b| model.tokenizer.token_str(b).map(str::to_string));
     let has_bos = bos.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
     Ok(model.tokenizer.encode(&text, !has_bos, true)?)
 }
@@ -129,13 +132,24 @@ fn timings_json(t: &RequestTimings) -> serde_json::Value {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     if let Some(file) = &a.prompts_file {
-        return run_file(&model, &a, file, a.output.as_ref().expect("clap requires --output"));
+        return run_file(
+            &model,
+            &a,
+            file,
+            a.output.as_ref().expect("clap requires --output"),
+        );
     }
     let Some(prompt) = &a.prompt else {
         bail!("give --prompt TEXT (or --prompts-file IN.jsonl --output OUT.jsonl)");
     };
     let tokens = if a.chat {
-        encode_chat(&model, &[ChatMessage { role: "user".into(), content: prompt.clone() }])?
+        encode_chat(
+            &model,
+            &[ChatMessage {
+                role: "user".into(),
+                content: prompt.clone(),
+            }],
+        )?
     } else {
         encode_prompt(&model, prompt)?
     };
@@ -210,26 +224,53 @@ enum StopField {
     Many(Vec<String>),
 }
 
-fn run_file(model: &LoadedModel, a: &GenerateArgs, input: &PathBuf, output: &PathBuf) -> Result<()> {
-    let text = std::fs::read_to_string(input).with_context(|| format!("cannot read {}", input.display()))?;
+fn run_file(
+    model: &LoadedModel,
+    a: &GenerateArgs,
+    input: &PathBuf,
+    output: &PathBuf,
+) -> Result<()> {
+    let text = std::fs::read_to_string(input)
+        .with_context(|| format!("cannot read {}", input.display()))?;
     let mut engine = build_engine(model, &a.model, &a.engine, 0)?;
     let base = a.sampling.params();
     let mut ids = std::collections::HashMap::new();
     let mut prompts = Vec::new();
-    for (index, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let r: FileRequest = serde_json::from_str(line).with_context(|| format!("{}:{}: bad request", input.display(), index + 1))?;
+    for (index, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: FileRequest = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: bad request", input.display(), index + 1))?;
         let tokens = match (&r.prompt, &r.messages) {
             (Some(p), None) => encode_prompt(model, p)?,
             (None, Some(m)) => encode_chat(model, m)?,
-            _ => bail!("{}:{}: give exactly one of \"prompt\" or \"messages\"", input.display(), index + 1),
+            _ => bail!(
+                "{}:{}: give exactly one of \"prompt\" or \"messages\"",
+                input.display(),
+                index + 1
+            ),
         };
         let mut p = base.clone();
-        if let Some(v) = r.max_tokens { p.max_tokens = v; }
-        if let Some(v) = r.temperature { p.temperature = v; }
-        if let Some(v) = r.top_p { p.top_p = v; }
-        if let Some(v) = r.top_k { p.top_k = v; }
-        if let Some(v) = r.min_p { p.min_p = v; }
-        if r.seed.is_some() { p.seed = r.seed; }
+        if let Some(v) = r.max_tokens {
+            p.max_tokens = v;
+        }
+        if let Some(v) = r.temperature {
+            p.temperature = v;
+        }
+        if let Some(v) = r.top_p {
+            p.top_p = v;
+        }
+        if let Some(v) = r.top_k {
+            p.top_k = v;
+        }
+        if let Some(v) = r.min_p {
+            p.min_p = v;
+        }
+        if r.seed.is_some() {
+            p.seed = r.seed;
+        }
         match r.stop {
             Some(StopField::One(s)) => p.stop = vec![s],
             Some(StopField::Many(v)) => p.stop = v,
@@ -239,10 +280,20 @@ fn run_file(model: &LoadedModel, a: &GenerateArgs, input: &PathBuf, output: &Pat
             .add_request(tokens.clone(), p)
             .with_context(|| format!("{}:{}", input.display(), index + 1))?;
         ids.insert(id, prompts.len());
-        prompts.push((index, tokens, Vec::<u32>::new(), String::new(), None::<FinishReason>, RequestTimings::default()));
+        prompts.push((
+            index,
+            tokens,
+            Vec::<u32>::new(),
+            String::new(),
+            None::<FinishReason>,
+            RequestTimings::default(),
+        ));
     }
     let bar = indicatif::ProgressBar::new(prompts.len() as u64);
-    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} requests  {msg}").expect("static template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} requests  {msg}")
+            .expect("static template"),
+    );
     let t0 = std::time::Instant::now();
     let mut generated = 0usize;
     while engine.has_unfinished() {
@@ -257,10 +308,16 @@ fn run_file(model: &LoadedModel, a: &GenerateArgs, input: &PathBuf, output: &Pat
                 bar.inc(1);
             }
         }
-        bar.set_message(format!("{:.1} tok/s", generated as f64 / t0.elapsed().as_secs_f64()));
+        bar.set_message(format!(
+            "{:.1} tok/s",
+            generated as f64 / t0.elapsed().as_secs_f64()
+        ));
     }
     bar.finish_and_clear();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(output).with_context(|| format!("cannot create {}", output.display()))?);
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(output)
+            .with_context(|| format!("cannot create {}", output.display()))?,
+    );
     for (index, tokens, completion, text, finish, timings) in &prompts {
         let j = json!({
             "index": index,
@@ -288,11 +345,17 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let mut engine: Engine = build_engine(&model, &a.model, &a.engine, 0)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
     }
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!("quire chat with {} — /exit or Ctrl-D to leave, /reset to start over", model.meta.file_name);
+    eprintln!(
+        "quire chat with {} — /exit or Ctrl-D to leave, /reset to start over",
+        model.meta.file_name
+    );
     loop {
         write!(out, "> ")?;
         out.flush()?;
@@ -311,7 +374,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        messages.push(ChatMessage { role: "user".into(), content: line.to_string() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: line.to_string(),
+        });
         let tokens = encode_chat(&model, &messages)?;
         let id = match engine.add_request(tokens, a.sampling.params()) {
             Ok(id) => id,
@@ -336,6 +402,9 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
         }
         writeln!(out)?;
-        messages.push(ChatMessage { role: "assistant".into(), content: reply });
+        messages.push(ChatMessage {
+            role: "assistant".into(),
+            content: reply,
+        });
     }
 }

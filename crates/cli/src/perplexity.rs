@@ -36,7 +36,8 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         bail!("--ctx must be at least 4");
     }
     let model = load_model(&a.model)?;
-    let text = std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let text =
+        std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
     let text = String::from_utf8_lossy(&text);
     let tokens = model.tokenizer.encode(&text, false, false)?;
     let mut n_chunks = tokens.len() / a.ctx;
@@ -44,22 +45,38 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         n_chunks = n_chunks.min(c);
     }
     if n_chunks == 0 {
-        bail!("{} has {} tokens, fewer than one chunk of {}", a.file.display(), tokens.len(), a.ctx);
+        bail!(
+            "{} has {} tokens, fewer than one chunk of {}",
+            a.file.display(),
+            tokens.len(),
+            a.ctx
+        );
     }
     let block_size = 16;
-    let kv = KvCacheSpec { num_blocks: a.ctx.div_ceil(block_size), block_size };
+    let kv = KvCacheSpec {
+        num_blocks: a.ctx.div_ceil(block_size),
+        block_size,
+    };
     let mut exec = executor(&model, &a.model, kv, "f32")?;
     let vocab = exec.vocab_size();
     let first = a.ctx / 2;
     let rows: Vec<u32> = (first as u32..a.ctx as u32 - 1).collect();
     let bar = indicatif::ProgressBar::new(n_chunks as u64);
-    bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} chunks  ppl {msg}  eta {eta}").expect("static template"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} chunks  ppl {msg}  eta {eta}",
+        )
+        .expect("static template"),
+    );
     let mut nll = 0f64;
     let mut count = 0usize;
     let mut per_chunk = Vec::new();
     let t0 = std::time::Instant::now();
     for c in 0..n_chunks {
-        let chunk: Vec<u32> = tokens[c * a.ctx..(c + 1) * a.ctx].iter().map(|t| t.0).collect();
+        let chunk: Vec<u32> = tokens[c * a.ctx..(c + 1) * a.ctx]
+            .iter()
+            .map(|t| t.0)
+            .collect();
         let logits = forward_single(exec.as_mut(), &chunk, &rows)?;
         for (i, &row) in rows.iter().enumerate() {
             let l = &logits[i * vocab..(i + 1) * vocab];
@@ -83,7 +100,10 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         (n_chunks * a.ctx) as f64 / secs
     );
     if a.json {
-        println!("{}", json!({"ppl": ppl, "chunks": n_chunks, "ctx": a.ctx, "scored_tokens": count, "per_chunk_ppl": per_chunk}));
+        println!(
+            "{}",
+            json!({"ppl": ppl, "chunks": n_chunks, "ctx": a.ctx, "scored_tokens": count, "per_chunk_ppl": per_chunk})
+        );
     } else {
         println!("PPL = {ppl:.4} over {n_chunks} chunks");
     }

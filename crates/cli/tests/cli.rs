@@ -49,23 +49,37 @@ fn corrupt_models_fail_cleanly() {
             2 => {
                 // A huge count or length at a random 8-byte position of the first 64 KiB.
                 let i = rng.random_range(0..(64 << 10) - 8);
-                b[i..i + 8].copy_from_slice(&(u64::MAX - rng.random_range(0..1000u64)).to_le_bytes());
+                b[i..i + 8]
+                    .copy_from_slice(&(u64::MAX - rng.random_range(0..1000u64)).to_le_bytes());
             }
             _ => {
                 // Tensor count (offset 8) or metadata count (offset 16) made huge.
                 let at = if rng.random_bool(0.5) { 8 } else { 16 };
-                b[at..at + 8].copy_from_slice(&rng.random_range(1u64 << 32..u64::MAX).to_le_bytes());
+                b[at..at + 8]
+                    .copy_from_slice(&rng.random_range(1u64 << 32..u64::MAX).to_le_bytes());
             }
         }
         let path = dir.join(format!("case{case}.gguf"));
         std::fs::write(&path, &b).unwrap();
-        for cmd in [&["info"][..], &["generate", "--prompt", "hi", "--max-tokens", "1"][..]] {
+        for cmd in [
+            &["info"][..],
+            &["generate", "--prompt", "hi", "--max-tokens", "1"][..],
+        ] {
             let out = quire(cmd, Some(&path));
             let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(1), "case {case} {cmd:?}: exit {:?}, stderr {err}", out.status);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "case {case} {cmd:?}: exit {:?}, stderr {err}",
+                out.status
+            );
             assert!(!err.contains("panicked"), "case {case}: panic: {err}");
             let lines: Vec<&str> = err.lines().collect();
-            assert_eq!(lines.len(), 1, "case {case} {cmd:?}: expected one line, got {err:?}");
+            assert_eq!(
+                lines.len(),
+                1,
+                "case {case} {cmd:?}: expected one line, got {err:?}"
+            );
             assert!(lines[0].starts_with("error: "), "case {case}: {err:?}");
         }
     }
@@ -74,7 +88,16 @@ fn corrupt_models_fail_cleanly() {
 
 #[test]
 fn missing_model_file_is_one_line() {
-    let out = quire(&["generate", "--prompt", "hi", "--model", "/nonexistent/model.gguf"], None);
+    let out = quire(
+        &[
+            "generate",
+            "--prompt",
+            "hi",
+            "--model",
+            "/nonexistent/model.gguf",
+        ],
+        None,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -83,17 +106,37 @@ fn missing_model_file_is_one_line() {
 
 #[test]
 fn generate_json_last_line() {
-    let out = quire(&["generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--json"], Some(&model()));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = quire(
+        &[
+            "generate",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "8",
+            "--json",
+        ],
+        Some(&model()),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let last = stdout.lines().last().unwrap();
     let j: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(j["prompt_tokens"], serde_json::json!([504, 3575, 282, 4649, 314]));
+    assert_eq!(
+        j["prompt_tokens"],
+        serde_json::json!([504, 3575, 282, 4649, 314])
+    );
     assert_eq!(j["completion_tokens"].as_array().unwrap().len(), 8);
     assert_eq!(j["finish_reason"], "length");
     assert!(j["text"].as_str().unwrap().starts_with(" Paris."), "{last}");
     for k in ["prefill_tok_s", "decode_tok_s", "ttft_ms"] {
-        assert!(j["timings"][k].as_f64().unwrap() > 0.0, "timings.{k} in {last}");
+        assert!(
+            j["timings"][k].as_f64().unwrap() > 0.0,
+            "timings.{k} in {last}"
+        );
     }
 }
 
@@ -101,14 +144,31 @@ fn generate_json_last_line() {
 #[test]
 fn perplexity_matches_llama_cpp_within_one_percent() {
     let gpl = "/usr/share/common-licenses/GPL-3";
-    assert!(Path::new(gpl).exists(), "{gpl} is missing (Debian's base-files ships it)");
-    let out = quire(&["perplexity", "--file", gpl, "--ctx", "512", "--json"], Some(&model()));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        Path::new(gpl).exists(),
+        "{gpl} is missing (Debian's base-files ships it)"
+    );
+    let out = quire(
+        &["perplexity", "--file", gpl, "--ctx", "512", "--json"],
+        Some(&model()),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let j: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     let ppl = j["ppl"].as_f64().unwrap();
     assert_eq!(j["chunks"], 14);
     let rel = (ppl - 18.3914).abs() / 18.3914;
-    eprintln!("quire ppl {ppl:.4} vs llama.cpp 18.3914: {:.3}% apart", rel * 100.0);
-    assert!(rel < 0.01, "ppl {ppl} is {:.2}% from llama.cpp's 18.3914", rel * 100.0);
+    eprintln!(
+        "quire ppl {ppl:.4} vs llama.cpp 18.3914: {:.3}% apart",
+        rel * 100.0
+    );
+    assert!(
+        rel < 0.01,
+        "ppl {ppl} is {:.2}% from llama.cpp's 18.3914",
+        rel * 100.0
+    );
 }

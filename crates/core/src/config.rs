@@ -81,13 +81,13 @@ impl ModelConfig {
                 return Err(format!("{name} must be > 0"));
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_heads ({}) must be a multiple of num_kv_heads ({})",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return Err(format!(
                 "rope dimension {} must be even and <= head_dim {}",
                 self.rope_dim, self.head_dim

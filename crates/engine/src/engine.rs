@@ -150,17 +150,27 @@ impl Engine {
     }
 
     /// Queues a request; its first output comes from a later `step`.
-    pub fn add_request(&mut self, prompt: Vec<TokenId>, params: SamplingParams) -> Result<SeqId, EngineError> {
+    pub fn add_request(
+        &mut self,
+        prompt: Vec<TokenId>,
+        params: SamplingParams,
+    ) -> Result<SeqId, EngineError> {
         params.validate().map_err(EngineError::InvalidRequest)?;
         if params.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         let vocab = self.exec.vocab_size();
         if let Some(t) = prompt.iter().find(|t| t.as_usize() >= vocab) {
-            return Err(EngineError::InvalidRequest(format!("token id {} is outside the vocabulary", t.0)));
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {} is outside the vocabulary",
+                t.0
+            )));
         }
         let id = SeqId(self.next_id);
-        self.sched.add_request(id, prompt.clone(), params.max_tokens)?;
+        self.sched
+            .add_request(id, prompt.clone(), params.max_tokens)?;
         self.next_id += 1;
         self.requests.insert(
             id,
@@ -219,10 +229,16 @@ impl Engine {
         self.stats.decode_tokens_last_step = out
             .scheduled
             .iter()
-            .filter(|s| requests.get(&s.seq_id).is_some_and(|r| s.num_computed_tokens >= r.prompt_len))
+            .filter(|s| {
+                requests
+                    .get(&s.seq_id)
+                    .is_some_and(|r| s.num_computed_tokens >= r.prompt_len)
+            })
             .count();
-        self.stats.prompt_tokens_last_step = out.num_batched_tokens - self.stats.decode_tokens_last_step;
-        let tables: Vec<&[quire_core::BlockId]> = out.scheduled.iter().map(|s| &s.block_table[..]).collect();
+        self.stats.prompt_tokens_last_step =
+            out.num_batched_tokens - self.stats.decode_tokens_last_step;
+        let tables: Vec<&[quire_core::BlockId]> =
+            out.scheduled.iter().map(|s| &s.block_table[..]).collect();
         let vocab = self.exec.vocab_size();
         let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
         let now = Instant::now();
@@ -230,20 +246,32 @@ impl Engine {
         let mut picks: Vec<(SeqId, Sampled)> = Vec::new();
         for (s, row) in out.scheduled.iter().zip(&rows) {
             let Some(row) = *row else { continue };
-            let Some(req) = self.requests.get_mut(&s.seq_id) else { continue };
+            let Some(req) = self.requests.get_mut(&s.seq_id) else {
+                continue;
+            };
             self.row.clear();
-            self.row.extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
-            let pick = req.sampler.sample(&mut self.row, &req.all_tokens, self.cfg.top_logprobs);
+            self.row
+                .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+            let pick = req
+                .sampler
+                .sample(&mut self.row, &req.all_tokens, self.cfg.top_logprobs);
             sampled.push((s.seq_id, pick.token));
             picks.push((s.seq_id, pick));
         }
-        let length_done: HashMap<SeqId, FinishReason> = self.sched.update_from_output(&out, &sampled).into_iter().collect();
+        let length_done: HashMap<SeqId, FinishReason> = self
+            .sched
+            .update_from_output(&out, &sampled)
+            .into_iter()
+            .collect();
         let mut outputs = Vec::with_capacity(picks.len());
         for (id, pick) in picks {
-            let Some(req) = self.requests.get_mut(&id) else { continue };
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
             req.first_token.get_or_insert(now);
             req.last_token = Some(now);
-            let is_stop_token = !req.sampler.params.ignore_eos && self.stop_tokens.contains(&pick.token);
+            let is_stop_token =
+                !req.sampler.params.ignore_eos && self.stop_tokens.contains(&pick.token);
             let mut finish = None;
             let mut cut = false;
             let mut tokens = Vec::new();
@@ -252,7 +280,8 @@ impl Engine {
             } else {
                 req.all_tokens.push(pick.token);
                 req.num_output += 1;
-                req.text.push_str(&req.decoder.push(&self.tokenizer, pick.token, true));
+                req.text
+                    .push_str(&req.decoder.push(&self.tokenizer, pick.token, true));
                 tokens.push(pick);
                 if let Some(at) = find_stop(&req.text, &req.sampler.params.stop, req.emitted) {
                     req.text.truncate(at);
@@ -307,7 +336,11 @@ fn timings_of(req: &RequestState, now: Instant) -> RequestTimings {
     let decode = last.duration_since(first).as_secs_f64();
     RequestTimings {
         ttft_ms: ttft * 1e3,
-        prefill_tok_s: if ttft > 0.0 { req.prompt_len as f64 / ttft } else { 0.0 },
+        prefill_tok_s: if ttft > 0.0 {
+            req.prompt_len as f64 / ttft
+        } else {
+            0.0
+        },
         decode_tok_s: if decode > 0.0 && req.num_output > 1 {
             (req.num_output - 1) as f64 / decode
         } else {

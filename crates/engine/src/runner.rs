@@ -33,7 +33,8 @@ impl BatchBuffers {
                 self.token_ids.push(t.0);
                 self.positions.push(pos as u32);
                 let block = s.block_table[pos / block_size];
-                self.slot_mapping.push((block.as_usize() * block_size + pos % block_size) as u32);
+                self.slot_mapping
+                    .push((block.as_usize() * block_size + pos % block_size) as u32);
             }
             let len = s.token_ids.len();
             self.ranges.push((start, len, s.num_computed_tokens + len));
@@ -58,12 +59,14 @@ pub fn execute<'a>(
         .ranges
         .iter()
         .zip(tables)
-        .map(|(&(query_start, query_len, seq_len), &block_table)| SeqBatch {
-            query_start,
-            query_len,
-            seq_len,
-            block_table,
-        })
+        .map(
+            |(&(query_start, query_len, seq_len), &block_table)| SeqBatch {
+                query_start,
+                query_len,
+                seq_len,
+                block_table,
+            },
+        )
         .collect();
     exec.forward(&ForwardBatch {
         token_ids: &buf.token_ids,
@@ -76,7 +79,11 @@ pub fn execute<'a>(
 
 /// One sequence from an empty cache through blocks `0..`, outside the scheduler: logits of the
 /// requested rows. Used by perplexity and by tests that want raw logits.
-pub fn forward_single(exec: &mut dyn Executor, tokens: &[u32], logits_rows: &[u32]) -> Result<Vec<f32>, BackendError> {
+pub fn forward_single(
+    exec: &mut dyn Executor,
+    tokens: &[u32],
+    logits_rows: &[u32],
+) -> Result<Vec<f32>, BackendError> {
     let spec = exec.kv_spec();
     let nblocks = tokens.len().div_ceil(spec.block_size);
     if nblocks > spec.num_blocks {

@@ -26,7 +26,10 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let seed = params.seed.unwrap_or_else(|| {
             use std::time::{SystemTime, UNIX_EPOCH};
-            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
         });
         Self {
             params,
@@ -44,7 +47,11 @@ impl Sampler {
             for t in &history[start..] {
                 if seen.insert(t.0) {
                     if let Some(l) = logits.get_mut(t.as_usize()) {
-                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                        *l = if *l > 0.0 {
+                            *l / p.repetition_penalty
+                        } else {
+                            *l * p.repetition_penalty
+                        };
                     }
                 }
             }
@@ -65,10 +72,18 @@ impl Sampler {
     /// Picks the next token. `logits` may be modified. `n_top` alternatives are reported with
     /// log-probabilities of the unmodified model distribution.
     pub fn sample(&mut self, logits: &mut [f32], history: &[TokenId], n_top: usize) -> Sampled {
-        let top = if n_top > 0 { top_logprobs(logits, n_top) } else { Vec::new() };
+        let top = if n_top > 0 {
+            top_logprobs(logits, n_top)
+        } else {
+            Vec::new()
+        };
         let raw_lse = log_sum_exp(logits);
         self.apply_penalties(logits, history);
-        let token = if self.params.is_greedy() { argmax(logits) } else { self.draw(logits) };
+        let token = if self.params.is_greedy() {
+            argmax(logits)
+        } else {
+            self.draw(logits)
+        };
         let logprob = logits_raw_logprob(token, &top, raw_lse, logits);
         Sampled {
             token: TokenId(token),
@@ -81,11 +96,18 @@ impl Sampler {
         let p = &self.params;
         let c = &mut self.cand;
         c.clear();
-        c.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (l, i as u32)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (l, i as u32)),
+        );
         if c.is_empty() {
             return 0;
         }
-        let by_logit_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let by_logit_desc =
+            |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
             c.truncate(p.top_k);
@@ -113,7 +135,10 @@ impl Sampler {
         }
         c.truncate(keep);
         let t = p.temperature;
-        let weights: Vec<f64> = c.iter().map(|&(l, _)| (((l - mx) / t) as f64).exp()).collect();
+        let weights: Vec<f64> = c
+            .iter()
+            .map(|&(l, _)| (((l - mx) / t) as f64).exp())
+            .collect();
         let total: f64 = weights.iter().sum();
         let mut u = self.rng.random::<f64>() * total;
         for (w, &(_, id)) in weights.iter().zip(c.iter()) {
@@ -151,11 +176,17 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(TokenId, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let cmp = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     idx.select_nth_unstable_by(n - 1, cmp);
     idx.truncate(n);
     idx.sort_by(cmp);
-    idx.into_iter().map(|i| (TokenId(i), logits[i as usize] - lse)).collect()
+    idx.into_iter()
+        .map(|i| (TokenId(i), logits[i as usize] - lse))
+        .collect()
 }
 
 fn logits_raw_logprob(token: u32, top: &[(TokenId, f32)], raw_lse: f32, logits: &[f32]) -> f32 {
@@ -186,7 +217,11 @@ mod tests {
 
     #[test]
     fn top_k_one_is_greedy_at_any_temperature() {
-        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, ..params() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 5.0,
+            top_k: 1,
+            ..params()
+        });
         for _ in 0..50 {
             let mut l = vec![0.1, 3.0, 2.9, -1.0];
             assert_eq!(s.sample(&mut l, &[], 0).token, TokenId(1));
@@ -197,13 +232,21 @@ mod tests {
     fn top_p_and_min_p_cut_the_tail() {
         // probabilities ~ [0.64, 0.24, 0.09, 0.03]
         let logits = [3.0f32, 2.0, 1.0, 0.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_p: 0.7, ..params() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.7,
+            ..params()
+        });
         let mut seen = [false; 4];
         for _ in 0..400 {
             seen[s.sample(&mut logits.clone(), &[], 0).token.as_usize()] = true;
         }
         assert_eq!(seen, [true, true, false, false]);
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 0.3, ..params() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.3,
+            ..params()
+        });
         let mut seen = [false; 4];
         for _ in 0..400 {
             seen[s.sample(&mut logits.clone(), &[], 0).token.as_usize()] = true;
@@ -214,10 +257,16 @@ mod tests {
     #[test]
     fn same_seed_same_draws() {
         let logits = [1.0f32, 1.1, 0.9, 1.05, 0.95];
-        let p = SamplingParams { temperature: 1.0, seed: Some(42), ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(42),
+            ..Default::default()
+        };
         let run = || {
             let mut s = Sampler::new(p.clone());
-            (0..32).map(|_| s.sample(&mut logits.clone(), &[], 0).token.0).collect::<Vec<_>>()
+            (0..32)
+                .map(|_| s.sample(&mut logits.clone(), &[], 0).token.0)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(), run());
         assert!(run().iter().any(|&t| t != run()[0]), "draws should vary");
@@ -225,7 +274,10 @@ mod tests {
 
     #[test]
     fn repetition_penalty_discourages_seen_tokens() {
-        let mut s = Sampler::new(SamplingParams { repetition_penalty: 2.0, ..params() });
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..params()
+        });
         let mut l = vec![2.0, 1.5, -1.0];
         assert_eq!(s.sample(&mut l, &[TokenId(0)], 0).token, TokenId(1));
         assert_eq!(l[0], 1.0);

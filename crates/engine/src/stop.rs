@@ -24,7 +24,11 @@ pub fn held_back(text: &str, stops: &[String]) -> usize {
     let mut hold = 0;
     for s in stops {
         for k in (1..s.len()).rev() {
-            if k <= text.len() && text.is_char_boundary(text.len() - k) && s.is_char_boundary(k) && text.ends_with(&s[..k]) {
+            if k <= text.len()
+                && text.is_char_boundary(text.len() - k)
+                && s.is_char_boundary(k)
+                && text.ends_with(&s[..k])
+            {
                 hold = hold.max(k);
                 break;
             }

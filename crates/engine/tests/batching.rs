@@ -11,22 +11,41 @@ use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
 use quire_engine::{Engine, EngineConfig};
 
 fn load() -> quire_model::LoadedModel {
-    quire_model::load_gguf(&quire_core::default_model::model_for_tests()).expect("default model loads")
+    quire_model::load_gguf(&quire_core::default_model::model_for_tests())
+        .expect("default model loads")
 }
 
-fn engine(m: &quire_model::LoadedModel, num_blocks: usize, block_size: usize, cfg: EngineConfig) -> Engine {
-    let exec = CpuExecutor::new(&m.weights, KvCacheSpec { num_blocks, block_size }, CpuOptions::default()).unwrap();
+fn engine(
+    m: &quire_model::LoadedModel,
+    num_blocks: usize,
+    block_size: usize,
+    cfg: EngineConfig,
+) -> Engine {
+    let exec = CpuExecutor::new(
+        &m.weights,
+        KvCacheSpec {
+            num_blocks,
+            block_size,
+        },
+        CpuOptions::default(),
+    )
+    .unwrap();
     Engine::new(Box::new(exec), m.tokenizer.clone(), cfg)
 }
 
 fn prompts(m: &quire_model::LoadedModel) -> Vec<Vec<TokenId>> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl"
+    );
     std::fs::read_to_string(path)
         .unwrap()
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            m.tokenizer.encode(v["prompt"].as_str().unwrap(), true, true).unwrap()
+            m.tokenizer
+                .encode(v["prompt"].as_str().unwrap(), true, true)
+                .unwrap()
         })
         .collect()
 }
@@ -42,7 +61,9 @@ fn drain(e: &mut Engine) -> HashMap<SeqId, Outcome> {
         steps += 1;
         assert!(steps < 100_000, "engine does not make progress");
         for o in e.step().unwrap() {
-            toks.entry(o.id).or_default().extend(o.tokens.iter().map(|t| t.token.0));
+            toks.entry(o.id)
+                .or_default()
+                .extend(o.tokens.iter().map(|t| t.token.0));
             if let Some(r) = o.finish_reason {
                 done.insert(o.id, (toks.remove(&o.id).unwrap_or_default(), r));
             }
@@ -52,7 +73,10 @@ fn drain(e: &mut Engine) -> HashMap<SeqId, Outcome> {
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams { max_tokens, ..Default::default() }
+    SamplingParams {
+        max_tokens,
+        ..Default::default()
+    }
 }
 
 const MAX_TOKENS: [usize; 4] = [48, 7, 33, 16];
@@ -92,7 +116,11 @@ fn concurrent_requests_match_solo_runs() {
         (16, 40, false, true),
     ];
     for (block_size, num_blocks, prefix, want_preempt) in configs {
-        let cfg = EngineConfig { enable_prefix_caching: prefix, max_num_batched_tokens: 256, ..Default::default() };
+        let cfg = EngineConfig {
+            enable_prefix_caching: prefix,
+            max_num_batched_tokens: 256,
+            ..Default::default()
+        };
         let mut e = engine(&m, num_blocks, block_size, cfg);
         let mut ids = Vec::new();
         for (k, &mt) in MAX_TOKENS.iter().enumerate() {
@@ -101,14 +129,22 @@ fn concurrent_requests_match_solo_runs() {
             }
         }
         let got = drain(&mut e);
-        let label = format!("block size {block_size}, {num_blocks} blocks, prefix caching {prefix}");
+        let label =
+            format!("block size {block_size}, {num_blocks} blocks, prefix caching {prefix}");
         for (id, i, mt, _) in &ids {
-            assert_eq!(got[id], expect(*i, *mt), "{label}: prompt {i}, max_tokens {mt}");
+            assert_eq!(
+                got[id],
+                expect(*i, *mt),
+                "{label}: prompt {i}, max_tokens {mt}"
+            );
         }
         let st = e.stats();
         assert_eq!(st.kv_blocks_used, 0, "{label}: blocks leaked");
         if want_preempt {
-            assert!(st.preemptions_total > 0, "{label}: the small cache should have forced preemption");
+            assert!(
+                st.preemptions_total > 0,
+                "{label}: the small cache should have forced preemption"
+            );
         } else {
             assert_eq!(st.preemptions_total, 0, "{label}");
         }
@@ -119,23 +155,41 @@ fn concurrent_requests_match_solo_runs() {
         } else {
             assert_eq!(st.prefix_cache_hits, 0, "{label}");
         }
-        eprintln!("{label}: {} preemptions, {} prefix-cache hit tokens, {} steps", st.preemptions_total, st.prefix_cache_hits, st.steps);
+        eprintln!(
+            "{label}: {} preemptions, {} prefix-cache hit tokens, {} steps",
+            st.preemptions_total, st.prefix_cache_hits, st.steps
+        );
     }
 }
 
 #[test]
 fn shared_prefix_is_computed_once() {
     let m = load();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/REFERENCE.md")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/REFERENCE.md"
+    ))
+    .unwrap();
     let all = m.tokenizer.encode(&text, false, false).unwrap();
     assert!(all.len() > 300);
     let prefix = all[..200].to_vec();
     let suffixes: Vec<Vec<TokenId>> = (0..8)
-        .map(|i| m.tokenizer.encode(&format!(" Question {i}: what is {}?", i * 7 + 3), false, false).unwrap())
+        .map(|i| {
+            m.tokenizer
+                .encode(
+                    &format!(" Question {i}: what is {}?", i * 7 + 3),
+                    false,
+                    false,
+                )
+                .unwrap()
+        })
         .collect();
     let mut results = Vec::new();
     for caching in [true, false] {
-        let cfg = EngineConfig { enable_prefix_caching: caching, ..Default::default() };
+        let cfg = EngineConfig {
+            enable_prefix_caching: caching,
+            ..Default::default()
+        };
         let mut e = engine(&m, 256, 16, cfg);
         let mut prompt_tokens = 0u64;
         let mut ids = Vec::new();
@@ -153,11 +207,22 @@ fn shared_prefix_is_computed_once() {
         assert_eq!(first.len(), 1);
         let o = &first[0];
         let toks = o.tokens.iter().map(|t| t.token.0).collect();
-        got.insert(o.id, (toks, o.finish_reason.expect("max_tokens 1 ends at the first token")));
+        got.insert(
+            o.id,
+            (
+                toks,
+                o.finish_reason
+                    .expect("max_tokens 1 ends at the first token"),
+            ),
+        );
         let computed = e.stats().computed_tokens_total;
         let shared = (200 / 16 * 16) as u64; // full blocks of the prefix
         if caching {
-            assert_eq!(computed, prompt_tokens - 7 * shared, "the shared prefix is computed once");
+            assert_eq!(
+                computed,
+                prompt_tokens - 7 * shared,
+                "the shared prefix is computed once"
+            );
             assert_eq!(e.stats().prefix_cache_hits, 7 * shared);
         } else {
             assert_eq!(computed, prompt_tokens);

@@ -10,7 +10,10 @@ use quire_engine::{Engine, EngineConfig};
 use serde_json::Value;
 
 fn reference() -> Vec<Value> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl"
+    );
     std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{path}: {e}"))
         .lines()
@@ -19,15 +22,30 @@ fn reference() -> Vec<Value> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn load() -> quire_model::LoadedModel {
-    quire_model::load_gguf(&quire_core::default_model::model_for_tests()).expect("default model loads")
+    quire_model::load_gguf(&quire_core::default_model::model_for_tests())
+        .expect("default model loads")
 }
 
 fn executor(m: &quire_model::LoadedModel, blocks: usize) -> Box<dyn Executor> {
-    Box::new(CpuExecutor::new(&m.weights, KvCacheSpec { num_blocks: blocks, block_size: 16 }, CpuOptions::default()).unwrap())
+    Box::new(
+        CpuExecutor::new(
+            &m.weights,
+            KvCacheSpec {
+                num_blocks: blocks,
+                block_size: 16,
+            },
+            CpuOptions::default(),
+        )
+        .unwrap(),
+    )
 }
 
 #[test]
@@ -36,19 +54,39 @@ fn tokenization_matches_llama_cpp() {
     for r in reference() {
         let prompt = r["prompt"].as_str().unwrap();
         let tokens = m.tokenizer.encode(prompt, true, true).unwrap();
-        assert_eq!(tokens.iter().map(|t| t.0).collect::<Vec<_>>(), ids(&r["prompt_tokens"]), "{prompt:?}");
+        assert_eq!(
+            tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
+            ids(&r["prompt_tokens"]),
+            "{prompt:?}"
+        );
     }
 }
 
 /// Greedy continuations of all prompts, submitted together to one engine (so this also checks that
 /// batching changes nothing).
-fn greedy_all(m: &quire_model::LoadedModel, prompts: &[&str], max_tokens: usize) -> Vec<(Vec<u32>, String)> {
-    let mut engine = Engine::new(executor(m, 512), m.tokenizer.clone(), EngineConfig::default());
+fn greedy_all(
+    m: &quire_model::LoadedModel,
+    prompts: &[&str],
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, String)> {
+    let mut engine = Engine::new(
+        executor(m, 512),
+        m.tokenizer.clone(),
+        EngineConfig::default(),
+    );
     let ids: Vec<_> = prompts
         .iter()
         .map(|p| {
             let tokens = m.tokenizer.encode(p, true, true).unwrap();
-            engine.add_request(tokens, SamplingParams { max_tokens, ..Default::default() }).unwrap()
+            engine
+                .add_request(
+                    tokens,
+                    SamplingParams {
+                        max_tokens,
+                        ..Default::default()
+                    },
+                )
+                .unwrap()
         })
         .collect();
     let mut out: std::collections::HashMap<_, (Vec<u32>, String)> = Default::default();
@@ -65,17 +103,31 @@ fn greedy_all(m: &quire_model::LoadedModel, prompts: &[&str], max_tokens: usize)
 #[test]
 fn greedy_text_equals_llama_cpp_built_here() {
     let m = load();
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/llama-cpp-local.greedy.jsonl");
-    let refs: Vec<Value> = std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/llama-cpp-local.greedy.jsonl"
+    );
+    let refs: Vec<Value> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
     let got = greedy_all(&m, &prompts, 48);
     let mut failures = Vec::new();
     for (r, (_, text)) in refs.iter().zip(&got) {
         if text != r["completion"].as_str().unwrap() {
-            failures.push(format!("{:?}\n  quire:     {text:?}\n  llama.cpp: {:?}", r["prompt"], r["completion"]));
+            failures.push(format!(
+                "{:?}\n  quire:     {text:?}\n  llama.cpp: {:?}",
+                r["prompt"], r["completion"]
+            ));
         }
     }
-    eprintln!("{}/{} continuations identical to llama.cpp's", refs.len() - failures.len(), refs.len());
+    eprintln!(
+        "{}/{} continuations identical to llama.cpp's",
+        refs.len() - failures.len(),
+        refs.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -103,18 +155,31 @@ fn greedy_parts_from_the_shared_reference_only_at_near_ties() {
             let gap = top3[0][1].as_f64().unwrap() - top3[1][1].as_f64().unwrap();
             let runner_up = top3[1][0].as_u64().unwrap() as u32;
             if gap >= 0.15 || got.get(agree) != Some(&runner_up) {
-                failures.push(format!("{prompt:?}: parts at {agree}, llama.cpp gap {gap:.4}, we chose {:?}", got.get(agree)));
+                failures.push(format!(
+                    "{prompt:?}: parts at {agree}, llama.cpp gap {gap:.4}, we chose {:?}",
+                    got.get(agree)
+                ));
             }
             format!("parts at {agree}: llama.cpp's top two {gap:.4} apart, we chose its runner-up")
         } else {
             if got.len() != want.len() {
-                failures.push(format!("{prompt:?}: {} tokens, llama.cpp {}", got.len(), want.len()));
+                failures.push(format!(
+                    "{prompt:?}: {} tokens, llama.cpp {}",
+                    got.len(),
+                    want.len()
+                ));
             }
             "identical".to_string()
         };
-        eprintln!("{agree:>2}/{:>2} tokens agree ({note}): {prompt:?}", want.len());
+        eprintln!(
+            "{agree:>2}/{:>2} tokens agree ({note}): {prompt:?}",
+            want.len()
+        );
     }
-    eprintln!("agreement: {agree_total}/{total} tokens; first 16 identical for {first16}/{} prompts", refs.len());
+    eprintln!(
+        "agreement: {agree_total}/{total} tokens; first 16 identical for {first16}/{} prompts",
+        refs.len()
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -150,7 +215,9 @@ fn teacher_forced_logprobs_are_close_to_llama_cpp() {
         }
     }
     let mean = sum / n as f64;
-    eprintln!("|logprob difference| against llama.cpp: mean {mean:.4}, largest {worst:.4} over {n}");
+    eprintln!(
+        "|logprob difference| against llama.cpp: mean {mean:.4}, largest {worst:.4} over {n}"
+    );
     assert!(mean < 0.12, "mean |logprob difference| {mean:.4}");
 }
 
@@ -159,11 +226,26 @@ fn engine_reuses_executor_state_across_requests() {
     // Two identical greedy requests one after the other give identical tokens: the cache is
     // reused through block tables, not through leftovers.
     let m = load();
-    let mut engine = Engine::new(executor(&m, 64), m.tokenizer.clone(), EngineConfig::default());
-    let prompt = m.tokenizer.encode("The three primary colors are", true, true).unwrap();
+    let mut engine = Engine::new(
+        executor(&m, 64),
+        m.tokenizer.clone(),
+        EngineConfig::default(),
+    );
+    let prompt = m
+        .tokenizer
+        .encode("The three primary colors are", true, true)
+        .unwrap();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        engine.add_request(prompt.clone(), SamplingParams { max_tokens: 12, ..Default::default() }).unwrap();
+        engine
+            .add_request(
+                prompt.clone(),
+                SamplingParams {
+                    max_tokens: 12,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         let mut got = Vec::new();
         while engine.has_unfinished() {
             for o in engine.step().unwrap() {
@@ -173,5 +255,9 @@ fn engine_reuses_executor_state_across_requests() {
         runs.push(got);
     }
     assert_eq!(runs[0], runs[1]);
-    assert_eq!(engine.stats().kv_blocks_used, 0, "finished requests free their blocks");
+    assert_eq!(
+        engine.stats().kv_blocks_used,
+        0,
+        "finished requests free their blocks"
+    );
 }

@@ -35,7 +35,8 @@ pub struct LoadedModel {
 }
 
 fn req_u32(f: &GgufFile, key: &str) -> Result<u32, ModelError> {
-    f.get_u32(key)?.ok_or_else(|| ModelError::MissingKey(key.into()))
+    f.get_u32(key)?
+        .ok_or_else(|| ModelError::MissingKey(key.into()))
 }
 
 fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
@@ -55,7 +56,10 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
     if num_heads == 0 {
         return Err(ModelError::Invalid("attention.head_count is 0".into()));
     }
-    let num_kv_heads = f.get_u32(&k("attention.head_count_kv"))?.map(|v| v as usize).unwrap_or(num_heads);
+    let num_kv_heads = f
+        .get_u32(&k("attention.head_count_kv"))?
+        .map(|v| v as usize)
+        .unwrap_or(num_heads);
     let head_dim = f
         .get_u32(&k("attention.key_length"))?
         .map(|v| v as usize)
@@ -65,7 +69,8 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
         None => f
             .tensor("token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
-            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))? as usize,
+            .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
+            as usize,
     };
     let cfg = ModelConfig {
         arch,
@@ -77,9 +82,14 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
         head_dim,
         vocab_size,
         max_position_embeddings: f.get_u32(&k("context_length"))?.unwrap_or(4096) as usize,
-        rms_norm_eps: f.get_f32(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+        rms_norm_eps: f
+            .get_f32(&k("attention.layer_norm_rms_epsilon"))?
+            .unwrap_or(1e-5),
         rope_theta: f.get_f32(&k("rope.freq_base"))?.unwrap_or(10000.0),
-        rope_dim: f.get_u32(&k("rope.dimension_count"))?.map(|v| v as usize).unwrap_or(head_dim),
+        rope_dim: f
+            .get_u32(&k("rope.dimension_count"))?
+            .map(|v| v as usize)
+            .unwrap_or(head_dim),
         rope_style,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         attention_bias: f.tensor("blk.0.attn_q.bias").is_some(),
@@ -87,13 +97,17 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
     };
     cfg.validate().map_err(ModelError::Invalid)?;
     if cfg.num_layers > 4096 || cfg.hidden_size > 1 << 20 || cfg.vocab_size > 1 << 24 {
-        return Err(ModelError::Invalid("implausibly large model dimensions".into()));
+        return Err(ModelError::Invalid(
+            "implausibly large model dimensions".into(),
+        ));
     }
     Ok(cfg)
 }
 
 fn tensor(file: &Arc<GgufFile>, name: &str) -> Result<HostTensor, ModelError> {
-    let info = file.tensor(name).ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+    let info = file
+        .tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
     if !info.dtype.is_supported() {
         return Err(ModelError::Invalid(format!(
             "tensor {name} has type {}, which this build cannot compute with yet",
@@ -134,14 +148,18 @@ fn tokenizer_spec(f: &GgufFile) -> Result<TokenizerSpec, ModelError> {
             .into_iter()
             .map(str::to_string)
             .collect(),
-        token_types: f.get_i32_array("tokenizer.ggml.token_type")?.unwrap_or_default(),
+        token_types: f
+            .get_i32_array("tokenizer.ggml.token_type")?
+            .unwrap_or_default(),
         merges: f
             .get_str_array("tokenizer.ggml.merges")?
             .unwrap_or_default()
             .into_iter()
             .map(str::to_string)
             .collect(),
-        scores: f.get_f32_array("tokenizer.ggml.scores")?.unwrap_or_default(),
+        scores: f
+            .get_f32_array("tokenizer.ggml.scores")?
+            .unwrap_or_default(),
         bos_token_id: id("tokenizer.ggml.bos_token_id")?,
         eos_token_id: id("tokenizer.ggml.eos_token_id")?,
         eot_token_id: id("tokenizer.ggml.eot_token_id")?,
@@ -149,7 +167,9 @@ fn tokenizer_spec(f: &GgufFile) -> Result<TokenizerSpec, ModelError> {
         padding_token_id: id("tokenizer.ggml.padding_token_id")?,
         add_bos_token: f.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
         add_eos_token: f.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
-        add_space_prefix: f.get_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(false),
+        add_space_prefix: f
+            .get_bool("tokenizer.ggml.add_space_prefix")?
+            .unwrap_or(false),
     })
 }
 
@@ -178,7 +198,9 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             w_down: t("ffn_down.weight")?,
         });
     }
-    let rope_freqs = opt_tensor(&file, "rope_freqs.weight")?.map(|t| t.to_f32()).transpose()?;
+    let rope_freqs = opt_tensor(&file, "rope_freqs.weight")?
+        .map(|t| t.to_f32())
+        .transpose()?;
     let weights = ModelWeights {
         tok_embd: tensor(&file, "token_embd.weight")?,
         output_norm: tensor(&file, "output_norm.weight")?,
@@ -188,7 +210,10 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         config: cfg.clone(),
     };
     let spec = tokenizer_spec(&file)?;
-    let tok_str = |id: Option<u32>| id.and_then(|i| spec.tokens.get(i as usize).cloned()).unwrap_or_default();
+    let tok_str = |id: Option<u32>| {
+        id.and_then(|i| spec.tokens.get(i as usize).cloned())
+            .unwrap_or_default()
+    };
     let (bos, eos) = (tok_str(spec.bos_token_id), tok_str(spec.eos_token_id));
     let chat_template = match file.get_str("tokenizer.chat_template")? {
         Some(src) => ChatTemplate::new(src, &bos, &eos)?,
@@ -216,21 +241,32 @@ fn meta(path: &Path, f: &GgufFile, cfg: &ModelConfig) -> Result<ModelMeta, Model
     let n_params: u64 = f.tensors().iter().map(|t| t.n_elements()).sum();
     // The most common type among 2-D weights, by bytes.
     let mut by_type: Vec<(String, u64)> = Vec::new();
-    for t in f.tensors().iter().filter(|t| t.dims.len() == 2 && t.name != "token_embd.weight") {
+    for t in f
+        .tensors()
+        .iter()
+        .filter(|t| t.dims.len() == 2 && t.name != "token_embd.weight")
+    {
         let name = t.dtype.name().to_string();
         match by_type.iter_mut().find(|(n, _)| *n == name) {
             Some(e) => e.1 += t.size_bytes(),
             None => by_type.push((name, t.size_bytes())),
         }
     }
-    let weight_type = by_type.into_iter().max_by_key(|e| e.1).map(|e| e.0).unwrap_or_default();
+    let weight_type = by_type
+        .into_iter()
+        .max_by_key(|e| e.1)
+        .map(|e| e.0)
+        .unwrap_or_default();
     let size_label = match f.get_str("general.size_label")? {
         Some(s) => s.to_string(),
         None => human_params(n_params),
     };
     Ok(ModelMeta {
         path: path.display().to_string(),
-        file_name: path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        file_name: path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         name: f.get_str("general.name")?.unwrap_or("").to_string(),
         arch: cfg.arch.name().to_string(),
         file_size: f.bytes().len() as u64,

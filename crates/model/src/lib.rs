@@ -4,8 +4,10 @@
 
 pub mod gguf_loader;
 
-pub use quire_core::default_model::{default_model_path, resolve_model_path, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SHA256};
 pub use gguf_loader::{load_gguf, LoadedModel, ModelMeta};
+pub use quire_core::default_model::{
+    default_model_path, resolve_model_path, DEFAULT_MODEL_FILE, DEFAULT_MODEL_SHA256,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -115,7 +115,16 @@ pub fn paged_attention<T: KvElem>(
                 let pos = seq.seq_len - seq.query_len + (t - seq.query_start);
                 let qh = &q[t * q_stride + kvh * group * p.head_dim..][..group * p.head_dim];
                 if p.f16_accum {
-                    attend_group_f16_accum(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+                    attend_group_f16_accum(
+                        p,
+                        qh,
+                        seq.block_table,
+                        pos + 1,
+                        kvh,
+                        k_cache,
+                        v_cache,
+                        o,
+                    );
                 } else {
                     attend_group(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
                 }
@@ -215,11 +224,14 @@ fn attend_group_f16_accum<T: KvElem>(
     }
     let mut m = [f32::NEG_INFINITY; MAX_G];
     let mut l = [0f32; MAX_G];
-    let simd = simd::available() && d % 32 == 0;
+    let simd = simd::available() && d.is_multiple_of(32);
     for j in 0..ctx {
         let slot = block_table[j / p.block_size].as_usize() * p.block_size + j % p.block_size;
         let row = slot * kv_row + kvh * d;
-        match (T::as_f16(&k_cache[row..row + d]), T::as_f16(&v_cache[row..row + d])) {
+        match (
+            T::as_f16(&k_cache[row..row + d]),
+            T::as_f16(&v_cache[row..row + d]),
+        ) {
             (Some(k), Some(v)) if simd => {
                 // SAFETY: `simd::available()` checked AVX2, FMA and F16C.
                 unsafe {
@@ -253,7 +265,8 @@ fn attend_group_f16_accum<T: KvElem>(
                     // SAFETY: as above.
                     unsafe { simd::scale_round(ag, ms) };
                 } else {
-                    ag.iter_mut().for_each(|a| *a = f16::from_f32(*a * ms).to_f32());
+                    ag.iter_mut()
+                        .for_each(|a| *a = f16::from_f32(*a * ms).to_f32());
                 }
             } else {
                 vs = (s - m[g]).exp();
@@ -271,7 +284,10 @@ fn attend_group_f16_accum<T: KvElem>(
     }
     for g in 0..group {
         let inv = if l[g] == 0.0 { 0.0 } else { 1.0 / l[g] };
-        for (o, a) in out[g * d..(g + 1) * d].iter_mut().zip(&acc[g * d..(g + 1) * d]) {
+        for (o, a) in out[g * d..(g + 1) * d]
+            .iter_mut()
+            .zip(&acc[g * d..(g + 1) * d])
+        {
             *o = a * inv;
         }
     }
@@ -307,7 +323,9 @@ mod simd {
     use std::arch::x86_64::*;
 
     pub fn available() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

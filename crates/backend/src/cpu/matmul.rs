@@ -34,7 +34,9 @@ impl QMatrix {
                 what: t.name.clone(),
             });
         }
-        if cols % t.dtype.block_size() != 0 || (needs_q8(t.dtype) && cols % QK != 0) {
+        if !cols.is_multiple_of(t.dtype.block_size())
+            || (needs_q8(t.dtype) && !cols.is_multiple_of(QK))
+        {
             return Err(BackendError::Config(format!(
                 "{}: row length {cols} is not a multiple of the block size",
                 t.name
@@ -146,6 +148,8 @@ pub fn matmul(
     let tiles_per_task = tiles.div_ceil(tasks);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let run = |task: usize| {
+        // Rebinding moves the whole `SendPtr` (Send) into the closure, not its raw-pointer field.
+        #[allow(clippy::redundant_locals)]
         let out_ptr = out_ptr;
         let r0 = task * tiles_per_task * TILE_ROWS;
         let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);

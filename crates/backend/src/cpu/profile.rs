@@ -46,7 +46,7 @@ impl Profiler {
 
     pub fn take(&mut self) -> Vec<OpStat> {
         let mut v: Vec<OpStat> = self.stats.drain().map(|(_, s)| s).collect();
-        v.sort_by(|a, b| b.total_ns.cmp(&a.total_ns));
+        v.sort_by_key(|s| std::cmp::Reverse(s.total_ns));
         v
     }
 }

@@ -237,9 +237,9 @@ pub fn has_avx2() -> bool {
 /// copies made aligned by `AlignedBytes`.
 fn blocks<T>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.len() % size == 0, "partial block");
+    assert!(bytes.len().is_multiple_of(size), "partial block");
     assert!(
-        (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0,
+        (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()),
         "misaligned blocks"
     );
     // SAFETY: length and alignment checked above; the block types are plain old data.
