@@ -71,8 +71,8 @@ pub struct BenchArgs {
     /// CPU threads, comma-separated [default: all cores]
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
-    /// KV-cache storage type (f32 is the engine's default; llama-bench defaults to f16)
-    #[arg(long, default_value = "f32", value_parser = ["f32", "f16"])]
+    /// KV-cache storage type (f16, as the engine and llama-bench default to)
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
     pub kv_dtype: String,
     /// Tokens per KV-cache block
     #[arg(long, default_value_t = 16)]

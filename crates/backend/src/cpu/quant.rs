@@ -58,13 +58,12 @@ pub mod scalar {
         for (wb, ab) in w.iter().zip(a) {
             let mut isum = 0i32;
             for j in 0..16 {
-                let lo = (wb.qs[j] & 0x0F) as i32;
-                let hi = (wb.qs[j] >> 4) as i32;
+                let lo = (wb.qs[j] & 0x0F) as i32 - 8;
+                let hi = (wb.qs[j] >> 4) as i32 - 8;
                 isum += lo * ab.qs[j] as i32 + hi * ab.qs[j + 16] as i32;
             }
-            let dw = wb.d.to_f32();
-            // (q - 8) * a = q * a - 8 * a
-            acc += dw * (ab.d * isum as f32) - 8.0 * dw * ab.s;
+            // Exact integer sum of (q - 8) * a, as ggml's Q4_0 × Q8_0 dot.
+            acc += wb.d.to_f32() * ab.d * isum as f32;
         }
         acc
     }
@@ -134,17 +133,14 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8A]) -> f32 {
         let mut acc = _mm256_setzero_ps();
-        let mut off = 0f32;
         for (wb, ab) in w.iter().zip(a) {
-            let dw = wb.d.to_f32();
-            let p = dot_u8_i8(
-                unpack_nibbles(wb.qs.as_ptr()),
-                _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i),
-            );
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc);
-            off += dw * ab.s;
+            // q - 8 in -8..7, then |q - 8| × (a × sign(q - 8)): exact integer sums.
+            let wq = _mm256_sub_epi8(unpack_nibbles(wb.qs.as_ptr()), _mm256_set1_epi8(8));
+            let aq = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+            let p = dot_u8_i8(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(aq, wq));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(wb.d.to_f32() * ab.d), p, acc);
         }
-        hsum(acc) - 8.0 * off
+        hsum(acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -361,7 +357,14 @@ mod tests {
                 } else {
                     x.iter().map(|&v| v as f64).collect()
                 };
-                let want: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b).sum();
+                let mut want: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b).sum();
+                if dtype == GgmlType::Q4_1 {
+                    // Q4_1's offset uses the block sum `s` as stored (rounded to f16), as ggml does.
+                    for (wb, ab) in blocks::<BlockQ4_1>(&wq).iter().zip(&xq) {
+                        let sum: i32 = ab.qs.iter().map(|&q| q as i32).sum();
+                        want += wb.m.to_f32() as f64 * (ab.s as f64 - ab.d as f64 * sum as f64);
+                    }
+                }
                 let got = dot_row(dtype, &wq, &x, &xq) as f64;
                 let scale: f64 = wd
                     .iter()
