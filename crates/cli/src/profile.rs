@@ -38,8 +38,8 @@ pub struct ProfileArgs {
     /// Print the report as JSON (for `quire roofline`) instead of tables
     #[arg(long)]
     pub json: bool,
-    /// KV-cache storage type (f32 is the engine's default)
-    #[arg(long, default_value = "f32", value_parser = ["f32", "f16"])]
+    /// KV-cache storage type (f16, the engine default)
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
     pub kv_dtype: String,
     /// Tokens per KV-cache block
     #[arg(long, default_value_t = 16)]

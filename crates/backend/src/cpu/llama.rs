@@ -295,8 +295,8 @@ impl Executor for CpuExecutor {
                 (n * hd * 8) as u64,
                 (n * hd * 3) as u64,
                 || {
-                    ops::rms_norm(&s.x, &l.attn_norm, c.rms_norm_eps, &mut s.h);
-                    s.q8.prepare(&s.h, hd, l.wqkv.dtype);
+                    ops::rms_norm_par(pool, &s.x, &l.attn_norm, c.rms_norm_eps, &mut s.h);
+                    s.q8.prepare(pool, &s.h, hd, l.wqkv.dtype);
                 },
             );
             let (b, f) = mm_cost(&l.wqkv, n);
@@ -365,7 +365,7 @@ impl Executor for CpuExecutor {
             });
             let (b, f) = mm_cost(&l.wo, n);
             prof.time("matmul_o", layer, b, f, || {
-                s.q8.prepare(&s.attn, qs, l.wo.dtype);
+                s.q8.prepare(pool, &s.attn, qs, l.wo.dtype);
                 matmul(pool, &l.wo, &s.attn, &s.q8, &mut s.tmp);
                 ops::add_in_place(&mut s.x, &s.tmp);
             });
@@ -375,8 +375,8 @@ impl Executor for CpuExecutor {
                 (n * hd * 8) as u64,
                 (n * hd * 3) as u64,
                 || {
-                    ops::rms_norm(&s.x, &l.ffn_norm, c.rms_norm_eps, &mut s.h);
-                    s.q8.prepare(&s.h, hd, l.w_gate_up.dtype);
+                    ops::rms_norm_par(pool, &s.x, &l.ffn_norm, c.rms_norm_eps, &mut s.h);
+                    s.q8.prepare(pool, &s.h, hd, l.w_gate_up.dtype);
                 },
             );
             let (b, f) = mm_cost(&l.w_gate_up, n);
@@ -392,7 +392,7 @@ impl Executor for CpuExecutor {
             );
             let (b, f) = mm_cost(&l.w_down, n);
             prof.time("matmul_down", layer, b, f, || {
-                s.q8.prepare(&s.act, inter, l.w_down.dtype);
+                s.q8.prepare(pool, &s.act, inter, l.w_down.dtype);
                 matmul(pool, &l.w_down, &s.act, &s.q8, &mut s.tmp);
                 ops::add_in_place(&mut s.x, &s.tmp);
             });
@@ -414,7 +414,7 @@ impl Executor for CpuExecutor {
                 c.rms_norm_eps,
                 &mut s.h[..nl * hd],
             );
-            s.q8.prepare(&s.h[..nl * hd], hd, output.dtype);
+            s.q8.prepare(pool, &s.h[..nl * hd], hd, output.dtype);
             matmul(pool, output, &s.h[..nl * hd], &s.q8, &mut s.logits);
         });
         Ok(&self.scratch.logits)

@@ -5,7 +5,7 @@
 
 use quire_gguf::GgmlType;
 
-use super::quant::{dot_row, needs_q8, quantize_row_q8a, BlockQ8A, QK};
+use super::quant::{dot_row, dot_row_x4, needs_q8, quantize_row_q8a, BlockQ8A, QK};
 use crate::{BackendError, HostTensor, TensorBytes};
 
 /// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
@@ -107,15 +107,24 @@ pub struct Activations {
 
 impl Activations {
     // x: [n, cols]
-    pub fn prepare(&mut self, x: &[f32], cols: usize, dtype: GgmlType) {
+    pub fn prepare(&mut self, pool: &rayon::ThreadPool, x: &[f32], cols: usize, dtype: GgmlType) {
+        use rayon::prelude::*;
         if !needs_q8(dtype) {
             return;
         }
         let n = x.len() / cols;
         let nb = cols / QK;
         self.q.resize(n * nb, BlockQ8A::default());
-        for (row, out) in x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb)) {
-            quantize_row_q8a(row, out);
+        let rows = x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb));
+        if n < 8 {
+            rows.for_each(|(row, out)| quantize_row_q8a(row, out));
+        } else {
+            // Rows are independent; a prefill's rows are quantized in parallel.
+            pool.install(|| {
+                x.par_chunks_exact(cols)
+                    .zip(self.q.par_chunks_exact_mut(nb))
+                    .for_each(|(row, out)| quantize_row_q8a(row, out))
+            });
         }
     }
 }
@@ -156,7 +165,22 @@ pub fn matmul(
         let mut tile = r0;
         while tile < r1 {
             let tile_end = (tile + TILE_ROWS).min(r1);
-            for t in 0..n {
+            // Four tokens at a time where a four-way kernel exists (weights unpacked once).
+            let mut t0 = 0;
+            if quantized && n >= 4 && dot_row_x4(w.dtype, w.row(tile), [&act.q[..nb]; 4]).is_some() {
+                while t0 + 4 <= n {
+                    let xq = [0, 1, 2, 3].map(|k| &act.q[(t0 + k) * nb..(t0 + k + 1) * nb]);
+                    for r in tile..tile_end {
+                        let v = dot_row_x4(w.dtype, w.row(r), xq).expect("checked above");
+                        for (k, v) in v.into_iter().enumerate() {
+                            // SAFETY: (t, r) is written by exactly one task; index < n * rows.
+                            unsafe { *out_ptr.0.add((t0 + k) * w.rows + r) = v };
+                        }
+                    }
+                    t0 += 4;
+                }
+            }
+            for t in t0..n {
                 let xt = &x[t * w.cols..(t + 1) * w.cols];
                 let xqt: &[BlockQ8A] = if quantized {
                     &act.q[t * nb..(t + 1) * nb]

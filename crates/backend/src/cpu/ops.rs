@@ -17,6 +17,20 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// `rms_norm` with the rows of a prefill spread over the pool (rows are independent).
+pub fn rms_norm_par(pool: &rayon::ThreadPool, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    use rayon::prelude::*;
+    let dim = weight.len();
+    if x.len() / dim < 8 {
+        return rms_norm(x, weight, eps, out);
+    }
+    pool.install(|| {
+        x.par_chunks(dim * 4)
+            .zip(out.par_chunks_mut(dim * 4))
+            .for_each(|(x, o)| rms_norm(x, weight, eps, o))
+    });
+}
+
 /// In-place RMSNorm of each `head_dim` slice (Qwen3's QK-norm).
 pub fn rms_norm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
     let dim = weight.len();

@@ -171,6 +171,61 @@ mod avx2 {
         hsum(acc)
     }
 
+    /// One weight row against four activation rows: the weights are unpacked once per block, and
+    /// each of the four sums runs in exactly the order of `dot_q4_0` (so results are identical).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_0_x4(w: &[BlockQ4_0], a: [&[BlockQ8A]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (b, wb) in w.iter().enumerate() {
+            let wq = _mm256_sub_epi8(unpack_nibbles(wb.qs.as_ptr()), _mm256_set1_epi8(8));
+            let wabs = _mm256_sign_epi8(wq, wq);
+            let dw = wb.d.to_f32();
+            for k in 0..4 {
+                let ab = a[k].get_unchecked(b);
+                let aq = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let p = dot_u8_i8(wabs, _mm256_sign_epi8(aq, wq));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[k]);
+            }
+        }
+        [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+    }
+
+    /// As `dot_q4_0_x4`, for Q4_1 (same order as `dot_q4_1`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1_x4(w: &[BlockQ4_1], a: [&[BlockQ8A]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut off = [0f32; 4];
+        for (b, wb) in w.iter().enumerate() {
+            let wq = unpack_nibbles(wb.qs.as_ptr());
+            let (dw, mw) = (wb.d.to_f32(), wb.m.to_f32());
+            for k in 0..4 {
+                let ab = a[k].get_unchecked(b);
+                let p = dot_u8_i8(wq, _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[k]);
+                off[k] += mw * ab.s;
+            }
+        }
+        [hsum(acc[0]) + off[0], hsum(acc[1]) + off[1], hsum(acc[2]) + off[2], hsum(acc[3]) + off[3]]
+    }
+
+    /// As `dot_q4_0_x4`, for Q8_0 (same order as `dot_q8_0`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q8_0_x4(w: &[BlockQ8_0], a: [&[BlockQ8A]; 4]) -> [f32; 4] {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (b, wb) in w.iter().enumerate() {
+            let wq = _mm256_loadu_si256(wb.qs.as_ptr() as *const __m256i);
+            let wabs = _mm256_sign_epi8(wq, wq);
+            let dw = wb.d.to_f32();
+            for k in 0..4 {
+                let ab = a[k].get_unchecked(b);
+                let aq = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                let p = dot_u8_i8(wabs, _mm256_sign_epi8(aq, wq));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), p, acc[k]);
+            }
+        }
+        [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
         let n = w.len() / 8 * 8;
@@ -245,6 +300,27 @@ fn blocks<T>(bytes: &[u8]) -> &[T] {
 /// Dot product of one weight row (raw bytes of `dtype`) with an activation row, which is given both
 /// as f32 (for float weights) and quantized (for quantized weights).
 #[inline]
+/// Four dot products of one quantized weight row with four activation rows, identical to four
+/// `dot_row` calls; `None` where there is no four-way kernel (float weights, no AVX2).
+pub fn dot_row_x4(dtype: GgmlType, w: &[u8], xq: [&[BlockQ8A]; 4]) -> Option<[f32; 4]> {
+    if !has_avx2() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2/FMA/F16C presence checked at run time; every xq row has a block per weight block.
+    unsafe {
+        let nb = w.len() / dtype.type_size();
+        assert!(xq.iter().all(|r| r.len() >= nb));
+        match dtype {
+            GgmlType::Q4_0 => return Some(avx2::dot_q4_0_x4(blocks(w), xq)),
+            GgmlType::Q4_1 => return Some(avx2::dot_q4_1_x4(blocks(w), xq)),
+            GgmlType::Q8_0 => return Some(avx2::dot_q8_0_x4(blocks(w), xq)),
+            _ => {}
+        }
+    }
+    None
+}
+
 pub fn dot_row(dtype: GgmlType, w: &[u8], x: &[f32], xq: &[BlockQ8A]) -> f32 {
     let simd = has_avx2();
     match dtype {
@@ -385,6 +461,32 @@ mod tests {
                     (got - sc).abs() <= 1e-5 * scale.max(1.0),
                     "{dtype:?} simd vs scalar"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn four_way_kernels_equal_single_dots_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for nblocks in [1usize, 5, 18, 48] {
+                let n = nblocks * QK;
+                let mut wq = Vec::new();
+                quire_gguf::quantize_row(dtype, &rand_vec(&mut rng, n), &mut wq).unwrap();
+                let xs: Vec<Vec<BlockQ8A>> = (0..4)
+                    .map(|_| {
+                        let mut q = vec![BlockQ8A::default(); nblocks];
+                        quantize_row_q8a(&rand_vec(&mut rng, n), &mut q);
+                        q
+                    })
+                    .collect();
+                let Some(got) = dot_row_x4(dtype, &wq, [&xs[0], &xs[1], &xs[2], &xs[3]]) else {
+                    return; // no AVX2 here
+                };
+                for k in 0..4 {
+                    let one = dot_row(dtype, &wq, &[], &xs[k]);
+                    assert_eq!(got[k].to_bits(), one.to_bits(), "{dtype:?} n={n} k={k}");
+                }
             }
         }
     }
