@@ -69,7 +69,7 @@ struct Scratch {
 
 pub struct CpuExecutor {
     cfg: ModelConfig,
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     embed: QMatrix,
     output: QMatrix,
     output_norm: Vec<f32>,
@@ -181,6 +181,7 @@ impl CpuExecutor {
             .thread_name(|i| format!("quire-cpu-{i}"))
             .build()
             .map_err(|e| BackendError::Config(format!("thread pool: {e}")))?;
+        let pool = std::sync::Arc::new(pool);
         Ok(Self {
             rope: ops::RopeTable::new(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref()),
             output_norm: vec_f32(&w.output_norm, hd)?,
@@ -242,6 +243,16 @@ impl Executor for CpuExecutor {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
+        // The whole pass runs on a pool thread: each op's parallel section then starts from a
+        // worker (no cross-thread injection and wake-up per op), which matters for decode.
+        let pool = self.pool.clone();
+        pool.install(|| self.forward_inner(batch))?;
+        Ok(&self.scratch.logits)
+    }
+}
+
+impl CpuExecutor {
+    fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         batch.validate(self.kv.block_size, self.kv.num_blocks)?;
         if let Some(&bad) = batch
             .token_ids
@@ -417,7 +428,7 @@ impl Executor for CpuExecutor {
             s.q8.prepare(pool, &s.h[..nl * hd], hd, output.dtype);
             matmul(pool, output, &s.h[..nl * hd], &s.q8, &mut s.logits);
         });
-        Ok(&self.scratch.logits)
+        Ok(())
     }
 }
 
