@@ -104,9 +104,9 @@ struct Seq {
     seq_len: usize,
 }
 
-/// Dense attention: sequence `s` keeps its K/V rows contiguous at `[s * cap, s * cap + seq_len)`.
-/// Writes the new rows, then for every (token, KV head) runs the same online softmax as the
-/// paged kernel over chunks of `block_size` rows.
+/// Dense attention: sequence `s` keeps its K/V rows contiguous and in order at
+/// `[s * cap, s * cap + seq_len)`, read by the same kernel through the identity block table, so
+/// the paged/dense ratio is the cost of scattered blocks alone.
 #[allow(clippy::too_many_arguments)]
 fn dense_attention<T: KvElem>(
     pool: &rayon::ThreadPool,
@@ -121,88 +121,47 @@ fn dense_attention<T: KvElem>(
     v: &mut [T],
     out: &mut [f32],
 ) {
-    let d = p.head_dim;
-    let kv_row = p.num_kv_heads * d;
-    for (si, s) in seqs.iter().enumerate() {
-        for i in 0..s.query_len {
-            let row = si * cap + s.seq_len - s.query_len + i;
-            let src = (s.query_start + i) * kv_row;
-            for j in 0..kv_row {
-                k[row * kv_row + j] = T::from_f32(k_new[src + j]);
-                v[row * kv_row + j] = T::from_f32(v_new[src + j]);
-            }
-        }
-    }
-    let group = p.num_heads / p.num_kv_heads;
-    let (k, v): (&[T], &[T]) = (k, v);
-    pool.install(|| {
-        out.par_chunks_mut(group * d)
-            .enumerate()
-            .for_each(|(item, o)| {
-                let t = item / p.num_kv_heads;
-                let kvh = item % p.num_kv_heads;
-                let si = token_seq[t];
-                let s = seqs[si];
-                let ctx = s.seq_len - s.query_len + (t - s.query_start) + 1;
-                let qg = &q[(t * p.num_heads + kvh * group) * d..][..group * d];
-                let base = si * cap * kv_row + kvh * d;
-                dense_group(p, qg, ctx, &k[base..], &v[base..], kv_row, o);
-            });
-    });
-}
-
-/// Online softmax of `group` heads over `ctx` contiguous rows (row stride `stride`).
-fn dense_group<T: KvElem>(
-    p: &AttnParams,
-    q: &[f32],
-    ctx: usize,
-    k: &[T],
-    v: &[T],
-    stride: usize,
-    out: &mut [f32],
-) {
-    let d = p.head_dim;
-    let group = q.len() / d;
-    let chunk = p.block_size;
-    let mut m = [f32::NEG_INFINITY; 16];
-    let mut l = [0f32; 16];
-    let mut sc = [0f32; 2048];
-    out.fill(0.0);
-    for c0 in (0..ctx).step_by(chunk) {
-        let n = chunk.min(ctx - c0);
-        for j in 0..n {
-            let kr = &k[(c0 + j) * stride..][..d];
-            for g in 0..group {
-                let dot: f32 = q[g * d..(g + 1) * d]
-                    .iter()
-                    .zip(kr)
-                    .map(|(a, b)| a * b.to_f32())
-                    .sum();
-                sc[g * chunk + j] = dot * p.scale;
-            }
-        }
-        for g in 0..group {
-            let s = &sc[g * chunk..g * chunk + n];
-            let mx = s.iter().fold(m[g], |a, &b| a.max(b));
-            let corr = (m[g] - mx).exp();
-            let og = &mut out[g * d..(g + 1) * d];
-            og.iter_mut().for_each(|x| *x *= corr);
-            l[g] *= corr;
-            for (j, &x) in s.iter().enumerate() {
-                let w = (x - mx).exp();
-                l[g] += w;
-                let vr = &v[(c0 + j) * stride..][..d];
-                og.iter_mut()
-                    .zip(vr)
-                    .for_each(|(o, b)| *o += w * b.to_f32());
-            }
-            m[g] = mx;
-        }
-    }
-    for g in 0..group {
-        let inv = 1.0 / l[g];
-        out[g * d..(g + 1) * d].iter_mut().for_each(|x| *x *= inv);
-    }
+    let bs = p.block_size;
+    let tables: Vec<Vec<BlockId>> = (0..seqs.len())
+        .map(|si| {
+            (0..cap / bs)
+                .map(|i| BlockId((si * cap / bs + i) as u32))
+                .collect()
+        })
+        .collect();
+    let slots: Vec<u32> = token_seq
+        .iter()
+        .enumerate()
+        .map(|(t, &si)| {
+            let s = seqs[si];
+            (si * cap + s.seq_len - s.query_len + (t - s.query_start)) as u32
+        })
+        .collect();
+    let sb: Vec<SeqBatch> = seqs
+        .iter()
+        .zip(&tables)
+        .map(|(s, t)| SeqBatch {
+            query_start: s.query_start,
+            query_len: s.query_len,
+            seq_len: s.seq_len,
+            block_table: t,
+        })
+        .collect();
+    let kv_row = p.num_kv_heads * p.head_dim;
+    paged_attention(
+        pool,
+        p,
+        q,
+        p.num_heads * p.head_dim,
+        k_new,
+        v_new,
+        kv_row,
+        &slots,
+        &sb,
+        k,
+        v,
+        out,
+    );
 }
 
 /// (max absolute error, max absolute error ÷ max |reference|); NaN when any output is NaN.

@@ -15,6 +15,10 @@ pub trait KvElem: Copy + Send + Sync + 'static {
     const NAME: &'static str;
     /// The slice as f16, when that is its storage (the SIMD path of the f16 accumulator).
     fn as_f16(s: &[Self]) -> Option<&[f16]>;
+    /// The slice as f32, when that is its storage.
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
 }
 
 impl KvElem for f32 {
@@ -29,6 +33,9 @@ impl KvElem for f32 {
     const NAME: &'static str = "f32";
     fn as_f16(_: &[Self]) -> Option<&[f16]> {
         None
+    }
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
     }
 }
 
@@ -94,6 +101,7 @@ pub fn paged_attention<T: KvElem>(
         }
     }
     let group = p.num_heads / p.num_kv_heads;
+    assert!(p.head_dim <= 256, "head_dim above 256");
     assert!(
         p.block_size * group <= MAX_SCORES,
         "block_size × GQA group too large"
@@ -154,45 +162,71 @@ fn attend_group<T: KvElem>(
     out.fill(0.0);
     let mut scores = [0f32; MAX_SCORES];
     let nblocks = ctx.div_ceil(p.block_size);
+    let simd = simd::available() && d.is_multiple_of(32);
+    let mut buf = [0f32; 256];
     for (bi, block) in block_table[..nblocks].iter().enumerate() {
         let n = (ctx - bi * p.block_size).min(p.block_size);
         let base = block.as_usize() * p.block_size;
         for j in 0..n {
-            let k = &k_cache[(base + j) * kv_row + kvh * d..][..d];
+            let row = (base + j) * kv_row + kvh * d;
+            let k = row_f32(&k_cache[row..row + d], &mut buf, simd);
             for g in 0..group {
                 let qg = &q[g * d..(g + 1) * d];
-                let mut s = 0f32;
-                for (a, b) in qg.iter().zip(k) {
-                    s += a * b.to_f32();
-                }
+                let s = if simd {
+                    // SAFETY: features checked; d is a multiple of 32.
+                    unsafe { simd::dot(qg, k) }
+                } else {
+                    dot_ggml_order(qg, k)
+                };
                 scores[g * p.block_size + j] = s * p.scale;
             }
         }
         for g in 0..group {
-            let sc = &mut scores[g * p.block_size..g * p.block_size + n];
+            let sc = &scores[g * p.block_size..g * p.block_size + n];
             let bmax = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let new_m = m[g].max(bmax);
             let corr = (m[g] - new_m).exp();
-            let og = &mut out[g * d..(g + 1) * d];
             if corr != 1.0 {
-                og.iter_mut().for_each(|v| *v *= corr);
+                out[g * d..(g + 1) * d].iter_mut().for_each(|v| *v *= corr);
             }
             l[g] *= corr;
-            for (j, s) in sc.iter_mut().enumerate() {
-                let w = (*s - new_m).exp();
+            m[g] = new_m;
+        }
+        for j in 0..n {
+            let row = (base + j) * kv_row + kvh * d;
+            let v = row_f32(&v_cache[row..row + d], &mut buf, simd);
+            for g in 0..group {
+                let w = (scores[g * p.block_size + j] - m[g]).exp();
                 l[g] += w;
-                let v = &v_cache[(base + j) * kv_row + kvh * d..][..d];
-                for (o, vv) in og.iter_mut().zip(v) {
-                    *o += w * vv.to_f32();
+                for (o, &vv) in out[g * d..(g + 1) * d].iter_mut().zip(v) {
+                    *o += w * vv;
                 }
             }
-            m[g] = new_m;
         }
     }
     for g in 0..group {
         let inv = 1.0 / l[g];
         out[g * d..(g + 1) * d].iter_mut().for_each(|v| *v *= inv);
     }
+}
+
+/// A cache row as f32: the row itself when stored in f32, else converted into `buf`.
+#[inline(always)]
+fn row_f32<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32; 256], simd: bool) -> &'a [f32] {
+    if let Some(f) = T::as_f32(row) {
+        return f;
+    }
+    let d = row.len();
+    match T::as_f16(row) {
+        // SAFETY: `simd` means AVX2/F16C are present and d is a multiple of 32.
+        Some(h) if simd => unsafe { simd::f16_to_f32(h, &mut buf[..d]) },
+        _ => {
+            for (a, b) in buf[..d].iter_mut().zip(row) {
+                *a = b.to_f32();
+            }
+        }
+    }
+    &buf[..d]
 }
 
 /// The f16-accumulator variant: token by token, each query head's running maximum `m`, sum `l`

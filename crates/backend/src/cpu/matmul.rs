@@ -167,7 +167,8 @@ pub fn matmul(
             let tile_end = (tile + TILE_ROWS).min(r1);
             // Four tokens at a time where a four-way kernel exists (weights unpacked once).
             let mut t0 = 0;
-            if quantized && n >= 4 && dot_row_x4(w.dtype, w.row(tile), [&act.q[..nb]; 4]).is_some() {
+            if quantized && n >= 4 && dot_row_x4(w.dtype, w.row(tile), [&act.q[..nb]; 4]).is_some()
+            {
                 while t0 + 4 <= n {
                     let xq = [0, 1, 2, 3].map(|k| &act.q[(t0 + k) * nb..(t0 + k + 1) * nb]);
                     for r in tile..tile_end {

@@ -18,7 +18,13 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// `rms_norm` with the rows of a prefill spread over the pool (rows are independent).
-pub fn rms_norm_par(pool: &rayon::ThreadPool, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+pub fn rms_norm_par(
+    pool: &rayon::ThreadPool,
+    x: &[f32],
+    weight: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) {
     use rayon::prelude::*;
     let dim = weight.len();
     if x.len() / dim < 8 {

@@ -205,7 +205,12 @@ mod avx2 {
                 off[k] += mw * ab.s;
             }
         }
-        [hsum(acc[0]) + off[0], hsum(acc[1]) + off[1], hsum(acc[2]) + off[2], hsum(acc[3]) + off[3]]
+        [
+            hsum(acc[0]) + off[0],
+            hsum(acc[1]) + off[1],
+            hsum(acc[2]) + off[2],
+            hsum(acc[3]) + off[3],
+        ]
     }
 
     /// As `dot_q4_0_x4`, for Q8_0 (same order as `dot_q8_0`).
