@@ -29,6 +29,9 @@ pub struct PerplexityArgs {
     /// Print {"ppl": …, "chunks": …} on the last line
     #[arg(long)]
     pub json: bool,
+    /// KV-cache storage type: f16 (the default, llama.cpp's numerics) or f32 (exact f32 attention)
+    #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
+    pub kv_dtype: String,
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
@@ -57,7 +60,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         num_blocks: a.ctx.div_ceil(block_size),
         block_size,
     };
-    let mut exec = executor(&model, &a.model, kv, "f32")?;
+    let mut exec = executor(&model, &a.model, kv, &a.kv_dtype)?;
     let vocab = exec.vocab_size();
     let first = a.ctx / 2;
     let rows: Vec<u32> = (first as u32..a.ctx as u32 - 1).collect();
