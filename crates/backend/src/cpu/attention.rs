@@ -4,7 +4,6 @@
 //! of a KV group are handled together so each K/V row is read once per group.
 
 use half::f16;
-use rayon::prelude::*;
 
 use crate::SeqBatch;
 
@@ -78,7 +77,7 @@ const MAX_SCORES: usize = 128 * 16;
 // out: [num_tokens, num_heads * head_dim]
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: KvElem>(
-    pool: &rayon::ThreadPool,
+    par: &dyn super::team::Parallel,
     p: &AttnParams,
     q: &[f32],
     q_stride: usize,
@@ -109,34 +108,38 @@ pub fn paged_attention<T: KvElem>(
     let q_row = p.num_heads * p.head_dim;
     let k_cache: &[T] = k_cache;
     let v_cache: &[T] = v_cache;
-    // One work item per (token, kv head): it owns `group` contiguous heads of `out`.
-    pool.install(|| {
-        out.par_chunks_mut(group * p.head_dim)
-            .enumerate()
-            .for_each(|(item, o)| {
-                let t = item / p.num_kv_heads;
-                let kvh = item % p.num_kv_heads;
-                let seq = seqs
-                    .iter()
-                    .find(|s| t >= s.query_start && t < s.query_start + s.query_len)
-                    .expect("validated batch");
-                let pos = seq.seq_len - seq.query_len + (t - seq.query_start);
-                let qh = &q[t * q_stride + kvh * group * p.head_dim..][..group * p.head_dim];
-                if p.f16_accum {
-                    attend_group_f16_accum(
-                        p,
-                        qh,
-                        seq.block_table,
-                        pos + 1,
-                        kvh,
-                        k_cache,
-                        v_cache,
-                        o,
-                    );
-                } else {
-                    attend_group(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
-                }
-            });
+    // One work item per (token, kv head): it owns `group` contiguous heads of `out`. Tasks take
+    // runs of items; a decode's few items go one per task.
+    struct Out(*mut f32);
+    // SAFETY: each item writes only its own `group * head_dim` slice of `out`.
+    unsafe impl Sync for Out {}
+    impl Out {
+        fn at(&self, i: usize) -> *mut f32 {
+            self.0.wrapping_add(i)
+        }
+    }
+    let items = slot_mapping.len() * p.num_kv_heads;
+    let per_task = items.div_ceil(par.threads() * 8).max(1);
+    let o = Out(out.as_mut_ptr());
+    let width = group * p.head_dim;
+    par.run_tasks(items.div_ceil(per_task), &|task| {
+        for item in task * per_task..((task + 1) * per_task).min(items) {
+            // SAFETY: see `Out`; item < items so the slice is inside `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(o.at(item * width), width) };
+            let t = item / p.num_kv_heads;
+            let kvh = item % p.num_kv_heads;
+            let seq = seqs
+                .iter()
+                .find(|s| t >= s.query_start && t < s.query_start + s.query_len)
+                .expect("validated batch");
+            let pos = seq.seq_len - seq.query_len + (t - seq.query_start);
+            let qh = &q[t * q_stride + kvh * group * p.head_dim..][..group * p.head_dim];
+            if p.f16_accum {
+                attend_group_f16_accum(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+            } else {
+                attend_group(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+            }
+        }
     });
     debug_assert_eq!(out.len(), slot_mapping.len() * q_row);
 }

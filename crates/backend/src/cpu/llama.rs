@@ -9,6 +9,7 @@ use super::attention::{paged_attention, AttnParams, KvElem};
 use super::matmul::{matmul, Activations, QMatrix};
 use super::ops;
 use super::profile::Profiler;
+use super::team::{Parallel, Team};
 use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +70,7 @@ struct Scratch {
 
 pub struct CpuExecutor {
     cfg: ModelConfig,
-    pool: std::sync::Arc<rayon::ThreadPool>,
+    team: Team,
     embed: QMatrix,
     output: QMatrix,
     output_norm: Vec<f32>,
@@ -176,17 +177,12 @@ impl CpuExecutor {
                 (0..c.num_layers).map(|_| vec![f16::ZERO; slots]).collect(),
             ),
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(opts.threads.max(1))
-            .thread_name(|i| format!("quire-cpu-{i}"))
-            .build()
-            .map_err(|e| BackendError::Config(format!("thread pool: {e}")))?;
-        let pool = std::sync::Arc::new(pool);
+        let team = Team::new(opts.threads.max(1));
         Ok(Self {
             rope: ops::RopeTable::new(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref()),
             output_norm: vec_f32(&w.output_norm, hd)?,
             cfg: c.clone(),
-            pool,
+            team,
             embed,
             output,
             layers,
@@ -202,7 +198,7 @@ impl CpuExecutor {
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.team.threads()
     }
 
     /// Bytes of weights read by one forward pass (all layers plus the output projection).
@@ -243,10 +239,7 @@ impl Executor for CpuExecutor {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
-        // The whole pass runs on a pool thread: each op's parallel section then starts from a
-        // worker (no cross-thread injection and wake-up per op), which matters for decode.
-        let pool = self.pool.clone();
-        pool.install(|| self.forward_inner(batch))?;
+        self.forward_inner(batch)?;
         Ok(&self.scratch.logits)
     }
 }
@@ -276,7 +269,7 @@ impl CpuExecutor {
         s.gu.resize(n * 2 * inter, 0.0);
         s.act.resize(n * inter, 0.0);
         let prof = &mut self.prof;
-        let pool = &self.pool;
+        let pool: &dyn Parallel = &self.team;
 
         prof.time("embed", None, (n * self.embed.row_bytes) as u64, 0, || {
             for (t, &tok) in batch.token_ids.iter().enumerate() {
@@ -434,7 +427,7 @@ impl CpuExecutor {
 
 #[allow(clippy::too_many_arguments)]
 fn run_attn<T: KvElem>(
-    pool: &rayon::ThreadPool,
+    pool: &dyn Parallel,
     p: &AttnParams,
     q: &[f32],
     stride: usize,

@@ -6,6 +6,7 @@
 use quire_gguf::GgmlType;
 
 use super::quant::{dot_row, dot_row_x4, needs_q8, quantize_row_q8a, BlockQ8A, QK};
+use super::team::Parallel;
 use crate::{BackendError, HostTensor, TensorBytes};
 
 /// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
@@ -107,25 +108,32 @@ pub struct Activations {
 
 impl Activations {
     // x: [n, cols]
-    pub fn prepare(&mut self, pool: &rayon::ThreadPool, x: &[f32], cols: usize, dtype: GgmlType) {
-        use rayon::prelude::*;
+    pub fn prepare(&mut self, par: &dyn Parallel, x: &[f32], cols: usize, dtype: GgmlType) {
         if !needs_q8(dtype) {
             return;
         }
         let n = x.len() / cols;
         let nb = cols / QK;
         self.q.resize(n * nb, BlockQ8A::default());
-        let rows = x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb));
         if n < 8 {
-            rows.for_each(|(row, out)| quantize_row_q8a(row, out));
-        } else {
-            // Rows are independent; a prefill's rows are quantized in parallel.
-            pool.install(|| {
-                x.par_chunks_exact(cols)
-                    .zip(self.q.par_chunks_exact_mut(nb))
-                    .for_each(|(row, out)| quantize_row_q8a(row, out))
-            });
+            for (row, out) in x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb)) {
+                quantize_row_q8a(row, out);
+            }
+            return;
         }
+        // Rows are independent; a prefill's rows are quantized in parallel, 8 rows a task.
+        let q = SendPtr(self.q.as_mut_ptr() as *mut f32);
+        par.run_tasks(n.div_ceil(8), &|task| {
+            #[allow(clippy::redundant_locals)]
+            let q = q;
+            for r in task * 8..(task * 8 + 8).min(n) {
+                // SAFETY: each row's blocks are written by exactly one task.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut((q.0 as *mut BlockQ8A).add(r * nb), nb)
+                };
+                quantize_row_q8a(&x[r * cols..(r + 1) * cols], out);
+            }
+        });
     }
 }
 
@@ -139,18 +147,12 @@ const TILE_ROWS: usize = 16;
 
 /// `out[t, r] = sum_i x[t, i] * w[r, i]` for every token t.
 // x: [n, cols]; xq: quantized x (if the type needs it); out: [n, rows]
-pub fn matmul(
-    pool: &rayon::ThreadPool,
-    w: &QMatrix,
-    x: &[f32],
-    act: &Activations,
-    out: &mut [f32],
-) {
+pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
     let n = x.len() / w.cols;
     assert_eq!(out.len(), n * w.rows);
     let nb = w.cols / QK;
     let quantized = needs_q8(w.dtype);
-    let threads = pool.current_num_threads().max(1);
+    let threads = par.threads();
     // Enough tasks to balance, each a whole number of tiles.
     let tiles = w.rows.div_ceil(TILE_ROWS);
     let tasks = (threads * 4).min(tiles).max(1);
@@ -197,14 +199,5 @@ pub fn matmul(
             tile = tile_end;
         }
     };
-    if tasks == 1 {
-        run(0);
-    } else {
-        pool.scope(|s| {
-            for task in 0..tasks {
-                let run = &run;
-                s.spawn(move |_| run(task));
-            }
-        });
-    }
+    par.run_tasks(tasks, &run);
 }

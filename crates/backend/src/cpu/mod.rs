@@ -8,5 +8,6 @@ pub mod matmul;
 pub mod ops;
 pub mod profile;
 pub mod quant;
+pub mod team;
 
 pub use llama::{CpuExecutor, CpuOptions, KvDtype};

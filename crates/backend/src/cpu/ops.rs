@@ -19,21 +19,31 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 /// `rms_norm` with the rows of a prefill spread over the pool (rows are independent).
 pub fn rms_norm_par(
-    pool: &rayon::ThreadPool,
+    par: &dyn super::team::Parallel,
     x: &[f32],
     weight: &[f32],
     eps: f32,
     out: &mut [f32],
 ) {
-    use rayon::prelude::*;
     let dim = weight.len();
-    if x.len() / dim < 8 {
+    let n = x.len() / dim;
+    if n < 8 {
         return rms_norm(x, weight, eps, out);
     }
-    pool.install(|| {
-        x.par_chunks(dim * 4)
-            .zip(out.par_chunks_mut(dim * 4))
-            .for_each(|(x, o)| rms_norm(x, weight, eps, o))
+    struct Out(*mut f32);
+    // SAFETY: tasks write disjoint rows.
+    unsafe impl Sync for Out {}
+    impl Out {
+        fn at(&self, i: usize) -> *mut f32 {
+            self.0.wrapping_add(i)
+        }
+    }
+    let o = Out(out.as_mut_ptr());
+    par.run_tasks(n.div_ceil(8), &|task| {
+        let (r0, r1) = (task * 8, (task * 8 + 8).min(n));
+        // SAFETY: rows r0..r1 belong to this task alone.
+        let out = unsafe { std::slice::from_raw_parts_mut(o.at(r0 * dim), (r1 - r0) * dim) };
+        rms_norm(&x[r0 * dim..r1 * dim], weight, eps, out);
     });
 }
 
