@@ -63,8 +63,10 @@ pub struct Team {
     n: usize,
 }
 
-/// Spins before a worker parks (about 50–200 µs on current CPUs).
-const SPINS: u32 = 200_000;
+/// Busy spins before a worker starts yielding (a few µs: the gap between two sections).
+const SPINS: u32 = 4_000;
+/// How long an idle worker keeps yielding before it parks.
+const YIELD_FOR: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Team {
     pub fn new(n: usize) -> Team {
@@ -109,6 +111,7 @@ fn worker(sh: &Shared) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
+        let mut idle_since = None;
         loop {
             if sh.stop.load(SeqCst) {
                 return;
@@ -121,6 +124,14 @@ fn worker(sh: &Shared) {
                 std::hint::spin_loop();
                 continue;
             }
+            // Then yield (cheap when nothing else wants the core, and fair to other threads when
+            // the machine is oversubscribed) for up to YIELD_FOR before parking.
+            let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() < YIELD_FOR {
+                std::thread::yield_now();
+                continue;
+            }
+            idle_since = None;
             // Park until the next section.
             let g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.sleepers.fetch_add(1, SeqCst);
@@ -186,8 +197,14 @@ struct WaitAll<'a>(&'a Shared);
 
 impl Drop for WaitAll<'_> {
     fn drop(&mut self) {
+        let mut spins = 0u32;
         while self.0.remaining.load(SeqCst) > 0 {
-            std::hint::spin_loop();
+            spins += 1;
+            if spins < SPINS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         // SAFETY: every worker is done with the closure.
         unsafe { *self.0.job.get() = None };
