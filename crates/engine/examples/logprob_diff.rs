@@ -46,23 +46,6 @@ fn main() {
                 let sd = (l[cand[0].as_u64().unwrap() as usize] - lse) as f64
                     - cand[1].as_f64().unwrap();
                 let d = sd.abs();
-                if let Ok(f) = std::env::var("QUIRE_DUMP") {
-                    use std::io::Write;
-                    let mut fh = std::fs::OpenOptions::new()
-                        .append(true)
-                        .create(true)
-                        .open(f)
-                        .unwrap();
-                    writeln!(
-                        fh,
-                        "{} {} {} {}",
-                        r["prompt"].as_str().unwrap().len(),
-                        i,
-                        cand[0],
-                        sd + cand[1].as_f64().unwrap()
-                    )
-                    .unwrap();
-                }
                 mx = f64::max(mx, d);
                 if std::env::var("QUIRE_VERBOSE").is_ok() && n < 60 {
                     print!("{i}:{sd:+.3} ");

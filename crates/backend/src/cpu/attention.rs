@@ -110,21 +110,13 @@ pub fn paged_attention<T: KvElem>(
     let v_cache: &[T] = v_cache;
     // One work item per (token, kv head): it owns `group` contiguous heads of `out`. Tasks take
     // runs of items; a decode's few items go one per task.
-    struct Out(*mut f32);
-    // SAFETY: each item writes only its own `group * head_dim` slice of `out`.
-    unsafe impl Sync for Out {}
-    impl Out {
-        fn at(&self, i: usize) -> *mut f32 {
-            self.0.wrapping_add(i)
-        }
-    }
     let items = slot_mapping.len() * p.num_kv_heads;
     let per_task = items.div_ceil(par.threads() * 8).max(1);
-    let o = Out(out.as_mut_ptr());
+    let o = super::team::DisjointPtr::new(out);
     let width = group * p.head_dim;
     par.run_tasks(items.div_ceil(per_task), &|task| {
         for item in task * per_task..((task + 1) * per_task).min(items) {
-            // SAFETY: see `Out`; item < items so the slice is inside `out`.
+            // SAFETY: each item writes only its own `width` slice; item < items so it is inside `out`.
             let o = unsafe { std::slice::from_raw_parts_mut(o.at(item * width), width) };
             let t = item / p.num_kv_heads;
             let kvh = item % p.num_kv_heads;
@@ -165,7 +157,7 @@ fn attend_group<T: KvElem>(
     out.fill(0.0);
     let mut scores = [0f32; MAX_SCORES];
     let nblocks = ctx.div_ceil(p.block_size);
-    let simd = simd::available() && d.is_multiple_of(32);
+    let simd = super::quant::has_avx2() && d.is_multiple_of(32);
     let mut buf = [0f32; 256];
     for (bi, block) in block_table[..nblocks].iter().enumerate() {
         let n = (ctx - bi * p.block_size).min(p.block_size);
@@ -261,7 +253,7 @@ fn attend_group_f16_accum<T: KvElem>(
     }
     let mut m = [f32::NEG_INFINITY; MAX_G];
     let mut l = [0f32; MAX_G];
-    let simd = simd::available() && d.is_multiple_of(32);
+    let simd = super::quant::has_avx2() && d.is_multiple_of(32);
     for j in 0..ctx {
         let slot = block_table[j / p.block_size].as_usize() * p.block_size + j % p.block_size;
         let row = slot * kv_row + kvh * d;
@@ -270,7 +262,7 @@ fn attend_group_f16_accum<T: KvElem>(
             T::as_f16(&v_cache[row..row + d]),
         ) {
             (Some(k), Some(v)) if simd => {
-                // SAFETY: `simd::available()` checked AVX2, FMA and F16C.
+                // SAFETY: `has_avx2()` checked AVX2, FMA and F16C.
                 unsafe {
                     simd::f16_to_f32(k, &mut k32[..d]);
                     simd::f16_to_f32(v, &mut v32[..d]);
@@ -359,12 +351,6 @@ mod simd {
     use half::f16;
     use std::arch::x86_64::*;
 
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
         for i in (0..dst.len()).step_by(8) {
@@ -420,9 +406,6 @@ mod simd {
 #[cfg(not(target_arch = "x86_64"))]
 mod simd {
     use half::f16;
-    pub fn available() -> bool {
-        false
-    }
     pub unsafe fn f16_to_f32(_: &[f16], _: &mut [f32]) {}
     pub unsafe fn scale_round(_: &mut [f32], _: f32) {}
     pub unsafe fn mad_round(_: &mut [f32], _: &[f32], _: f32) {}

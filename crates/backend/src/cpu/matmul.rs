@@ -5,8 +5,8 @@
 
 use quire_gguf::GgmlType;
 
-use super::quant::{dot_row, dot_row_x4, needs_q8, quantize_row_q8a, BlockQ8A, QK};
-use super::team::Parallel;
+use super::quant::{dot_row, dot_row_x4, has_x4, needs_q8, quantize_row_q8a, BlockQ8A, QK};
+use super::team::{DisjointPtr, Parallel};
 use crate::{BackendError, HostTensor, TensorBytes};
 
 /// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
@@ -122,26 +122,16 @@ impl Activations {
             return;
         }
         // Rows are independent; a prefill's rows are quantized in parallel, 8 rows a task.
-        let q = SendPtr(self.q.as_mut_ptr() as *mut f32);
+        let q = DisjointPtr::new(&mut self.q);
         par.run_tasks(n.div_ceil(8), &|task| {
-            #[allow(clippy::redundant_locals)]
-            let q = q;
             for r in task * 8..(task * 8 + 8).min(n) {
                 // SAFETY: each row's blocks are written by exactly one task.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut((q.0 as *mut BlockQ8A).add(r * nb), nb)
-                };
+                let out = unsafe { std::slice::from_raw_parts_mut(q.at(r * nb), nb) };
                 quantize_row_q8a(&x[r * cols..(r + 1) * cols], out);
             }
         });
     }
 }
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: tasks write disjoint (row, token) cells of the output.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
 
 const TILE_ROWS: usize = 16;
 
@@ -157,27 +147,24 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
     let tiles = w.rows.div_ceil(TILE_ROWS);
     let tasks = (threads * 4).min(tiles).max(1);
     let tiles_per_task = tiles.div_ceil(tasks);
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out_ptr = DisjointPtr::new(out);
+    // Four tokens at a time where a four-way kernel exists (weights unpacked once).
+    let four_way = quantized && n >= 4 && has_x4(w.dtype);
     let run = |task: usize| {
-        // Rebinding moves the whole `SendPtr` (Send) into the closure, not its raw-pointer field.
-        #[allow(clippy::redundant_locals)]
-        let out_ptr = out_ptr;
         let r0 = task * tiles_per_task * TILE_ROWS;
         let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
         let mut tile = r0;
         while tile < r1 {
             let tile_end = (tile + TILE_ROWS).min(r1);
-            // Four tokens at a time where a four-way kernel exists (weights unpacked once).
             let mut t0 = 0;
-            if quantized && n >= 4 && dot_row_x4(w.dtype, w.row(tile), [&act.q[..nb]; 4]).is_some()
-            {
+            if four_way {
                 while t0 + 4 <= n {
                     let xq = [0, 1, 2, 3].map(|k| &act.q[(t0 + k) * nb..(t0 + k + 1) * nb]);
                     for r in tile..tile_end {
                         let v = dot_row_x4(w.dtype, w.row(r), xq).expect("checked above");
                         for (k, v) in v.into_iter().enumerate() {
                             // SAFETY: (t, r) is written by exactly one task; index < n * rows.
-                            unsafe { *out_ptr.0.add((t0 + k) * w.rows + r) = v };
+                            unsafe { *out_ptr.at((t0 + k) * w.rows + r) = v };
                         }
                     }
                     t0 += 4;
@@ -193,7 +180,7 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
                 for r in tile..tile_end {
                     let v = dot_row(w.dtype, w.row(r), xt, xqt);
                     // SAFETY: (t, r) is written by exactly one task; index < n * rows.
-                    unsafe { *out_ptr.0.add(t * w.rows + r) = v };
+                    unsafe { *out_ptr.at(t * w.rows + r) = v };
                 }
             }
             tile = tile_end;

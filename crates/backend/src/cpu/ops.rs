@@ -30,15 +30,7 @@ pub fn rms_norm_par(
     if n < 8 {
         return rms_norm(x, weight, eps, out);
     }
-    struct Out(*mut f32);
-    // SAFETY: tasks write disjoint rows.
-    unsafe impl Sync for Out {}
-    impl Out {
-        fn at(&self, i: usize) -> *mut f32 {
-            self.0.wrapping_add(i)
-        }
-    }
-    let o = Out(out.as_mut_ptr());
+    let o = super::team::DisjointPtr::new(out);
     par.run_tasks(n.div_ceil(8), &|task| {
         let (r0, r1) = (task * 8, (task * 8 + 8).min(n));
         // SAFETY: rows r0..r1 belong to this task alone.

@@ -305,6 +305,11 @@ fn blocks<T>(bytes: &[u8]) -> &[T] {
 /// Dot product of one weight row (raw bytes of `dtype`) with an activation row, which is given both
 /// as f32 (for float weights) and quantized (for quantized weights).
 #[inline]
+/// Whether `dot_row_x4` has a kernel for `dtype` on this CPU.
+pub fn has_x4(dtype: GgmlType) -> bool {
+    has_avx2() && matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
 /// Four dot products of one quantized weight row with four activation rows, identical to four
 /// `dot_row` calls; `None` where there is no four-way kernel (float weights, no AVX2).
 pub fn dot_row_x4(dtype: GgmlType, w: &[u8], xq: [&[BlockQ8A]; 4]) -> Option<[f32; 4]> {

@@ -32,6 +32,24 @@ impl Parallel for rayon::ThreadPool {
     }
 }
 
+/// A pointer into an output buffer that the tasks of one parallel section write in disjoint
+/// parts. `at` (a method, so closures capture the whole wrapper, not its raw field).
+pub struct DisjointPtr<T>(*mut T);
+
+// SAFETY: users only write disjoint elements from different tasks, and the section ends before
+// the buffer it points into is used again.
+unsafe impl<T> Sync for DisjointPtr<T> {}
+unsafe impl<T> Send for DisjointPtr<T> {}
+
+impl<T> DisjointPtr<T> {
+    pub fn new(buf: &mut [T]) -> Self {
+        DisjointPtr(buf.as_mut_ptr())
+    }
+    pub fn at(&self, i: usize) -> *mut T {
+        self.0.wrapping_add(i)
+    }
+}
+
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {

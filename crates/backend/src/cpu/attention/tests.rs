@@ -190,14 +190,14 @@ fn f16_accumulator_stays_within_f16_precision() {
 
 #[test]
 fn simd_f16_accumulator_steps_equal_the_scalar_ones_bit_for_bit() {
-    if !simd::available() {
+    if !crate::cpu::quant::has_avx2() {
         return;
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     for d in [32usize, 64, 128, 256] {
         let a: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
         let b: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
-        // SAFETY: available() checked the features; d is a multiple of 32.
+        // SAFETY: has_avx2() checked the features; d is a multiple of 32.
         let fast = unsafe { simd::dot(&a, &b) };
         assert_eq!(fast.to_bits(), dot_ggml_order(&a, &b).to_bits());
         let h: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
