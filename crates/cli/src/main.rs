@@ -10,6 +10,8 @@ mod info;
 mod perplexity;
 mod profile;
 mod roofline;
+mod serve;
+mod serve_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -48,6 +50,10 @@ enum Command {
     AttnBench(attn_bench::AttnBenchArgs),
     /// Measure memory bandwidth and FLOP/s ceilings; place bench/profile results on a roofline chart.
     Roofline(roofline::RooflineArgs),
+    /// OpenAI-compatible HTTP server (completions, chat, streaming, /metrics).
+    Serve(serve::ServeArgs),
+    /// Open-loop load test of an OpenAI-compatible server: ramp, steady and tail phases.
+    ServeBench(serve_bench::ServeBenchArgs),
     /// Compare two `bench -o json` results: B/A throughput ratios with 95% confidence intervals.
     Compare(compare::CompareArgs),
 }
@@ -64,6 +70,8 @@ fn main() {
         Command::AttnBench(a) => attn_bench::run(a),
         Command::Roofline(a) => roofline::run(a),
         Command::Compare(a) => compare::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::ServeBench(a) => serve_bench::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.
