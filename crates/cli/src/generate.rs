@@ -107,13 +107,11 @@ pub struct ChatArgs {
 
 /// Renders messages with the model's chat template and tokenizes the result.
 pub fn encode_chat(model: &LoadedModel, messages: &[ChatMessage]) -> Result<Vec<TokenId>> {
-    let text = model.chat_template.render(messages, true)?;
-    let bos = model
-        .tokenizer
-        .bos()
-        .and_then(|b| model.tokenizer.token_str(b).map(str::to_string));
-    let has_bos = bos.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-    Ok(model.tokenizer.encode(&text, !has_bos, true)?)
+    Ok(quire_tokenizer::encode_chat(
+        &model.tokenizer,
+        &model.chat_template,
+        messages,
+    )?)
 }
 
 pub fn encode_prompt(model: &LoadedModel, prompt: &str) -> Result<Vec<TokenId>> {

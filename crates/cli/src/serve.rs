@@ -1,11 +1,84 @@
-//! `quire serve` (placeholder, being written).
+//! `quire serve`: the OpenAI-compatible HTTP server (crates/server) over one engine.
 
-use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
-#[derive(Args, Debug)]
-pub struct ServeArgs {}
+use crate::common::{build_engine, load_model, EngineArgs, ModelArgs};
 
-pub fn run(_a: ServeArgs) -> Result<()> {
-    bail!("serve is not built yet")
+#[derive(Args, Debug)]
+#[command(after_help = "Endpoints: POST /v1/completions, POST /v1/chat/completions (both with \
+\"stream\": true for server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n\
+Example:\n  quire serve --port 8080 &\n  curl http://127.0.0.1:8080/v1/chat/completions \
+-H 'Content-Type: application/json' \\\n    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'")]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one, printed at start)
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/* (401 otherwise)
+    #[arg(long, env = "QUIRE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// The model id clients send as "model" [default: the file name without .gguf]
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Most requests waiting for a place in the batch; more get 429
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are aborted
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_grace: f64,
+    /// Write one JSON line per engine step here (step, start/end unix time, duration_ms,
+    /// prompt_tokens, decode_tokens, preemptions, running, waiting, kv_blocks_used)
+    #[arg(long)]
+    pub step_log: Option<PathBuf>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    if !(a.shutdown_grace.is_finite() && a.shutdown_grace >= 0.0) {
+        bail!("--shutdown-grace must be a number of seconds >= 0");
+    }
+    if a.api_key.as_deref().is_some_and(str::is_empty) {
+        bail!("--api-key must not be empty");
+    }
+    let step_log: Option<Box<dyn std::io::Write + Send>> = match &a.step_log {
+        Some(p) => Some(Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p)
+                .with_context(|| format!("cannot create the step log {}", p.display()))?,
+        ))),
+        None => None,
+    };
+    let model = load_model(&a.model)?;
+    let engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    let model_id = a.served_model_name.clone().unwrap_or_else(|| {
+        model
+            .meta
+            .file_name
+            .strip_suffix(".gguf")
+            .unwrap_or(&model.meta.file_name)
+            .to_string()
+    });
+    quire_server::run(
+        quire_server::ServerConfig {
+            host: a.host.clone(),
+            port: a.port,
+            model_id,
+            api_key: a.api_key.clone(),
+            max_waiting: a.max_waiting,
+            shutdown_grace: Duration::from_secs_f64(a.shutdown_grace),
+            step_log,
+            tokenizer: model.tokenizer.clone(),
+            chat_template: model.chat_template.clone(),
+        },
+        engine,
+    )?;
+    Ok(())
 }

@@ -44,6 +44,9 @@ impl std::fmt::Display for SeqId {
     }
 }
 
+/// Most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// How the next token is chosen. Defaults are greedy (temperature 0) with no penalties.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -66,6 +69,8 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Most likely alternatives to report with each token's log-probability (0 = none, at most 20).
+    pub top_logprobs: usize,
 }
 
 impl Default for SamplingParams {
@@ -83,6 +88,7 @@ impl Default for SamplingParams {
             max_tokens: 256,
             stop: Vec::new(),
             ignore_eos: false,
+            top_logprobs: 0,
         }
     }
 }
@@ -114,6 +120,12 @@ impl SamplingParams {
         }
         if !self.presence_penalty.is_finite() || !self.frequency_penalty.is_finite() {
             return Err("presence/frequency penalties must be finite".into());
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
+                self.top_logprobs
+            ));
         }
         Ok(())
     }

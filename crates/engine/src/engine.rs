@@ -252,9 +252,8 @@ impl Engine {
             self.row.clear();
             self.row
                 .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
-            let pick = req
-                .sampler
-                .sample(&mut self.row, &req.all_tokens, self.cfg.top_logprobs);
+            let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
+            let pick = req.sampler.sample(&mut self.row, &req.all_tokens, n_top);
             sampled.push((s.seq_id, pick.token));
             picks.push((s.seq_id, pick));
         }

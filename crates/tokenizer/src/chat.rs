@@ -220,6 +220,21 @@ impl ChatTemplate {
     }
 }
 
+/// Renders `messages` with the template (plus the generation prompt) and tokenizes the text,
+/// parsing special tokens. A BOS is added only when the template did not already write one.
+pub fn encode_chat(
+    tokenizer: &crate::Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+) -> Result<Vec<crate::TokenId>, TokenizerError> {
+    let text = template.render(messages, true)?;
+    let bos = tokenizer
+        .bos()
+        .and_then(|b| tokenizer.token_str(b).map(str::to_string));
+    let has_bos = bos.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
+    tokenizer.encode(&text, !has_bos, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::strip_generation_tags;

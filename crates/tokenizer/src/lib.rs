@@ -21,7 +21,7 @@ mod stream;
 mod tokenizer;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{encode_chat, ChatMessage, ChatTemplate};
 pub use error::TokenizerError;
 pub use quire_core::TokenId;
 pub use spec::{TokenType, TokenizerSpec};

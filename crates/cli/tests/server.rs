@@ -1,0 +1,251 @@
+//! `quire serve` driven as a user's client would: the official `openai` Python package (chat and
+//! completions, streaming and not, text equal to `quire generate`'s, usage counts), 64 concurrent
+//! streams equal to their solo runs, 1,000 requests with disconnects and malformed bodies, the
+//! metrics parsed by prometheus_client, a full queue (429), and SIGTERM under load (exit 0).
+//!
+//! The Python side is tests/python/server_client.py. Its packages (tests/python/requirements.txt)
+//! are installed by .ci/run into a virtual environment named by QUIRE_PYTHON; where they are
+//! missing these tests say so and pass, unless QUIRE_REQUIRE_PY is set (as CI sets it).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn model() -> PathBuf {
+    quire_core::default_model::model_for_tests()
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
+            .args(["serve", "--port", "0"])
+            .args(extra)
+            .env("QUIRE_MODEL", model())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start quire serve");
+        let (tx, rx) = mpsc::channel();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("[server] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .expect("the server did not start");
+            if let Some(at) = line.find("http://") {
+                let url = line[at..].split_whitespace().next().unwrap().to_string();
+                return Server {
+                    child,
+                    url,
+                    stderr: rx,
+                };
+            }
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.url.rsplit(':').next().unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The Python with `openai` and `prometheus_client`, or None (the test is skipped) when absent.
+fn python() -> Option<String> {
+    let py = std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
+        .args(["-c", "import openai, prometheus_client"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(py);
+    }
+    let msg = format!(
+        "{py} lacks the openai/prometheus_client packages: pip install -r tests/python/requirements.txt \
+         and set QUIRE_PYTHON (.ci/run does)"
+    );
+    if std::env::var_os("QUIRE_REQUIRE_PY").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+fn client(py: &str, s: &Server, key: &str, model_id: &str) -> Command {
+    let mut c = Command::new(py);
+    c.arg(repo_root().join("tests/python/server_client.py"))
+        .env("QUIRE_URL", &s.url)
+        .env("QUIRE_KEY", key)
+        .env("QUIRE_MODEL_ID", model_id);
+    c
+}
+
+fn run_client(py: &str, s: &Server, key: &str, args: &[&str]) -> String {
+    let out = client(py, s, key, "SmolLM2-135M-Instruct.Q4_1")
+        .args(args)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "server_client.py {args:?} failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("server_client.py {args:?}: {stdout}");
+    stdout
+}
+
+/// What `quire generate --json` says for a prompt.
+fn generate(prompt: &str, chat: bool, max_tokens: usize) -> serde_json::Value {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_quire"));
+    c.args(["generate", "--json", "--prompt", prompt, "--max-tokens"])
+        .arg(max_tokens.to_string())
+        .env("QUIRE_MODEL", model());
+    if chat {
+        c.arg("--chat");
+    }
+    let out = c.output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let g: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+    serde_json::json!({
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "text": g["text"],
+        "finish_reason": g["finish_reason"],
+        "prompt_tokens": g["prompt_tokens"].as_array().unwrap().len(),
+        "completion_tokens": g["completion_tokens"].as_array().unwrap().len(),
+    })
+}
+
+#[test]
+fn openai_clients_get_what_generate_gives() {
+    let Some(py) = python() else { return };
+    let expect = serde_json::json!({
+        "completions": [
+            generate("The capital of France is", false, 24),
+            generate("def fibonacci(n):", false, 40),
+            generate("Once upon a time", false, 12),
+        ],
+        "chats": [
+            generate("What is the capital of France?", true, 24),
+            generate("Say hi.", true, 64),
+        ],
+    });
+    let dir = std::env::temp_dir().join(format!("quire-server-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let expect_path = dir.join("expect.json");
+    std::fs::write(&expect_path, expect.to_string()).unwrap();
+    let s = Server::start(&["--api-key", "sesame", "--max-num-seqs", "64"]);
+    run_client(&py, &s, "sesame", &["basic", expect_path.to_str().unwrap()]);
+    run_client(&py, &s, "sesame", &["concurrent", "64"]);
+    run_client(&py, &s, "sesame", &["metrics"]);
+    run_client(&py, &s, "sesame", &["chaos", "1000"]);
+}
+
+/// Sends one request over a plain socket; returns (status, body).
+fn http(port: u16, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = resp.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
+    (status, body.to_string())
+}
+
+#[test]
+fn a_full_queue_answers_429() {
+    let s = Server::start(&["--max-num-seqs", "1", "--max-waiting", "1"]);
+    let port = s.port();
+    let body = r#"{"prompt": "Count: 1, 2, 3,", "max_tokens": 40, "ignore_eos": true}"#;
+    let handles: Vec<_> = (0..6)
+        .map(|_| std::thread::spawn(move || http(port, "/v1/completions", body)))
+        .collect();
+    let results: Vec<(u16, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = results.iter().filter(|r| r.0 == 200).count();
+    let full: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert!(ok >= 1 && full.len() >= 3, "{results:?}");
+    for (_, b) in full {
+        let v: serde_json::Value = serde_json::from_str(b).unwrap();
+        assert_eq!(v["error"]["code"], "queue_full", "{b}");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+    }
+    // Once the queue drains, requests are admitted again.
+    assert_eq!(http(port, "/v1/completions", body).0, 200);
+}
+
+#[test]
+fn sigterm_under_load_lets_streams_end_and_exits_0() {
+    let Some(py) = python() else { return };
+    let mut s = Server::start(&["--shutdown-grace", "4", "--max-num-seqs", "16"]);
+    let mut c = client(&py, &s, "none", "")
+        .args(["load", "12", "400"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "STARTED", "the load did not start");
+    let t0 = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = s.child.wait().unwrap();
+    let waited = t0.elapsed();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(c.wait().unwrap().success());
+    assert_eq!(status.code(), Some(0), "exit status {status:?}");
+    // 12 × 400 tokens cannot finish in the 4 s grace: the rest were aborted, and every stream
+    // ended with a finish reason and [DONE] (no client error).
+    let results: Vec<serde_json::Value> = serde_json::from_str(rest.trim()).unwrap();
+    assert_eq!(results.len(), 12);
+    for r in &results {
+        assert!(r["error"].is_null(), "{r}");
+        assert!(
+            matches!(r["finish"].as_str(), Some("abort") | Some("length")),
+            "{r}"
+        );
+    }
+    assert!(waited < Duration::from_secs(15), "shutdown took {waited:?}");
+    let log: Vec<String> = s.stderr.try_iter().collect();
+    assert!(
+        log.iter().any(|l| l.contains("grace period over")),
+        "{log:?}"
+    );
+}

@@ -1,0 +1,470 @@
+//! Request bodies of `/v1/completions` and `/v1/chat/completions`, and their checks. A body is
+//! parsed in two passes: JSON syntax first (a malformed body is a 400 naming the position), then
+//! the typed request (a wrong type is a 400 whose `param` is the field's path). Unknown fields are
+//! ignored, as vLLM and llama.cpp do; features quire does not have are refused by name.
+
+use quire_core::{SamplingParams, TokenId, MAX_TOP_LOGPROBS};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenBatches(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ContentInput {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageInput {
+    pub role: String,
+    pub content: Option<ContentInput>,
+}
+
+/// The fields of both endpoints; each endpoint reads its own.
+#[derive(Debug, Default, Deserialize)]
+pub struct GenRequest {
+    pub model: Option<String>,
+    pub prompt: Option<PromptInput>,
+    pub messages: Option<Vec<MessageInput>>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub stop: Option<StopField>,
+    pub seed: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Completions: how many alternatives (an integer). Chat: whether to return logprobs (a bool).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    pub echo: Option<bool>,
+    pub ignore_eos: Option<bool>,
+    pub suffix: Option<String>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub tools: Option<Vec<Value>>,
+    pub response_format: Option<Value>,
+    pub user: Option<String>,
+}
+
+/// Parses a body: 400 on malformed JSON, on a non-object, or on a field of the wrong type.
+pub fn parse_body(body: &[u8]) -> Result<GenRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::bad_request(format!("invalid value for `{path}`: {}", e.inner())).param(path)
+    })
+}
+
+/// Which flavour of logprobs a request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogprobsMode {
+    None,
+    /// `/v1/completions`: `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`.
+    Completion(usize),
+    /// `/v1/chat/completions`: `content: [{token, logprob, bytes, top_logprobs}]`.
+    Chat(usize),
+}
+
+/// Everything but the prompt, checked.
+#[derive(Debug, Clone)]
+pub struct CommonOptions {
+    pub params: SamplingParams,
+    /// `None`: the endpoint's default.
+    pub max_tokens: Option<usize>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub logprobs: LogprobsMode,
+}
+
+fn range_f32(v: Option<f32>, name: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+    match v {
+        Some(x) if !(x.is_finite() && x >= lo && x <= hi) => Err(ApiError::bad_request(format!(
+            "`{name}` must be between {lo} and {hi}, got {x}"
+        ))
+        .param(name)),
+        _ => Ok(v),
+    }
+}
+
+fn unsupported(name: &str, why: &str) -> ApiError {
+    ApiError::bad_request(format!("`{name}` is not supported: {why}")).param(name)
+}
+
+impl GenRequest {
+    /// Checks the fields shared by both endpoints; `chat` selects the logprobs flavour.
+    pub fn common(&self, chat: bool) -> Result<CommonOptions, ApiError> {
+        let mut p = SamplingParams::default();
+        if let Some(t) = range_f32(self.temperature, "temperature", 0.0, 100.0)? {
+            p.temperature = t;
+        }
+        if let Some(v) = self.top_p {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(ApiError::bad_request(format!(
+                    "`top_p` must be in (0, 1], got {v}"
+                ))
+                .param("top_p"));
+            }
+            p.top_p = v;
+        }
+        match self.top_k {
+            None | Some(-1) | Some(0) => {}
+            Some(k) if k > 0 => p.top_k = k as usize,
+            Some(k) => {
+                return Err(ApiError::bad_request(format!(
+                    "`top_k` must be -1 (off) or positive, got {k}"
+                ))
+                .param("top_k"))
+            }
+        }
+        if let Some(v) = range_f32(self.min_p, "min_p", 0.0, 1.0)? {
+            p.min_p = v;
+        }
+        if let Some(v) = range_f32(self.presence_penalty, "presence_penalty", -2.0, 2.0)? {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = range_f32(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)? {
+            p.frequency_penalty = v;
+        }
+        if let Some(v) = range_f32(self.repetition_penalty, "repetition_penalty", 0.01, 100.0)? {
+            p.repetition_penalty = v;
+        }
+        p.seed = self.seed.map(|s| s as u64);
+        p.ignore_eos = self.ignore_eos.unwrap_or(false);
+        p.stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        p.stop.retain(|s| !s.is_empty());
+        if p.stop.len() > 16 {
+            return Err(ApiError::bad_request("`stop` takes at most 16 strings").param("stop"));
+        }
+        let max_tokens = match (self.max_tokens, self.max_completion_tokens) {
+            (Some(_), Some(_)) if chat => {
+                return Err(ApiError::bad_request(
+                    "give `max_tokens` or `max_completion_tokens`, not both",
+                )
+                .param("max_completion_tokens"))
+            }
+            (a, b) => {
+                let (name, v) = if b.is_some() {
+                    ("max_completion_tokens", b)
+                } else {
+                    ("max_tokens", a)
+                };
+                match v {
+                    None => None,
+                    Some(v) if v >= 1 => Some(v as usize),
+                    Some(v) => {
+                        return Err(ApiError::bad_request(format!(
+                            "`{name}` must be at least 1, got {v}"
+                        ))
+                        .param(name))
+                    }
+                }
+            }
+        };
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=16).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(
+                    ApiError::bad_request(format!("`n` must be between 1 and 16, got {n}"))
+                        .param("n"),
+                )
+            }
+        };
+        if let Some(b) = self.best_of {
+            if b as usize != n {
+                return Err(unsupported("best_of", "only best_of = n is served"));
+            }
+        }
+        if self.echo == Some(true) {
+            return Err(unsupported("echo", "the prompt is not returned"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(unsupported("suffix", "no insertion models are served"));
+        }
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(unsupported("logit_bias", "not implemented"));
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(unsupported("tools", "tool calls are not implemented"));
+        }
+        if let Some(f) = &self.response_format {
+            let kind = f.get("type").and_then(Value::as_str);
+            if !(f.is_null() || kind == Some("text")) {
+                return Err(unsupported(
+                    "response_format",
+                    "only {\"type\": \"text\"} is served",
+                ));
+            }
+        }
+        let logprobs = if chat {
+            match &self.logprobs {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => {
+                    if self.top_logprobs.is_some_and(|t| t > 0) {
+                        return Err(ApiError::bad_request(
+                            "`top_logprobs` needs `logprobs: true`",
+                        )
+                        .param("top_logprobs"));
+                    }
+                    LogprobsMode::None
+                }
+                Some(Value::Bool(true)) => {
+                    LogprobsMode::Chat(top_count(self.top_logprobs.unwrap_or(0), "top_logprobs")?)
+                }
+                Some(_) => {
+                    return Err(
+                        ApiError::bad_request("`logprobs` must be a boolean").param("logprobs")
+                    )
+                }
+            }
+        } else {
+            match &self.logprobs {
+                None | Some(Value::Null) => LogprobsMode::None,
+                Some(Value::Number(n)) if n.as_i64().is_some() => {
+                    LogprobsMode::Completion(top_count(n.as_i64().unwrap_or(0), "logprobs")?)
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "`logprobs` must be an integer (alternatives per token)",
+                    )
+                    .param("logprobs"))
+                }
+            }
+        };
+        p.top_logprobs = match logprobs {
+            LogprobsMode::None => 0,
+            LogprobsMode::Completion(k) | LogprobsMode::Chat(k) => k,
+        };
+        p.validate().map_err(ApiError::bad_request)?;
+        let stream = self.stream.unwrap_or(false);
+        let include_usage = self
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        if self.stream_options.is_some() && !stream {
+            return Err(
+                ApiError::bad_request("`stream_options` is only allowed with `stream: true`")
+                    .param("stream_options"),
+            );
+        }
+        Ok(CommonOptions {
+            params: p,
+            max_tokens,
+            n,
+            stream,
+            include_usage,
+            logprobs,
+        })
+    }
+
+    /// The completions prompt(s): texts are tokenized by `encode`, token arrays checked later.
+    pub fn prompts(
+        &self,
+        mut encode: impl FnMut(&str) -> Result<Vec<TokenId>, ApiError>,
+    ) -> Result<Vec<Vec<TokenId>>, ApiError> {
+        let ids = |v: &[u32]| v.iter().map(|&t| TokenId(t)).collect::<Vec<_>>();
+        let prompts = match &self.prompt {
+            None => {
+                return Err(ApiError::bad_request("`prompt` is required").param("prompt"));
+            }
+            Some(PromptInput::Text(t)) => vec![encode(t)?],
+            Some(PromptInput::Texts(v)) => v.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
+            Some(PromptInput::Tokens(v)) => vec![ids(v)],
+            Some(PromptInput::TokenBatches(v)) => v.iter().map(|t| ids(t)).collect(),
+        };
+        if prompts.is_empty() || prompts.len() > 64 {
+            return Err(
+                ApiError::bad_request("`prompt` must hold between 1 and 64 prompts").param("prompt"),
+            );
+        }
+        if prompts.iter().any(Vec::is_empty) {
+            return Err(ApiError::bad_request("the prompt is empty").param("prompt"));
+        }
+        Ok(prompts)
+    }
+
+    /// The chat messages as plain text content.
+    pub fn chat_messages(&self) -> Result<Vec<quire_tokenizer::ChatMessage>, ApiError> {
+        let Some(msgs) = &self.messages else {
+            return Err(ApiError::bad_request("`messages` is required").param("messages"));
+        };
+        if msgs.is_empty() {
+            return Err(ApiError::bad_request("`messages` must not be empty").param("messages"));
+        }
+        let mut out = Vec::with_capacity(msgs.len());
+        for (i, m) in msgs.iter().enumerate() {
+            if !matches!(
+                m.role.as_str(),
+                "system" | "user" | "assistant" | "developer" | "tool"
+            ) {
+                return Err(ApiError::bad_request(format!(
+                    "unknown role `{}` in messages[{i}]",
+                    m.role
+                ))
+                .param(format!("messages[{i}].role")));
+            }
+            let content = match &m.content {
+                None => String::new(),
+                Some(ContentInput::Text(t)) => t.clone(),
+                Some(ContentInput::Parts(parts)) => {
+                    let mut s = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => s.push_str(t),
+                            (kind, _) => {
+                                return Err(ApiError::bad_request(format!(
+                                    "content part of type `{kind}` is not supported (text only)"
+                                ))
+                                .param(format!("messages[{i}].content")))
+                            }
+                        }
+                    }
+                    s
+                }
+            };
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                &m.role
+            };
+            out.push(quire_tokenizer::ChatMessage::new(role, content));
+        }
+        Ok(out)
+    }
+}
+
+fn top_count(v: i64, name: &str) -> Result<usize, ApiError> {
+    if (0..=MAX_TOP_LOGPROBS as i64).contains(&v) {
+        Ok(v as usize)
+    } else {
+        Err(ApiError::bad_request(format!(
+            "`{name}` must be between 0 and {MAX_TOP_LOGPROBS}, got {v}"
+        ))
+        .param(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_and_mistyped_bodies_are_400_with_the_param() {
+        let e = parse_body(b"{\"prompt\": ").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(e.message.contains("not valid JSON"));
+        let e = parse_body(b"[1,2]").unwrap_err();
+        assert!(e.message.contains("object"));
+        let e = parse_body(br#"{"prompt": "x", "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse_body(br#"{"prompt": "x", "stream_options": {"include_usage": 3}}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options.include_usage"));
+    }
+
+    #[test]
+    fn ranges_and_unsupported_features_are_refused_by_name() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"max_tokens": -5}"#, "max_tokens"),
+            (r#"{"top_p": 0}"#, "top_p"),
+            (r#"{"temperature": -1}"#, "temperature"),
+            (r#"{"top_k": -3}"#, "top_k"),
+            (r#"{"n": 0}"#, "n"),
+            (r#"{"logprobs": 99}"#, "logprobs"),
+            (r#"{"echo": true}"#, "echo"),
+            (r#"{"logit_bias": {"1": 5}}"#, "logit_bias"),
+            (r#"{"stream_options": {"include_usage": true}}"#, "stream_options"),
+        ];
+        for (body, param) in cases {
+            let r = parse_body(body.as_bytes()).unwrap();
+            let e = r.common(false).unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(*param), "{body}: {}", e.message);
+        }
+        let r = parse_body(br#"{"logprobs": true, "top_logprobs": 21}"#).unwrap();
+        assert_eq!(r.common(true).unwrap_err().param.as_deref(), Some("top_logprobs"));
+    }
+
+    #[test]
+    fn options_map_to_sampling_params() {
+        let r = parse_body(
+            br#"{"temperature": 0.5, "top_k": 7, "top_p": 0.9, "min_p": 0.1, "seed": 3,
+                 "stop": "END", "max_completion_tokens": 9, "n": 2, "logprobs": true,
+                 "top_logprobs": 4, "stream": true, "stream_options": {"include_usage": true}}"#,
+        )
+        .unwrap();
+        let c = r.common(true).unwrap();
+        assert_eq!(c.params.temperature, 0.5);
+        assert_eq!(c.params.top_k, 7);
+        assert_eq!(c.params.seed, Some(3));
+        assert_eq!(c.params.stop, vec!["END".to_string()]);
+        assert_eq!(c.max_tokens, Some(9));
+        assert_eq!((c.n, c.stream, c.include_usage), (2, true, true));
+        assert_eq!(c.logprobs, LogprobsMode::Chat(4));
+        assert_eq!(c.params.top_logprobs, 4);
+    }
+
+    #[test]
+    fn prompts_in_every_shape() {
+        let enc = |t: &str| Ok(t.bytes().map(|b| TokenId(b as u32)).collect());
+        let r = parse_body(br#"{"prompt": "ab"}"#).unwrap();
+        assert_eq!(r.prompts(enc).unwrap(), vec![vec![TokenId(97), TokenId(98)]]);
+        let r = parse_body(br#"{"prompt": ["a", "b"]}"#).unwrap();
+        assert_eq!(r.prompts(enc).unwrap().len(), 2);
+        let r = parse_body(br#"{"prompt": [1, 2, 3]}"#).unwrap();
+        assert_eq!(r.prompts(enc).unwrap()[0].len(), 3);
+        let r = parse_body(br#"{"prompt": [[1], [2, 3]]}"#).unwrap();
+        assert_eq!(r.prompts(enc).unwrap()[1].len(), 2);
+        let r = parse_body(br#"{"prompt": ""}"#).unwrap();
+        assert!(r.prompts(enc).is_err());
+        let r = parse_body(br#"{"prompt": {"a": 1}}"#).unwrap_err();
+        assert_eq!(r.param.as_deref(), Some("prompt"));
+    }
+}
