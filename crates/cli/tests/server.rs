@@ -48,9 +48,12 @@ impl Server {
         });
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
-            let line = rx
-                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .expect("the server did not start");
+            let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not start");
+            };
             if let Some(at) = line.find("http://") {
                 let url = line[at..].split_whitespace().next().unwrap().to_string();
                 return Server {

@@ -141,10 +141,10 @@ impl GenRequest {
         }
         if let Some(v) = self.top_p {
             if !(v > 0.0 && v <= 1.0) {
-                return Err(ApiError::bad_request(format!(
-                    "`top_p` must be in (0, 1], got {v}"
-                ))
-                .param("top_p"));
+                return Err(
+                    ApiError::bad_request(format!("`top_p` must be in (0, 1], got {v}"))
+                        .param("top_p"),
+                );
             }
             p.top_p = v;
         }
@@ -246,10 +246,10 @@ impl GenRequest {
             match &self.logprobs {
                 None | Some(Value::Null) | Some(Value::Bool(false)) => {
                     if self.top_logprobs.is_some_and(|t| t > 0) {
-                        return Err(ApiError::bad_request(
-                            "`top_logprobs` needs `logprobs: true`",
-                        )
-                        .param("top_logprobs"));
+                        return Err(
+                            ApiError::bad_request("`top_logprobs` needs `logprobs: true`")
+                                .param("top_logprobs"),
+                        );
                     }
                     LogprobsMode::None
                 }
@@ -288,10 +288,10 @@ impl GenRequest {
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
         if self.stream_options.is_some() && !stream {
-            return Err(
-                ApiError::bad_request("`stream_options` is only allowed with `stream: true`")
-                    .param("stream_options"),
-            );
+            return Err(ApiError::bad_request(
+                "`stream_options` is only allowed with `stream: true`",
+            )
+            .param("stream_options"));
         }
         Ok(CommonOptions {
             params: p,
@@ -320,7 +320,8 @@ impl GenRequest {
         };
         if prompts.is_empty() || prompts.len() > 64 {
             return Err(
-                ApiError::bad_request("`prompt` must hold between 1 and 64 prompts").param("prompt"),
+                ApiError::bad_request("`prompt` must hold between 1 and 64 prompts")
+                    .param("prompt"),
             );
         }
         if prompts.iter().any(Vec::is_empty) {
@@ -403,8 +404,8 @@ mod tests {
         assert!(e.message.contains("object"));
         let e = parse_body(br#"{"prompt": "x", "temperature": "hot"}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("temperature"));
-        let e = parse_body(br#"{"prompt": "x", "stream_options": {"include_usage": 3}}"#)
-            .unwrap_err();
+        let e =
+            parse_body(br#"{"prompt": "x", "stream_options": {"include_usage": 3}}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stream_options.include_usage"));
     }
 
@@ -420,7 +421,10 @@ mod tests {
             (r#"{"logprobs": 99}"#, "logprobs"),
             (r#"{"echo": true}"#, "echo"),
             (r#"{"logit_bias": {"1": 5}}"#, "logit_bias"),
-            (r#"{"stream_options": {"include_usage": true}}"#, "stream_options"),
+            (
+                r#"{"stream_options": {"include_usage": true}}"#,
+                "stream_options",
+            ),
         ];
         for (body, param) in cases {
             let r = parse_body(body.as_bytes()).unwrap();
@@ -429,7 +433,10 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(*param), "{body}: {}", e.message);
         }
         let r = parse_body(br#"{"logprobs": true, "top_logprobs": 21}"#).unwrap();
-        assert_eq!(r.common(true).unwrap_err().param.as_deref(), Some("top_logprobs"));
+        assert_eq!(
+            r.common(true).unwrap_err().param.as_deref(),
+            Some("top_logprobs")
+        );
     }
 
     #[test]
@@ -455,7 +462,10 @@ mod tests {
     fn prompts_in_every_shape() {
         let enc = |t: &str| Ok(t.bytes().map(|b| TokenId(b as u32)).collect());
         let r = parse_body(br#"{"prompt": "ab"}"#).unwrap();
-        assert_eq!(r.prompts(enc).unwrap(), vec![vec![TokenId(97), TokenId(98)]]);
+        assert_eq!(
+            r.prompts(enc).unwrap(),
+            vec![vec![TokenId(97), TokenId(98)]]
+        );
         let r = parse_body(br#"{"prompt": ["a", "b"]}"#).unwrap();
         assert_eq!(r.prompts(enc).unwrap().len(), 2);
         let r = parse_body(br#"{"prompt": [1, 2, 3]}"#).unwrap();

@@ -167,14 +167,17 @@ impl EngineLoop {
             return Err(ApiError::queue_full(self.cfg.max_waiting));
         }
         let n = prompt.len() as u64;
-        let id = self.engine.add_request(prompt, params).map_err(|e| match e {
-            EngineError::InvalidRequest(m) => ApiError::bad_request(m),
-            EngineError::Sched(e @ SchedError::PromptTooLong { .. }) => {
-                ApiError::bad_request(e.to_string()).code("context_length_exceeded")
-            }
-            EngineError::Sched(e) => ApiError::bad_request(e.to_string()),
-            other => ApiError::internal(other.to_string()),
-        })?;
+        let id = self
+            .engine
+            .add_request(prompt, params)
+            .map_err(|e| match e {
+                EngineError::InvalidRequest(m) => ApiError::bad_request(m),
+                EngineError::Sched(e @ SchedError::PromptTooLong { .. }) => {
+                    ApiError::bad_request(e.to_string()).code("context_length_exceeded")
+                }
+                EngineError::Sched(e) => ApiError::bad_request(e.to_string()),
+                other => ApiError::internal(other.to_string()),
+            })?;
         self.metrics.prompt_tokens += n;
         self.subs.insert(
             id,
@@ -277,7 +280,10 @@ impl EngineLoop {
                     .metrics
                     .ttft
                     .observe(now.duration_since(sub.arrival).as_secs_f64()),
-                Some(t) => self.metrics.itl.observe(now.duration_since(t).as_secs_f64()),
+                Some(t) => self
+                    .metrics
+                    .itl
+                    .observe(now.duration_since(t).as_secs_f64()),
             }
             sub.last_token = Some(now);
         }

@@ -96,7 +96,11 @@ fn resolve_max_tokens(
         return Err(ApiError::bad_request(format!(
             "this model's maximum context length is {ctx} tokens, and the prompt has {prompt_len}"
         ))
-        .param(if kind == Kind::Chat { "messages" } else { "prompt" })
+        .param(if kind == Kind::Chat {
+            "messages"
+        } else {
+            "prompt"
+        })
         .code("context_length_exceeded"));
     }
     let room = ctx - prompt_len;
@@ -208,7 +212,8 @@ fn merge_logprobs(mode: LogprobsMode, parts: &[Value]) -> Value {
             json!({ "content": content, "refusal": null })
         }
         LogprobsMode::Completion(_) => {
-            let mut merged = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+            let mut merged =
+                json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
             for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
                 let all: Vec<Value> = parts
                     .iter()
@@ -243,7 +248,10 @@ fn envelope(st: &AppState, kind: Kind, id: &str, stream: bool) -> serde_json::Ma
     m.insert("object".into(), Value::from(object));
     m.insert("created".into(), Value::from(st.created));
     m.insert("model".into(), Value::from(st.model_id.clone()));
-    m.insert("system_fingerprint".into(), Value::from(st.fingerprint.clone()));
+    m.insert(
+        "system_fingerprint".into(),
+        Value::from(st.fingerprint.clone()),
+    );
     m
 }
 
@@ -438,7 +446,7 @@ fn stream_response(
         Some((events, s))
     });
     let events = stream::iter(opening)
-        .chain(body.flat_map(|v| stream::iter(v)))
+        .chain(body.flat_map(stream::iter))
         .map(Ok::<_, Infallible>);
     Sse::new(events)
 }

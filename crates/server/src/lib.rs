@@ -170,10 +170,7 @@ async fn chat_completions(
     generate::run(st, Kind::Chat, vec![prompt], opts, arrival).await
 }
 
-async fn models(
-    State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
+async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.check_auth(&headers)?;
     Ok(axum::Json(json!({
         "object": "list",
@@ -203,7 +200,10 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 async fn metrics(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let text = st.ask(Cmd::Metrics).await?;
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response())

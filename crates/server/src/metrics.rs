@@ -195,7 +195,11 @@ impl Metrics {
             out,
             "# HELP quire_requests_total Finished requests by finish reason.\n# TYPE quire_requests_total counter"
         );
-        for r in [FinishReason::Stop, FinishReason::Length, FinishReason::Abort] {
+        for r in [
+            FinishReason::Stop,
+            FinishReason::Length,
+            FinishReason::Abort,
+        ] {
             let _ = writeln!(
                 out,
                 "quire_requests_total{{finish_reason=\"{}\"}} {}",
