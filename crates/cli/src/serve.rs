@@ -9,10 +9,12 @@ use clap::Args;
 use crate::common::{build_engine, load_model, EngineArgs, ModelArgs};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Endpoints: POST /v1/completions, POST /v1/chat/completions (both with \
+#[command(
+    after_help = "Endpoints: POST /v1/completions, POST /v1/chat/completions (both with \
 \"stream\": true for server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).\n\n\
 Example:\n  quire serve --port 8080 &\n  curl http://127.0.0.1:8080/v1/chat/completions \
--H 'Content-Type: application/json' \\\n    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'")]
+-H 'Content-Type: application/json' \\\n    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 32}'"
+)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
