@@ -69,6 +69,8 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Report each sampled token's log-probability (costs an exp over the vocabulary per token).
+    pub logprobs: bool,
     /// Most likely alternatives to report with each token's log-probability (0 = none, at most 20).
     pub top_logprobs: usize,
 }
@@ -88,6 +90,7 @@ impl Default for SamplingParams {
             max_tokens: 256,
             stop: Vec::new(),
             ignore_eos: false,
+            logprobs: false,
             top_logprobs: 0,
         }
     }

@@ -18,7 +18,9 @@ pub struct Sampler {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: TokenId,
-    pub logprob: f32,
+    /// Log-probability of `token` under the model (before penalties); computed only when the
+    /// request asked for logprobs (`SamplingParams::logprobs` or alternatives), `None` otherwise.
+    pub logprob: Option<f32>,
     pub top: Vec<(TokenId, f32)>,
 }
 
@@ -77,14 +79,16 @@ impl Sampler {
         } else {
             Vec::new()
         };
-        let raw_lse = log_sum_exp(logits);
+        // A pass of exp over the whole vocabulary: only when someone reads the result.
+        let want = self.params.logprobs || n_top > 0;
+        let raw_lse = if want { log_sum_exp(logits) } else { 0.0 };
         self.apply_penalties(logits, history);
         let token = if self.params.is_greedy() {
             argmax(logits)
         } else {
             self.draw(logits)
         };
-        let logprob = logits_raw_logprob(token, &top, raw_lse, logits);
+        let logprob = want.then(|| logits_raw_logprob(token, &top, raw_lse, logits));
         Sampled {
             token: TokenId(token),
             logprob,

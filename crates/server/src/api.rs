@@ -276,6 +276,7 @@ impl GenRequest {
                 }
             }
         };
+        p.logprobs = logprobs != LogprobsMode::None;
         p.top_logprobs = match logprobs {
             LogprobsMode::None => 0,
             LogprobsMode::Completion(k) | LogprobsMode::Chat(k) => k,
