@@ -33,7 +33,7 @@ use crate::generate::Kind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: String,
         source: std::io::Error,
