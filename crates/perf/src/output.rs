@@ -242,6 +242,24 @@ pub fn parse_records(text: &str) -> Result<Vec<Map<String, Value>>, PerfError> {
     }
 }
 
+/// Chart axis numbers without trailing noise: 0.01, 0.5, 2, 40, 1.2k.
+pub fn short_number(v: f64) -> String {
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    if v >= 1e3 {
+        format!("{}k", trim(format!("{:.3}", v / 1e3)))
+    } else if v >= 1.0 {
+        trim(format!("{v:.2}"))
+    } else {
+        trim(format!("{v:.3}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,8 +83,8 @@ impl Roofline {
                 .configure_mesh()
                 .x_desc("arithmetic intensity (FLOP/byte)")
                 .y_desc("GFLOP/s")
-                .x_label_formatter(&|v| short(*v))
-                .y_label_formatter(&|v| short(*v))
+                .x_label_formatter(&|v| crate::output::short_number(*v))
+                .y_label_formatter(&|v| crate::output::short_number(*v))
                 .draw()
                 .map_err(|e| err(&e))?;
 
@@ -164,24 +164,6 @@ impl Roofline {
     }
 }
 
-/// Axis numbers without trailing noise: 0.01, 0.5, 2, 40, 1.2k.
-fn short(v: f64) -> String {
-    let trim = |s: String| {
-        if s.contains('.') {
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        } else {
-            s
-        }
-    };
-    if v >= 1e3 {
-        format!("{}k", trim(format!("{:.3}", v / 1e3)))
-    } else if v >= 1.0 {
-        trim(format!("{v:.2}"))
-    } else {
-        trim(format!("{v:.3}"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,7 +208,7 @@ mod tests {
         assert!(svg.contains("<circle"));
         assert_eq!(r.attainable(1.0), 20.0);
         assert_eq!(r.attainable(100.0), 150.0);
-        assert_eq!(short(0.25), "0.25");
-        assert_eq!(short(2000.0), "2k");
+        assert_eq!(crate::output::short_number(0.25), "0.25");
+        assert_eq!(crate::output::short_number(2000.0), "2k");
     }
 }

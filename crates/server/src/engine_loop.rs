@@ -222,7 +222,11 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
-        let before = self.engine.stats();
+        let preempted_before = self
+            .cfg
+            .step_log
+            .is_some()
+            .then(|| self.engine.stats().preemptions_total);
         let start_unix = unix_now();
         let start = Instant::now();
         let result = self.engine.step();
@@ -257,7 +261,7 @@ impl EngineLoop {
                 "duration_ms": duration.as_secs_f64() * 1e3,
                 "prompt_tokens": s.prompt_tokens_last_step,
                 "decode_tokens": s.decode_tokens_last_step,
-                "preemptions": s.preemptions_total - before.preemptions_total,
+                "preemptions": s.preemptions_total - preempted_before.unwrap_or(0),
                 "running": s.running,
                 "waiting": s.waiting,
                 "kv_blocks_used": s.kv_blocks_used,

@@ -255,14 +255,16 @@ fn envelope(st: &AppState, kind: Kind, id: &str, stream: bool) -> serde_json::Ma
     m
 }
 
-fn choice_stream(
-    index: usize,
-    rx: mpsc::UnboundedReceiver<Event>,
-) -> BoxStream<'static, (usize, Event)> {
-    stream::unfold(rx, move |mut rx| async move {
-        rx.recv().await.map(|e| ((index, e), rx))
-    })
-    .boxed()
+/// The choices' channels as one stream of (choice index, event).
+fn merge(
+    receivers: Vec<mpsc::UnboundedReceiver<Event>>,
+) -> SelectAll<BoxStream<'static, (usize, Event)>> {
+    stream::select_all(receivers.into_iter().enumerate().map(|(index, rx)| {
+        stream::unfold(rx, move |mut rx| async move {
+            rx.recv().await.map(|e| ((index, e), rx))
+        })
+        .boxed()
+    }))
 }
 
 async fn whole_response(
@@ -274,12 +276,7 @@ async fn whole_response(
     opts: CommonOptions,
 ) -> Result<Response, ApiError> {
     let mut choices: Vec<Choice> = (0..receivers.len()).map(|_| Choice::default()).collect();
-    let mut merged: SelectAll<_> = stream::select_all(
-        receivers
-            .into_iter()
-            .enumerate()
-            .map(|(i, rx)| choice_stream(i, rx)),
-    );
+    let mut merged = merge(receivers);
     while let Some((i, ev)) = merged.next().await {
         match ev {
             Event::Output(o) => {
@@ -404,12 +401,7 @@ fn stream_response(
         st,
         kind,
         id,
-        merged: stream::select_all(
-            receivers
-                .into_iter()
-                .enumerate()
-                .map(|(i, rx)| choice_stream(i, rx)),
-        ),
+        merged: merge(receivers),
         choices: (0..n).map(|_| Choice::default()).collect(),
         prompt_tokens,
         opts,

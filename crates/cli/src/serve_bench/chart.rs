@@ -90,7 +90,7 @@ pub fn svg(c: &ChartInput, width: u32, height: u32) -> Result<String> {
             .configure_mesh()
             .x_desc("seconds since start")
             .y_desc("latency (ms)")
-            .y_label_formatter(&|v| short(*v))
+            .y_label_formatter(&|v| quire_perf::output::short_number(*v))
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(|e| err(&e))?;
@@ -129,25 +129,6 @@ pub fn svg(c: &ChartInput, width: u32, height: u32) -> Result<String> {
         root.present().map_err(|e| err(&e))?;
     }
     Ok(out)
-}
-
-/// Axis numbers: 0.5, 20, 1.5k.
-fn short(v: f64) -> String {
-    if v >= 1e3 {
-        format!("{}k", trim(format!("{:.1}", v / 1e3)))
-    } else if v >= 1.0 {
-        trim(format!("{v:.1}"))
-    } else {
-        trim(format!("{v:.3}"))
-    }
-}
-
-fn trim(s: String) -> String {
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
 }
 
 #[cfg(test)]
