@@ -4,6 +4,7 @@
 //! `cpu` is always built and is the test oracle.
 
 pub mod cpu;
+pub mod cuda;
 pub mod weights;
 
 use quire_core::BlockId;
@@ -27,6 +28,10 @@ pub enum BackendError {
     NotBuilt(&'static str),
     #[error("out of memory: {0}")]
     OutOfMemory(String),
+    #[error("CUDA: {0}")]
+    Cuda(String),
+    #[error("kernel {name} did not compile:\n{log}")]
+    Kernel { name: String, log: String },
 }
 
 /// One sequence's share of a flat batch.
@@ -135,10 +140,29 @@ pub trait Executor: Send {
     /// Runs the batch, writing its new K/V into the cache; returns logits
     /// `[batch.logits_indices.len(), vocab_size]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError>;
+    /// Runs the batch and returns the argmax token of each logits row (greedy decoding: the
+    /// first of equal maxima). Backends that can pick on the device override this, so only
+    /// token ids cross to the host.
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
+        let vocab = self.vocab_size();
+        let logits = self.forward(batch)?;
+        Ok(logits.chunks_exact(vocab.max(1)).map(argmax).collect())
+    }
     /// Turns per-op timing on or off (off by default: no overhead).
     fn set_profiling(&mut self, on: bool);
     /// Per-op statistics gathered since the last call; resets them.
     fn take_profile(&mut self) -> Vec<OpStat>;
+}
+
+/// Index of the largest value (the first of equal maxima; NaN never wins).
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &l) in row.iter().enumerate() {
+        if l > row[best] || row[best].is_nan() && !l.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// Bytes per KV-cache token for a config with f32 storage (K and V, all layers).

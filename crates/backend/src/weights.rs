@@ -127,3 +127,47 @@ pub struct ModelWeights {
     /// Per-frequency divisors of Llama 3's RoPE scaling (`rope_freqs.weight`), `[rope_dim / 2]`.
     pub rope_freqs: Option<Vec<f32>>,
 }
+
+impl HostTensor {
+    /// The same values stored as f16 (quantized blocks dequantized).
+    pub fn to_f16_tensor(&self) -> Result<HostTensor, crate::BackendError> {
+        let bytes: Vec<u8> = self
+            .to_f32()?
+            .into_iter()
+            .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        Ok(HostTensor {
+            name: self.name.clone(),
+            dtype: GgmlType::F16,
+            dims: self.dims.clone(),
+            bytes: TensorBytes::owned(bytes),
+        })
+    }
+}
+
+impl ModelWeights {
+    /// The model with every matrix dequantized to f16: on the CPU backend this runs with f32
+    /// activations (no 8-bit activation quantization), the yardstick for backends that compute
+    /// with f16 weights and unquantized activations.
+    pub fn dequantized_f16(&self) -> Result<ModelWeights, crate::BackendError> {
+        let mut w = self.clone();
+        w.tok_embd = w.tok_embd.to_f16_tensor()?;
+        if let Some(o) = &w.output {
+            w.output = Some(o.to_f16_tensor()?);
+        }
+        for l in &mut w.layers {
+            for t in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ] {
+                *t = t.to_f16_tensor()?;
+            }
+        }
+        Ok(w)
+    }
+}

@@ -671,6 +671,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             model: m.clone(),
             backend: a.backend.clone(),
             threads: None,
+            gpu_memory_utilization: 0.9,
         };
         let model = bar.suspend(|| load_model(&margs))?;
         let info = ModelInfo {

@@ -20,6 +20,10 @@ pub struct ModelArgs {
     /// CPU threads [default: all cores]
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// CUDA: fraction of the GPU memory free at start that weights, activations and the KV cache
+    /// may take; the KV pool gets what is left after the weights (unless --num-blocks is given)
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -85,9 +89,39 @@ pub fn executor(
             kv,
             cpu_options(args, kv_dtype),
         )?)),
-        other => {
-            bail!("backend {other} was not built into this binary (build with --features {other})")
+        "cuda" => cuda_executor(model, args, Some(kv.num_blocks), kv.block_size, kv_dtype),
+        other => bail!("unknown backend {other}"),
+    }
+}
+
+/// The CUDA executor; `num_blocks: None` sizes the KV pool from free GPU memory.
+pub fn cuda_executor(
+    model: &LoadedModel,
+    args: &ModelArgs,
+    num_blocks: Option<usize>,
+    block_size: usize,
+    kv_dtype: &str,
+) -> Result<Box<dyn Executor>> {
+    if kv_dtype != "f16" {
+        bail!("the CUDA backend keeps its KV cache in f16: use --kv-dtype f16");
+    }
+    let u = args.gpu_memory_utilization;
+    if !(u > 0.0 && u <= 1.0) {
+        bail!("--gpu-memory-utilization must be in (0, 1] (got {u})");
+    }
+    let opts = quire_backend::cuda::CudaOptions {
+        device: 0,
+        gpu_memory_utilization: u,
+        num_blocks,
+        block_size,
+        ..Default::default()
+    };
+    match quire_backend::cuda::CudaExecutor::new(&model.weights, opts) {
+        Ok(e) => Ok(e),
+        Err(quire_backend::BackendError::NotBuilt(b)) => {
+            bail!("backend {b} was not built into this binary (build with `cargo build --release --features {b}`)")
         }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -119,8 +153,18 @@ pub fn build_engine(
     e: &EngineArgs,
     top_logprobs: usize,
 ) -> Result<Engine> {
-    let kv = kv_spec(model, e)?;
-    let exec = executor(model, m, kv, &e.kv_dtype)?;
+    let exec = if m.backend == "cuda" {
+        if !matches!(e.block_size, 16 | 32 | 64 | 128) {
+            bail!(
+                "--block-size must be 16, 32, 64 or 128 (got {})",
+                e.block_size
+            );
+        }
+        cuda_executor(model, m, e.num_blocks, e.block_size, &e.kv_dtype)?
+    } else {
+        executor(model, m, kv_spec(model, e)?, &e.kv_dtype)?
+    };
+    let kv = exec.kv_spec();
     let ctx = model.weights.config.max_position_embeddings;
     let max_model_len = e
         .max_model_len

@@ -2,11 +2,14 @@
 //! performance toolkit's. Errors end as one line on stderr and a non-zero exit, never a panic.
 
 mod attn_bench;
+#[cfg(feature = "cuda")]
+mod attn_bench_cuda;
 mod bench;
 mod common;
 mod compare;
 mod generate;
 mod info;
+mod make_model;
 mod perplexity;
 mod profile;
 mod roofline;
@@ -56,6 +59,8 @@ enum Command {
     ServeBench(serve_bench::ServeBenchArgs),
     /// Compare two `bench -o json` results: B/A throughput ratios with 95% confidence intervals.
     Compare(compare::CompareArgs),
+    /// Write a random-weight GGUF model of a real model's shapes (for quire vs llama.cpp speed runs).
+    MakeModel(make_model::MakeModelArgs),
 }
 
 fn main() {
@@ -72,6 +77,7 @@ fn main() {
         Command::Compare(a) => compare::run(a),
         Command::Serve(a) => serve::run(a),
         Command::ServeBench(a) => serve_bench::run(a),
+        Command::MakeModel(a) => make_model::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

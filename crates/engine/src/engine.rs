@@ -12,7 +12,7 @@ use quire_kv::KvCacheConfig;
 use quire_sched::{Scheduler, SchedulerConfig};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::runner::{execute, BatchBuffers};
+use crate::runner::{execute, execute_greedy, BatchBuffers};
 use crate::sampler::{Sampled, Sampler};
 use crate::stop::{find_stop, held_back};
 use crate::EngineError;
@@ -240,22 +240,50 @@ impl Engine {
         let tables: Vec<&[quire_core::BlockId]> =
             out.scheduled.iter().map(|s| &s.block_table[..]).collect();
         let vocab = self.exec.vocab_size();
-        let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
-        let now = Instant::now();
+        // When every sampling row wants the plain argmax, the backend may pick on the device.
+        let plain = self.cfg.top_logprobs == 0
+            && out.scheduled.iter().zip(&rows).all(|(s, row)| {
+                row.is_none()
+                    || self
+                        .requests
+                        .get(&s.seq_id)
+                        .is_none_or(|r| r.sampler.is_plain_greedy())
+            });
         let mut sampled = Vec::new();
         let mut picks: Vec<(SeqId, Sampled)> = Vec::new();
-        for (s, row) in out.scheduled.iter().zip(&rows) {
-            let Some(row) = *row else { continue };
-            let Some(req) = self.requests.get_mut(&s.seq_id) else {
-                continue;
-            };
-            self.row.clear();
-            self.row
-                .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
-            let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
-            let pick = req.sampler.sample(&mut self.row, &req.all_tokens, n_top);
-            sampled.push((s.seq_id, pick.token));
-            picks.push((s.seq_id, pick));
+        let now;
+        if plain {
+            let ids = execute_greedy(self.exec.as_mut(), &self.buf, &tables)?;
+            now = Instant::now();
+            for (s, row) in out.scheduled.iter().zip(&rows) {
+                let Some(row) = *row else { continue };
+                if !self.requests.contains_key(&s.seq_id) {
+                    continue;
+                }
+                let pick = Sampled {
+                    token: quire_core::TokenId(ids[row]),
+                    logprob: None,
+                    top: Vec::new(),
+                };
+                sampled.push((s.seq_id, pick.token));
+                picks.push((s.seq_id, pick));
+            }
+        } else {
+            let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
+            now = Instant::now();
+            for (s, row) in out.scheduled.iter().zip(&rows) {
+                let Some(row) = *row else { continue };
+                let Some(req) = self.requests.get_mut(&s.seq_id) else {
+                    continue;
+                };
+                self.row.clear();
+                self.row
+                    .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+                let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
+                let pick = req.sampler.sample(&mut self.row, &req.all_tokens, n_top);
+                sampled.push((s.seq_id, pick.token));
+                picks.push((s.seq_id, pick));
+            }
         }
         let length_done: HashMap<SeqId, FinishReason> = self
             .sched

@@ -55,8 +55,23 @@ pub fn execute<'a>(
     buf: &BatchBuffers,
     tables: &[&[BlockId]],
 ) -> Result<&'a [f32], BackendError> {
-    let seqs: Vec<SeqBatch> = buf
-        .ranges
+    let seqs = seq_batches(buf, tables);
+    exec.forward(&batch_of(buf, &seqs))
+}
+
+/// Runs a filled batch and returns the argmax token of each logits row (greedy rows only: the
+/// backend may pick on the device and send back token ids alone).
+pub fn execute_greedy(
+    exec: &mut dyn Executor,
+    buf: &BatchBuffers,
+    tables: &[&[BlockId]],
+) -> Result<Vec<u32>, BackendError> {
+    let seqs = seq_batches(buf, tables);
+    exec.forward_greedy(&batch_of(buf, &seqs))
+}
+
+fn seq_batches<'a>(buf: &BatchBuffers, tables: &[&'a [BlockId]]) -> Vec<SeqBatch<'a>> {
+    buf.ranges
         .iter()
         .zip(tables)
         .map(
@@ -67,14 +82,17 @@ pub fn execute<'a>(
                 block_table,
             },
         )
-        .collect();
-    exec.forward(&ForwardBatch {
+        .collect()
+}
+
+fn batch_of<'a>(buf: &'a BatchBuffers, seqs: &'a [SeqBatch<'a>]) -> ForwardBatch<'a> {
+    ForwardBatch {
         token_ids: &buf.token_ids,
         positions: &buf.positions,
         slot_mapping: &buf.slot_mapping,
-        seqs: &seqs,
+        seqs,
         logits_indices: &buf.logits_indices,
-    })
+    }
 }
 
 /// One sequence from an empty cache through blocks `0..`, outside the scheduler: logits of the

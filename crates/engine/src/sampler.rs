@@ -71,6 +71,18 @@ impl Sampler {
         }
     }
 
+    /// True when the next token is the plain argmax of the logits: greedy, no penalties, no
+    /// log-probabilities asked (the backend may then pick on the device).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy()
+            && !p.logprobs
+            && p.top_logprobs == 0
+            && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
     /// Picks the next token. `logits` may be modified. `n_top` alternatives are reported with
     /// log-probabilities of the unmodified model distribution.
     pub fn sample(&mut self, logits: &mut [f32], history: &[TokenId], n_top: usize) -> Sampled {
@@ -156,15 +168,7 @@ impl Sampler {
 }
 
 /// Index of the largest logit (the lowest index among equals).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use quire_backend::argmax;
 
 pub fn log_sum_exp(logits: &[f32]) -> f32 {
     let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);

@@ -106,11 +106,47 @@ pub fn paged_attention<T: KvElem>(
         "block_size × GQA group too large"
     );
     let q_row = p.num_heads * p.head_dim;
+    debug_assert_eq!(out.len(), slot_mapping.len() * q_row);
     let k_cache: &[T] = k_cache;
     let v_cache: &[T] = v_cache;
+    #[cfg(target_arch = "x86_64")]
+    if p.f16_accum && tiled::supports(p.head_dim) {
+        if let (Some(k), Some(v)) = (T::as_f16(k_cache), T::as_f16(v_cache)) {
+            attend_tiled(par, p, q, q_stride, seqs, k, v, out);
+            return;
+        }
+    }
+    attend_one_row(
+        par,
+        p,
+        q,
+        q_stride,
+        slot_mapping.len(),
+        seqs,
+        k_cache,
+        v_cache,
+        out,
+    );
+}
+
+/// Every query token × KV group by `attend_group` or `attend_group_f16_accum`: the reference the
+/// tiled kernel is tested against, and the path for what it does not handle.
+#[allow(clippy::too_many_arguments)]
+fn attend_one_row<T: KvElem>(
+    par: &dyn super::team::Parallel,
+    p: &AttnParams,
+    q: &[f32],
+    q_stride: usize,
+    num_tokens: usize,
+    seqs: &[SeqBatch],
+    k_cache: &[T],
+    v_cache: &[T],
+    out: &mut [f32],
+) {
+    let group = p.num_heads / p.num_kv_heads;
     // One work item per (token, kv head): it owns `group` contiguous heads of `out`. Tasks take
     // runs of items; a decode's few items go one per task.
-    let items = slot_mapping.len() * p.num_kv_heads;
+    let items = num_tokens * p.num_kv_heads;
     let per_task = items.div_ceil(par.threads() * 8).max(1);
     let o = super::team::DisjointPtr::new(out);
     let width = group * p.head_dim;
@@ -133,7 +169,67 @@ pub fn paged_attention<T: KvElem>(
             }
         }
     });
-    debug_assert_eq!(out.len(), slot_mapping.len() * q_row);
+}
+
+/// The f16-accumulator path by tiles (`tiled`): each sequence's new tokens in runs of
+/// `tile_tokens`, per KV head. A lone decode token is split further, one tile per query head, so
+/// that a single sequence still spreads over the threads. Tiles go to the threads largest first
+/// (cost ∝ rows × keys), one per task, which balances a causal prefill's growing rows.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn attend_tiled(
+    par: &dyn super::team::Parallel,
+    p: &AttnParams,
+    q: &[f32],
+    q_stride: usize,
+    seqs: &[SeqBatch],
+    k_cache: &[f16],
+    v_cache: &[f16],
+    out: &mut [f32],
+) {
+    let group = p.num_heads / p.num_kv_heads;
+    let per_tile = tiled::tile_tokens(group);
+    // (cost, seq, first token of the tile in the sequence's chunk, tokens, first head, heads)
+    let mut tiles: Vec<(usize, usize, usize, usize, usize, usize)> = Vec::new();
+    let tokens: usize = seqs.iter().map(|s| s.query_len).sum();
+    let split_heads = tokens * p.num_kv_heads < 2 * par.threads();
+    for (si, s) in seqs.iter().enumerate() {
+        let past = s.seq_len - s.query_len;
+        for i0 in (0..s.query_len).step_by(per_tile) {
+            let n = per_tile.min(s.query_len - i0);
+            let cost = n * (past + i0 + n);
+            for kvh in 0..p.num_kv_heads {
+                if split_heads {
+                    for g in 0..group {
+                        tiles.push((cost, si, i0, n, kvh * group + g, 1));
+                    }
+                } else {
+                    tiles.push((cost * group, si, i0, n, kvh * group, group));
+                }
+            }
+        }
+    }
+    tiles.sort_by_key(|t| std::cmp::Reverse(t.0));
+    let o = super::team::DisjointPtr::new(out);
+    let q_row = p.num_heads * p.head_dim;
+    par.run_tasks(tiles.len(), &|task| {
+        let (_, si, i0, n, h0, nh) = tiles[task];
+        let s = &seqs[si];
+        let t = tiled::Tile {
+            q,
+            q_stride,
+            t0: s.query_start + i0,
+            ntok: n,
+            g0: h0 % group,
+            ng: nh,
+            ctx0: s.seq_len - s.query_len + i0 + 1,
+            block_table: s.block_table,
+            kvh: h0 / group,
+        };
+        // SAFETY: `attend_tiled` is only called when `tiled::supports` holds; each tile writes
+        // only its own heads of its own tokens, rows inside `out`.
+        unsafe { tiled::attend_tile(p, &t, k_cache, v_cache, o.at(0), q_row) };
+    });
 }
 
 /// Attention of `group` query heads (sharing KV head `kvh`) over the first `ctx` cached tokens.
@@ -458,5 +554,11 @@ pub fn dense_reference(
     out
 }
 
+#[cfg(target_arch = "x86_64")]
+mod expf;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod tiled;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tiled_tests;

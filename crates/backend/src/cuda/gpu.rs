@@ -1,0 +1,284 @@
+//! The device: one context, one stream, one cuBLAS handle. Buffers are plain device allocations
+//! passed to kernels as raw pointers; cudarc's per-slice event tracking is turned off (one stream,
+//! and graph capture needs it off), so the stream's order is the only synchronization.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas_result, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+
+use super::nvrtc::{self, KernelSource};
+use crate::BackendError;
+
+/// Flags of `CudaContext::new_event` (timing events use `CU_EVENT_DEFAULT`).
+pub use cudarc::driver::sys::CUevent_flags as EventFlags;
+
+pub(crate) fn cuda_err(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
+    move |e| BackendError::Cuda(format!("{what}: {e}"))
+}
+
+/// A device allocation and its raw address.
+pub struct DBuf<T> {
+    _buf: CudaSlice<T>,
+    pub ptr: u64,
+    pub len: usize,
+}
+
+impl<T> DBuf<T> {
+    /// Address of element `i`.
+    pub fn at(&self, i: usize) -> u64 {
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+}
+
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    _workspace: CudaSlice<u8>,
+    /// `sm_XY`, the NVRTC target.
+    pub arch: String,
+    pub name: String,
+    pub sms: u32,
+    pub kernels_compiled: std::cell::Cell<usize>,
+}
+
+/// Fails with the library names tried when the CUDA driver, cuBLAS or NVRTC cannot be loaded
+/// (cudarc would panic on first use).
+fn check_libraries() -> Result<(), BackendError> {
+    // SAFETY: only probes whether the libraries can be opened.
+    let (drv, blas) = unsafe { (drv_sys::is_culib_present(), blas_sys::is_culib_present()) };
+    if !drv {
+        return Err(BackendError::Cuda(format!(
+            "the CUDA driver library was not found (tried {}); is an NVIDIA driver installed and on LD_LIBRARY_PATH?",
+            nvrtc::lib_candidates("cuda")
+        )));
+    }
+    if !blas {
+        return Err(BackendError::Cuda(format!(
+            "cuBLAS was not found (tried {}); add the CUDA toolkit's lib directory to LD_LIBRARY_PATH",
+            nvrtc::lib_candidates("cublas")
+        )));
+    }
+    nvrtc::check_nvrtc()
+}
+
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+        check_libraries()?;
+        let n = CudaContext::device_count().map_err(cuda_err("cuDeviceGetCount"))?;
+        if ordinal >= n.max(0) as usize {
+            return Err(BackendError::Cuda(format!(
+                "no CUDA device {ordinal} (found {n})"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating the CUDA context"))?;
+        // SAFETY: quire uses one stream per context and orders all work on it.
+        unsafe { ctx.disable_event_tracking() };
+        // Not the legacy default stream: CUDA graphs cannot capture it.
+        let stream = ctx.new_stream().map_err(cuda_err("creating a stream"))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| BackendError::Cuda(format!("creating the cuBLAS handle: {e}")))?;
+        // A fixed workspace, so cuBLAS allocates nothing while a graph is being captured.
+        let workspace = stream
+            .alloc_zeros::<u8>(CUBLAS_WORKSPACE)
+            .map_err(cuda_err("allocating the cuBLAS workspace"))?;
+        {
+            let (ptr, _) = workspace.device_ptr(&stream);
+            // SAFETY: the workspace lives as long as the handle (both owned by `Gpu`).
+            let r = unsafe {
+                blas_sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, CUBLAS_WORKSPACE)
+            };
+            if r != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(BackendError::Cuda(format!("cublasSetWorkspace: {r:?}")));
+            }
+        }
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(cuda_err("compute capability"))?;
+        let sms = ctx
+            .attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(cuda_err("multiprocessor count"))? as u32;
+        Ok(Self {
+            name: ctx.name().unwrap_or_else(|_| "CUDA device".into()),
+            ctx,
+            stream,
+            blas,
+            _workspace: workspace,
+            arch: format!("sm_{major}{minor}"),
+            sms,
+            kernels_compiled: std::cell::Cell::new(0),
+        })
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), BackendError> {
+        self.ctx.mem_get_info().map_err(cuda_err("cuMemGetInfo"))
+    }
+
+    pub fn module(
+        &self,
+        k: &KernelSource,
+        defines: &[(&str, String)],
+    ) -> Result<Arc<CudaModule>, BackendError> {
+        let (cubin, cached) = nvrtc::compile(k, defines, &self.arch)?;
+        if !cached {
+            self.kernels_compiled.set(self.kernels_compiled.get() + 1);
+        }
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+            .map_err(cuda_err(k.name))
+    }
+
+    pub fn function(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, BackendError> {
+        m.load_function(name)
+            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))
+    }
+
+    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<DBuf<T>, BackendError> {
+        let buf = self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| {
+            BackendError::OutOfMemory(format!(
+                "allocating {} MiB on the GPU: {e}",
+                (len * std::mem::size_of::<T>()) >> 20
+            ))
+        })?;
+        let (ptr, _) = buf.device_ptr(&self.stream);
+        Ok(DBuf {
+            ptr,
+            len,
+            _buf: buf,
+        })
+    }
+
+    pub fn upload<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        data: &[T],
+    ) -> Result<DBuf<T>, BackendError> {
+        let mut b = self.alloc::<T>(data.len())?;
+        self.htod(data, &mut b, 0)?;
+        Ok(b)
+    }
+
+    /// Copies `data` into `dst` at element `offset` (asynchronous with respect to the host only
+    /// for pinned memory; plain host memory is staged by the driver).
+    pub fn htod<T: DeviceRepr>(
+        &self,
+        data: &[T],
+        dst: &mut DBuf<T>,
+        offset: usize,
+    ) -> Result<(), BackendError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        assert!(offset + data.len() <= dst.len, "htod out of range");
+        // SAFETY: the range lies inside `dst`, checked above.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst.at(offset), data, self.stream.cu_stream())
+        }
+        .map_err(cuda_err("host-to-device copy"))
+    }
+
+    pub fn dtoh<T: DeviceRepr>(&self, src: &DBuf<T>, out: &mut [T]) -> Result<(), BackendError> {
+        assert!(out.len() <= src.len, "dtoh out of range");
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside `src`, checked above.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src.ptr, self.stream.cu_stream()) }
+            .map_err(cuda_err("device-to-host copy"))?;
+        self.sync()
+    }
+
+    pub fn sync(&self) -> Result<(), BackendError> {
+        self.stream.synchronize().map_err(cuda_err("synchronize"))
+    }
+
+    /// `y[n, out] (f32) = x[n, in] (f16) · w[out, in]ᵀ (f16) + beta · y`, f32 accumulation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f16(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        n: usize,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let alpha = 1.0f32;
+        // Row-major y[n, out] is column-major [out, n] = wᵀ(col-major [in, out])ᵀ · x(col-major [in, n]).
+        // SAFETY: the caller passes device buffers of the stated shapes.
+        unsafe {
+            blas_result::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                n as i32,
+                k_in as i32,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                k_in as i32,
+                x as *const _,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                k_in as i32,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                out as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| BackendError::Cuda(format!("cuBLAS GEMM {n}x{k_in}x{out}: {e}")))
+    }
+}
+
+/// One kernel argument: a device pointer, an `int`, a `long` or a `float`.
+#[derive(Debug, Clone, Copy)]
+pub enum KArg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+impl Gpu {
+    /// Launches `f` on the stream; `args` must match the kernel's parameter list (see its .cu file).
+    pub fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        args: &[KArg],
+    ) -> Result<(), BackendError> {
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                KArg::P(v) => b.arg(v),
+                KArg::I(v) => b.arg(v),
+                KArg::L(v) => b.arg(v),
+                KArg::F(v) => b.arg(v),
+            };
+        }
+        // SAFETY: the caller matches `args` to the kernel's signature; buffers are live device
+        // allocations of the sizes the kernel indexes.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(cuda_err("kernel launch"))
+    }
+}

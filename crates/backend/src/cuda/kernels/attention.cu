@@ -1,0 +1,227 @@
+// Paged attention over the f16 KV cache, for any mixed batch (prompt chunks and decodes), with the
+// step's own K/V written into their cache slots by the same launch (the fused KV write).
+//
+// One CTA per (query row, KV head, split of the keys): the GQA group's query heads share every K/V
+// row load. A warp takes 32 keys at a time: in the K phase each lane scores one key against all the
+// group's heads (16-byte loads of the key row), then the warp's online softmax, then in the V phase
+// each lane owns HEAD_DIM/32 output dims and walks the 32 keys. Warps merge in shared memory; splits
+// (flash-decoding) merge in `attention_reduce`.
+//
+// Keys of this step (positions >= seq_len - query_len) are read from the QKV rows, rounded to f16,
+// not from the cache: another CTA of this launch may not have written them yet.
+//
+// Compile-time: HEAD_DIM (64, 128 or 256), GQA (query heads per KV head).
+
+#define WARPS 4
+#define DPL (HEAD_DIM / 32)
+
+struct __align__(16) SeqInfo {
+    int query_start, query_len, seq_len, bt_offset;
+};
+
+__device__ __forceinline__ void load8(const float* __restrict__ p, float* v) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = h2f(f2h(a.x)); v[1] = h2f(f2h(a.y)); v[2] = h2f(f2h(a.z)); v[3] = h2f(f2h(a.w));
+    v[4] = h2f(f2h(b.x)); v[5] = h2f(f2h(b.y)); v[6] = h2f(f2h(b.z)); v[7] = h2f(f2h(b.w));
+}
+
+__device__ __forceinline__ void load8(const half_t* __restrict__ p, float* v) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = h2f((half_t)(w[i] & 0xffff));
+        v[2 * i + 1] = h2f((half_t)(w[i] >> 16));
+    }
+}
+
+// qkv: [n, qkv_stride] (q | k | v, after RoPE); k_cache, v_cache: [num_slots, num_kv_heads, HEAD_DIM]
+// row_seq: [n]; seqs: [num_seqs]; block_tables: flat, seq i's at seqs[i].bt_offset; slot_mapping: [n]
+// out: [n, num_heads * HEAD_DIM] f16 (one split); part_acc: [n, num_heads, splits, HEAD_DIM];
+// part_ml: [n, num_heads, splits] (max, sum)
+// grid: (n, num_kv_heads, splits); block: 32 * WARPS
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
+paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__ k_cache,
+                half_t* __restrict__ v_cache, const int* __restrict__ row_seq,
+                const SeqInfo* __restrict__ seqs, const int* __restrict__ block_tables,
+                const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
+                float scale, half_t* __restrict__ out,
+                float* __restrict__ part_acc, float2* __restrict__ part_ml) {
+    __shared__ __align__(16) float q_s[GQA][HEAD_DIM];
+    __shared__ float p_s[WARPS][GQA][32];
+    __shared__ __align__(16) float acc_s[WARPS][GQA][HEAD_DIM];
+    __shared__ float m_s[WARPS][GQA], l_s[WARPS][GQA];
+
+    const int row = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int num_heads = num_kv_heads * GQA;
+    const int q_size = num_heads * HEAD_DIM, kv_size = num_kv_heads * HEAD_DIM;
+    const SeqInfo s = seqs[row_seq[row]];
+    const int first_new = s.seq_len - s.query_len;
+    const int ctx = first_new + (row - s.query_start) + 1;  // causal: keys 0..=pos
+    const float* qrow = qkv + (long)row * qkv_stride;
+
+    if (split == 0) {  // the fused KV write
+        const long dst = ((long)slot_mapping[row] * num_kv_heads + kvh) * HEAD_DIM;
+        for (int d = tid; d < HEAD_DIM; d += blockDim.x) {
+            k_cache[dst + d] = f2h(qrow[q_size + kvh * HEAD_DIM + d]);
+            v_cache[dst + d] = f2h(qrow[q_size + kv_size + kvh * HEAD_DIM + d]);
+        }
+    }
+    // Each row divides its own keys into `splits` parts of whole warp chunks, so a launch's shape
+    // depends only on the batch size (graph-friendly) and short rows leave their last splits empty.
+    const int keys_per_split = ((ctx + splits - 1) / splits + 31) & ~31;
+    const int start = split * keys_per_split;
+    const int end = min(ctx, start + keys_per_split);
+    const long part = ((long)row * num_heads + kvh * GQA) * splits + split;
+    if (start >= end) {  // an empty split: nothing to merge
+        if (tid < GQA) part_ml[part + (long)tid * splits] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    for (int i = tid; i < GQA * HEAD_DIM; i += blockDim.x)
+        q_s[i / HEAD_DIM][i % HEAD_DIM] = qrow[kvh * GQA * HEAD_DIM + i] * scale;
+    __syncthreads();
+
+    const int block_mask = (1 << block_size_log2) - 1;
+    const int* bt = block_tables + s.bt_offset;
+    float m[GQA], l[GQA], acc[GQA][DPL];
+#pragma unroll
+    for (int g = 0; g < GQA; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
+    }
+
+    for (int c = start + warp * 32; c < end; c += WARPS * 32) {
+        // K phase: lane scores key j.
+        const int j = c + lane;
+        long src = 0;  // >= 0: cache row offset; < 0: -(1 + QKV row) of a key of this step
+        float sc[GQA];
+#pragma unroll
+        for (int g = 0; g < GQA; g++) sc[g] = 0.0f;
+        if (j < end) {
+            float k[8];
+            if (j >= first_new) {
+                const int r = s.query_start + (j - first_new);
+                src = -1 - (long)r;
+                const float* kp = qkv + (long)r * qkv_stride + q_size + kvh * HEAD_DIM;
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM; d += 8) {
+                    load8(kp + d, k);
+#pragma unroll
+                    for (int g = 0; g < GQA; g++) {
+                        const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][d]);
+                        const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][d + 4]);
+                        sc[g] += qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] +
+                                 qb.x * k[4] + qb.y * k[5] + qb.z * k[6] + qb.w * k[7];
+                    }
+                }
+            } else {
+                const long slot = (long)bt[j >> block_size_log2] * (block_mask + 1) + (j & block_mask);
+                src = (slot * num_kv_heads + kvh) * HEAD_DIM;
+                const half_t* kp = k_cache + src;
+#pragma unroll
+                for (int d = 0; d < HEAD_DIM; d += 8) {
+                    load8(kp + d, k);
+#pragma unroll
+                    for (int g = 0; g < GQA; g++) {
+                        const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][d]);
+                        const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][d + 4]);
+                        sc[g] += qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] +
+                                 qb.x * k[4] + qb.y * k[5] + qb.z * k[6] + qb.w * k[7];
+                    }
+                }
+            }
+        }
+        // Online softmax over the warp's 32 keys.
+#pragma unroll
+        for (int g = 0; g < GQA; g++) {
+            const float cmax = warp_max(j < end ? sc[g] : -INFINITY);
+            const float m_new = fmaxf(m[g], cmax);
+            const float corr = __expf(m[g] - m_new);
+            const float p = j < end ? __expf(sc[g] - m_new) : 0.0f;
+            l[g] = l[g] * corr + warp_sum(p);
+            m[g] = m_new;
+            p_s[warp][g][lane] = p;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[g][i] *= corr;
+        }
+        __syncwarp();
+        // V phase: lane owns dims lane * DPL .. + DPL.
+        const int nvalid = min(32, end - c);
+#pragma unroll 8
+        for (int k = 0; k < nvalid; k++) {
+            const long ks = __shfl_sync(0xffffffffu, src, k);
+            float v[DPL];
+            if (ks >= 0) {
+                const half_t* vp = v_cache + ks + lane * DPL;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) v[i] = h2f(vp[i]);
+            } else {
+                const float* vp = qkv + (-1 - ks) * qkv_stride + q_size + kv_size + kvh * HEAD_DIM + lane * DPL;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) v[i] = h2f(f2h(vp[i]));
+            }
+#pragma unroll
+            for (int g = 0; g < GQA; g++) {
+                const float p = p_s[warp][g][k];
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[g][i] = fmaf(p, v[i], acc[g][i]);
+            }
+        }
+        __syncwarp();
+    }
+
+    // Merge the warps.
+#pragma unroll
+    for (int g = 0; g < GQA; g++) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc_s[warp][g][lane * DPL + i] = acc[g][i];
+        if (lane == 0) {
+            m_s[warp][g] = m[g];
+            l_s[warp][g] = l[g];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < GQA * HEAD_DIM; i += blockDim.x) {
+        const int g = i / HEAD_DIM, d = i % HEAD_DIM;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) mx = fmaxf(mx, m_s[w][g]);
+        float sum = 0.0f, a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+            if (m_s[w][g] == -INFINITY) continue;  // a warp that saw no key
+            const float f = __expf(m_s[w][g] - mx);
+            sum += l_s[w][g] * f;
+            a += acc_s[w][g][d] * f;
+        }
+        if (splits == 1) {
+            out[(long)row * q_size + (kvh * GQA + g) * HEAD_DIM + d] = f2h(a / sum);
+        } else {
+            part_acc[(part + (long)g * splits) * HEAD_DIM + d] = a;
+            if (d == 0) part_ml[part + (long)g * splits] = make_float2(mx, sum);
+        }
+    }
+}
+
+// Merges the splits of each (row, head). grid: (n, num_heads); block: HEAD_DIM
+extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc,
+                                            const float2* __restrict__ part_ml, int splits,
+                                            half_t* __restrict__ out) {
+    const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const long base = ((long)row * gridDim.y + head) * splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, part_ml[base + s].x);
+    float sum = 0.0f, a = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float2 ml = part_ml[base + s];
+        if (ml.x == -INFINITY) continue;  // an empty split
+        const float f = __expf(ml.x - mx);
+        sum += ml.y * f;
+        a += part_acc[(base + s) * HEAD_DIM + d] * f;
+    }
+    out[((long)row * gridDim.y + head) * HEAD_DIM + d] = f2h(a / sum);
+}

@@ -1,0 +1,49 @@
+// Shared by every quire kernel file (prepended by the Rust side before NVRTC compiles it).
+// NVRTC 13 ships no cuda_fp16.h, so f16/bf16 conversions are written with PTX here.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+typedef unsigned short half_t;
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float h2f(half_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ half_t f2h(float f) {
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf2f(bf16_t h) {
+    return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    bf16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of up to 1024 threads; every thread gets the result. `red` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    float t = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(t);
+}

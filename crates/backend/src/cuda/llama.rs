@@ -1,0 +1,692 @@
+//! The Llama-family forward pass on CUDA (Llama 2/3, SmolLM2, Mistral, Qwen2's QKV bias, Qwen3's
+//! QK-norm). Weights live on the GPU as f16, stacked like the CPU backend's (QKV, gate+up), so a
+//! layer is four cuBLAS GEMMs and five kernels; the residual adds ride on the GEMMs (beta = 1).
+//! The residual stream is f32; GEMM inputs are f16. The KV cache is f16, one buffer per layer.
+
+use std::collections::HashMap;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaFunction, CudaGraph};
+use half::f16;
+use quire_core::ModelConfig;
+
+use super::attention::{pack_meta, Meta, PagedAttention};
+use super::forward::Step;
+use super::gpu::{DBuf, Gpu, KArg};
+use super::nvrtc;
+use super::CudaOptions;
+use crate::{BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat};
+
+use super::profile::EventProfiler;
+
+pub(super) struct Layer {
+    pub(super) attn_norm: DBuf<f32>,
+    pub(super) wqkv: DBuf<f16>,
+    pub(super) bqkv: Option<DBuf<f32>>,
+    pub(super) q_norm: Option<DBuf<f32>>,
+    pub(super) k_norm: Option<DBuf<f32>>,
+    pub(super) wo: DBuf<f16>,
+    pub(super) ffn_norm: DBuf<f32>,
+    pub(super) w_gate_up: DBuf<f16>,
+    pub(super) w_down: DBuf<f16>,
+    pub(super) k_cache: DBuf<f16>,
+    pub(super) v_cache: DBuf<f16>,
+}
+
+pub(super) struct Kernels {
+    pub(super) rms_norm: CudaFunction,
+    pub(super) embed: CudaFunction,
+    pub(super) swiglu: CudaFunction,
+    pub(super) rope: CudaFunction,
+    pub(super) argmax: CudaFunction,
+    pub(super) attention: PagedAttention,
+}
+
+/// Device activations, grown to the largest batch seen.
+#[derive(Default)]
+pub(super) struct Scratch {
+    tokens: usize,
+    pub(super) x: Option<DBuf<f32>>,      // [n, hidden]
+    pub(super) h: Option<DBuf<f16>>,      // [n, hidden]
+    pub(super) qkv: Option<DBuf<f32>>,    // [n, q + 2kv]
+    pub(super) attn: Option<DBuf<f16>>,   // [n, q]
+    pub(super) gu: Option<DBuf<f32>>,     // [n, 2 inter]
+    pub(super) act: Option<DBuf<f16>>,    // [n, inter]
+    pub(super) logits: Option<DBuf<f32>>, // [n, vocab]
+    pub(super) part_acc: Option<DBuf<f32>>,
+    pub(super) part_ml: Option<DBuf<f32>>,
+    pub(super) meta: Option<DBuf<i32>>,
+    pub(super) ids: Option<DBuf<i32>>,
+}
+
+pub struct CudaExecutor {
+    pub(super) gpu: Gpu,
+    pub(super) cfg: ModelConfig,
+    pub(super) k: Kernels,
+    pub(super) embed: DBuf<f16>,
+    pub(super) output: Option<DBuf<f16>>, // None: tied to `embed`
+    pub(super) output_norm: DBuf<f32>,
+    pub(super) rope_cs: DBuf<f32>, // [max_pos, pairs, 2]
+    max_pos: usize,
+    pub(super) layers: Vec<Layer>,
+    pub(super) kv: KvCacheSpec,
+    pub(super) s: Scratch,
+    host_logits: Vec<f32>,
+    host_ids: Vec<i32>,
+    meta_host: Vec<i32>,
+    pub(super) prof: EventProfiler,
+    weight_bytes: usize,
+    use_graphs: bool,
+    /// Decode graphs by padded batch size.
+    graphs: HashMap<usize, Graph>,
+}
+
+/// A captured decode graph. cudarc leaves `CudaGraph` `!Send` (it holds raw driver handles); the
+/// executor moves between threads (built on one, stepped on the engine's) but is used by one at a
+/// time, and binds its context before every use.
+struct Graph(CudaGraph);
+// SAFETY: see above; CUDA graph handles are not tied to the thread that created them.
+unsafe impl Send for Graph {}
+
+/// A 2-D weight `[rows, row_len]` as f16 on the host (dequantized when stored quantized).
+fn to_f16(t: &HostTensor) -> Result<Vec<f16>, BackendError> {
+    use quire_gguf::GgmlType;
+    Ok(match t.dtype {
+        GgmlType::F16 => t
+            .bytes
+            .as_slice()
+            .chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        _ => t.to_f32()?.into_iter().map(f16::from_f32).collect(),
+    })
+}
+
+fn check_shape(t: &HostTensor, row_len: usize, rows: usize) -> Result<(), BackendError> {
+    if t.row_len() != row_len || t.rows() != rows {
+        return Err(BackendError::Shape {
+            name: t.name.clone(),
+            got: t.dims.clone(),
+            expected: vec![row_len, rows],
+        });
+    }
+    Ok(())
+}
+
+/// Uploads `parts` (each `[rows_i, row_len]`) stacked by rows into one f16 matrix.
+fn upload_stacked(
+    gpu: &Gpu,
+    parts: &[&HostTensor],
+    row_len: usize,
+    rows: &[usize],
+) -> Result<DBuf<f16>, BackendError> {
+    let total: usize = rows.iter().sum();
+    let mut buf = gpu.alloc::<f16>(total * row_len)?;
+    let mut off = 0;
+    for (t, &r) in parts.iter().zip(rows) {
+        check_shape(t, row_len, r)?;
+        gpu.htod(&to_f16(t)?, &mut buf, off)?;
+        off += r * row_len;
+    }
+    Ok(buf)
+}
+
+fn upload_vec(gpu: &Gpu, t: &HostTensor, len: usize) -> Result<DBuf<f32>, BackendError> {
+    if t.n_elements() != len {
+        return Err(BackendError::Shape {
+            name: t.name.clone(),
+            got: t.dims.clone(),
+            expected: vec![len],
+        });
+    }
+    gpu.upload(&t.to_f32()?)
+}
+
+impl CudaExecutor {
+    // Boxed: callers hold executors as `Box<dyn Executor>`, and the stand-in has nothing else to return.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(w: &ModelWeights, opts: CudaOptions) -> Result<Box<dyn Executor>, BackendError> {
+        Ok(Box::new(Self::create(w, opts)?))
+    }
+
+    pub fn create(w: &ModelWeights, opts: CudaOptions) -> Result<Self, BackendError> {
+        let c = &w.config;
+        c.validate().map_err(BackendError::Config)?;
+        let bs = opts.block_size;
+        if !matches!(bs, 16 | 32 | 64 | 128) {
+            return Err(BackendError::Config(format!(
+                "block size must be 16, 32, 64 or 128 (got {bs})"
+            )));
+        }
+        if !matches!(c.head_dim, 64 | 128 | 256) || !c.num_heads.is_multiple_of(c.num_kv_heads) {
+            return Err(BackendError::Config(format!(
+                "the CUDA backend supports head_dim 64, 128 or 256 (got {})",
+                c.head_dim
+            )));
+        }
+        let gqa = c.num_heads / c.num_kv_heads;
+        if gqa > 8 {
+            return Err(BackendError::Config(format!(
+                "the CUDA backend supports up to 8 query heads per KV head (got {gqa})"
+            )));
+        }
+        let gpu = Gpu::new(opts.device)?;
+        let (free_before, total) = gpu.mem_info()?;
+        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let weight_bytes = 2
+            * (c.num_layers * (hd * (qs + 2 * kvs) + qs * hd + 3 * hd * inter)
+                + hd * c.vocab_size * if w.output.is_some() { 2 } else { 1 });
+        if weight_bytes as f64 > free_before as f64 * opts.gpu_memory_utilization as f64 {
+            return Err(BackendError::OutOfMemory(format!(
+                "the model needs {:.1} GiB as f16 but {:.1} GiB of {:.1} GiB is free on {} (x {} utilization)",
+                weight_bytes as f64 / (1u64 << 30) as f64,
+                free_before as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64,
+                gpu.name,
+                opts.gpu_memory_utilization
+            )));
+        }
+
+        let norm = gpu.module(&nvrtc::NORM, &[])?;
+        let embed_m = gpu.module(&nvrtc::EMBED, &[])?;
+        let act = gpu.module(&nvrtc::ACTIVATION, &[])?;
+        let rope = gpu.module(&nvrtc::ROPE, &[])?;
+        let sample = gpu.module(&nvrtc::SAMPLE, &[])?;
+        let k = Kernels {
+            rms_norm: Gpu::function(&norm, "rms_norm_f16")?,
+            embed: Gpu::function(&embed_m, "embed_f16")?,
+            swiglu: Gpu::function(&act, "swiglu_f16")?,
+            rope: Gpu::function(&rope, "rope_qkv")?,
+            argmax: Gpu::function(&sample, "argmax_rows")?,
+            attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?,
+        };
+
+        check_shape(&w.tok_embd, hd, c.vocab_size)?;
+        let embed = gpu.upload(&to_f16(&w.tok_embd)?)?;
+        let output = match &w.output {
+            Some(t) => {
+                check_shape(t, hd, c.vocab_size)?;
+                Some(gpu.upload(&to_f16(t)?)?)
+            }
+            None => None,
+        };
+        if w.layers.len() != c.num_layers {
+            return Err(BackendError::Config(format!(
+                "config says {} layers, weights have {}",
+                c.num_layers,
+                w.layers.len()
+            )));
+        }
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for l in &w.layers {
+            let bqkv = match (&l.bq, &l.bk, &l.bv) {
+                (Some(bq), Some(bk), Some(bv)) => {
+                    let mut b = bq.to_f32()?;
+                    b.extend(bk.to_f32()?);
+                    b.extend(bv.to_f32()?);
+                    if b.len() != qs + 2 * kvs {
+                        return Err(BackendError::Config("QKV bias has the wrong length".into()));
+                    }
+                    Some(gpu.upload(&b)?)
+                }
+                (None, None, None) => None,
+                _ => {
+                    return Err(BackendError::Config(
+                        "Q, K and V biases must come together".into(),
+                    ))
+                }
+            };
+            let opt_vec = |t: &Option<HostTensor>| {
+                t.as_ref()
+                    .map(|t| upload_vec(&gpu, t, c.head_dim))
+                    .transpose()
+            };
+            layers.push(Layer {
+                attn_norm: upload_vec(&gpu, &l.attn_norm, hd)?,
+                wqkv: upload_stacked(&gpu, &[&l.wq, &l.wk, &l.wv], hd, &[qs, kvs, kvs])?,
+                bqkv,
+                q_norm: opt_vec(&l.q_norm)?,
+                k_norm: opt_vec(&l.k_norm)?,
+                wo: upload_stacked(&gpu, &[&l.wo], qs, &[hd])?,
+                ffn_norm: upload_vec(&gpu, &l.ffn_norm, hd)?,
+                w_gate_up: upload_stacked(&gpu, &[&l.w_gate, &l.w_up], hd, &[inter, inter])?,
+                w_down: upload_stacked(&gpu, &[&l.w_down], inter, &[hd])?,
+                // The caches come below, once their size is known.
+                k_cache: gpu.alloc::<f16>(0)?,
+                v_cache: gpu.alloc::<f16>(0)?,
+            });
+        }
+        let output_norm = upload_vec(&gpu, &w.output_norm, hd)?;
+
+        // The KV pool: what the utilization leaves after weights and a reserve for activations.
+        let per_block = 2 * c.num_layers * bs * kvs * 2;
+        let num_blocks = match opts.num_blocks {
+            Some(n) => n,
+            None => {
+                let (free_now, _) = gpu.mem_info()?;
+                let used = free_before.saturating_sub(free_now);
+                let budget = (free_before as f64 * opts.gpu_memory_utilization as f64) as usize;
+                let reserve = 512usize << 20;
+                budget.saturating_sub(used + reserve) / per_block
+            }
+        };
+        if num_blocks == 0 {
+            return Err(BackendError::OutOfMemory(format!(
+                "no room for a KV-cache block on {} after the weights; raise --gpu-memory-utilization",
+                gpu.name
+            )));
+        }
+        // One block more than the engine sees: padding rows of decode graphs write there.
+        let slots = (num_blocks + 1) * bs * kvs;
+        for l in &mut layers {
+            l.k_cache = gpu.alloc::<f16>(slots)?;
+            l.v_cache = gpu.alloc::<f16>(slots)?;
+        }
+        let max_pos = c.max_position_embeddings.min(num_blocks * bs).max(1);
+        let table =
+            crate::cpu::ops::RopeTable::new(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref());
+        let mut cs = Vec::with_capacity(max_pos * c.rope_dim);
+        let mut tmp = Vec::new();
+        for p in 0..max_pos {
+            table.angles(p as u32, &mut tmp);
+            cs.extend(tmp.iter().flat_map(|&(co, si)| [co, si]));
+        }
+        let rope_cs = gpu.upload(&cs)?;
+        gpu.sync()?;
+        Ok(Self {
+            cfg: c.clone(),
+            k,
+            embed,
+            output,
+            output_norm,
+            rope_cs,
+            max_pos,
+            layers,
+            kv: KvCacheSpec {
+                num_blocks,
+                block_size: bs,
+            },
+            s: Scratch::default(),
+            host_logits: vec![],
+            host_ids: vec![],
+            meta_host: vec![],
+            prof: EventProfiler::default(),
+            weight_bytes,
+            use_graphs: opts.graphs,
+            graphs: HashMap::new(),
+            gpu,
+        })
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.gpu.name
+    }
+
+    /// Bytes of weights one forward pass reads (f16).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// NVRTC compilations this process made (0 when every kernel came from the disk cache).
+    pub fn kernels_compiled(&self) -> usize {
+        self.gpu.kernels_compiled.get()
+    }
+
+    /// Grows the activations to `n` tokens, `nl` logits rows, `part` attention partials and
+    /// `meta` metadata words; true when anything moved (captured graphs are then stale).
+    fn grow(
+        &mut self,
+        n: usize,
+        nl: usize,
+        part: usize,
+        meta: usize,
+    ) -> Result<bool, BackendError> {
+        let c = &self.cfg;
+        let g = &self.gpu;
+        let s = &mut self.s;
+        let mut moved = false;
+        if n > s.tokens {
+            moved = true;
+            let cap = n.next_power_of_two().max(16);
+            let (hd, qs, kvs, inter) =
+                (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+            s.x = Some(g.alloc(cap * hd)?);
+            s.h = Some(g.alloc(cap * hd)?);
+            s.qkv = Some(g.alloc(cap * (qs + 2 * kvs))?);
+            s.attn = Some(g.alloc(cap * qs)?);
+            s.gu = Some(g.alloc(cap * 2 * inter)?);
+            s.act = Some(g.alloc(cap * inter)?);
+            s.tokens = cap;
+        }
+        if s.logits.as_ref().is_none_or(|b| b.len < nl * c.vocab_size) {
+            let rows = nl.next_power_of_two();
+            s.logits = Some(g.alloc(rows * c.vocab_size)?);
+            s.ids = Some(g.alloc(rows)?);
+            moved = true;
+        }
+        if s.part_acc
+            .as_ref()
+            .is_none_or(|b| b.len < part * c.head_dim)
+        {
+            s.part_acc = Some(g.alloc(part.next_power_of_two() * c.head_dim)?);
+            s.part_ml = Some(g.alloc(part.next_power_of_two() * 2)?);
+            moved = true;
+        }
+        if s.meta.as_ref().is_none_or(|b| b.len < meta) {
+            s.meta = Some(g.alloc(meta.next_power_of_two())?);
+            moved = true;
+        }
+        Ok(moved)
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn backend_name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn kv_spec(&self) -> KvCacheSpec {
+        self.kv
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.prof.set(on);
+    }
+
+    fn take_profile(&mut self) -> Vec<OpStat> {
+        self.prof.take()
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
+        self.forward_inner(batch)?;
+        Ok(&self.host_logits)
+    }
+
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
+        self.forward_greedy_inner(batch)?;
+        Ok(self.host_ids.iter().map(|&t| t as u32).collect())
+    }
+}
+
+impl CudaExecutor {
+    fn check_batch(&self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        batch.validate(self.kv.block_size, self.kv.num_blocks)?;
+        if let Some(&bad) = batch
+            .token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.cfg.vocab_size)
+        {
+            return Err(BackendError::InvalidBatch(format!(
+                "token id {bad} is outside the vocabulary"
+            )));
+        }
+        if let Some(&p) = batch
+            .positions
+            .iter()
+            .find(|&&p| p as usize >= self.max_pos)
+        {
+            return Err(BackendError::InvalidBatch(format!(
+                "position {p} is beyond the context this cache was built for ({})",
+                self.max_pos
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs the batch; the logits of `batch.logits_indices` end on the device in `s.logits`.
+    fn run(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        self.check_batch(batch)?;
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(super::gpu::cuda_err("binding the context"))?;
+        let n = batch.num_tokens();
+        let decode_only = batch.seqs.iter().all(|s| s.query_len == 1);
+        let identity = batch
+            .logits_indices
+            .iter()
+            .enumerate()
+            .all(|(i, &r)| i == r as usize)
+            && batch.logits_indices.len() == n;
+        if self.use_graphs && !self.prof.is_on() && decode_only && identity && n <= MAX_GRAPH_BATCH
+        {
+            return self.run_graph(batch);
+        }
+        let c = &self.cfg;
+        let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
+        let plan = self.k.attention.plan(self.gpu.sms, n, max_ctx);
+        let layout = pack_meta(batch, &mut self.meta_host);
+        let nl = batch.logits_indices.len();
+        if self.grow(n, nl, n * c.num_heads * plan.splits, self.meta_host.len())? {
+            self.graphs.clear();
+        }
+        let meta_buf = self.s.meta.as_mut().unwrap();
+        self.gpu.htod(&self.meta_host, meta_buf, 0)?;
+        let step = Step {
+            n,
+            nl,
+            plan,
+            meta_base: meta_buf.ptr,
+            layout,
+            pairs: batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum(),
+            ctx_tokens: batch.seqs.iter().map(|q| q.seq_len).sum(),
+        };
+        self.prof.start(&self.gpu)?;
+        self.enqueue(step)
+    }
+
+    /// A decode-only batch through the CUDA graph of its batch-size bucket (captured on first
+    /// use): rows past `n` are padding that attends to itself in a reserved block.
+    fn run_graph(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        let n = batch.num_tokens();
+        let b = n.next_power_of_two();
+        let c = &self.cfg;
+        let bs = self.kv.block_size;
+        let max_blocks = self.max_pos.div_ceil(bs);
+        let layout = pack_meta_padded(
+            batch,
+            b,
+            max_blocks,
+            self.kv.num_blocks,
+            bs,
+            &mut self.meta_host,
+        );
+        let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos);
+        if self.grow(b, b, b * c.num_heads * plan.splits, self.meta_host.len())? {
+            self.graphs.clear();
+        }
+        let meta_buf = self.s.meta.as_mut().unwrap();
+        self.gpu.htod(&self.meta_host, meta_buf, 0)?;
+        let step = Step {
+            n: b,
+            nl: b,
+            plan,
+            meta_base: meta_buf.ptr,
+            layout,
+            pairs: 0,
+            ctx_tokens: 0,
+        };
+        if !self.graphs.contains_key(&b) {
+            let stream = self.gpu.stream.clone();
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(super::gpu::cuda_err("beginning graph capture"))?;
+            let r = self.enqueue(step);
+            let graph = stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(super::gpu::cuda_err("instantiating the decode graph"));
+            r?;
+            let graph = graph?
+                .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
+            self.graphs.insert(b, Graph(graph));
+        }
+        self.graphs[&b]
+            .0
+            .launch()
+            .map_err(super::gpu::cuda_err("launching the decode graph"))
+    }
+
+    fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        self.run(batch)?;
+        let nl = batch.logits_indices.len();
+        self.host_logits.resize(nl * self.cfg.vocab_size, 0.0);
+        self.gpu
+            .dtoh(self.s.logits.as_ref().unwrap(), &mut self.host_logits)?;
+        self.prof.finish(&self.gpu)
+    }
+
+    fn forward_greedy_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        self.run(batch)?;
+        let nl = batch.logits_indices.len();
+        let logits = self.s.logits.as_ref().unwrap().ptr;
+        let ids = self.s.ids.as_ref().unwrap();
+        if nl > 0 {
+            self.gpu.launch(
+                &self.k.argmax,
+                (nl as u32, 1, 1),
+                (1024, 1, 1),
+                &[
+                    KArg::P(logits),
+                    KArg::I(self.cfg.vocab_size as i32),
+                    KArg::P(ids.ptr),
+                ],
+            )?;
+        }
+        self.host_ids.resize(nl, 0);
+        self.gpu.dtoh(ids, &mut self.host_ids)?;
+        self.prof.finish(&self.gpu)
+    }
+}
+
+/// Largest decode batch run through a CUDA graph (buckets are powers of two up to it).
+const MAX_GRAPH_BATCH: usize = 256;
+
+/// Metadata of a decode batch padded to `b` rows, at offsets that depend on `b` alone (a captured
+/// graph bakes them in): every sequence's block table gets `max_blocks` entries; padding rows are
+/// one-token sequences in block `pad_block`, which the engine never hands out.
+fn pack_meta_padded(
+    batch: &ForwardBatch,
+    b: usize,
+    max_blocks: usize,
+    pad_block: usize,
+    block_size: usize,
+    m: &mut Vec<i32>,
+) -> Meta {
+    let n = batch.num_tokens();
+    // Arrays start at multiples of four words: the SeqInfo array is read as 16-byte int4.
+    let w = b.div_ceil(4) * 4;
+    let layout = Meta {
+        tokens: 0,
+        positions: w,
+        slots: 2 * w,
+        row_seq: 3 * w,
+        logits_idx: 4 * w,
+        seqs: 5 * w,
+        block_tables: 5 * w + 4 * b,
+    };
+    m.clear();
+    m.resize(layout.block_tables + b * max_blocks, 0);
+    let (pos_at, slot_at, seq_at, bt_at) = (
+        layout.positions,
+        layout.slots,
+        layout.seqs,
+        layout.block_tables,
+    );
+    for i in 0..b {
+        let real = i < n;
+        m[i] = if real { batch.token_ids[i] as i32 } else { 0 };
+        m[pos_at + i] = if real { batch.positions[i] as i32 } else { 0 };
+        m[slot_at + i] = if real {
+            batch.slot_mapping[i] as i32
+        } else {
+            (pad_block * block_size) as i32
+        };
+        m[layout.row_seq + i] = i as i32;
+        m[layout.logits_idx + i] = i as i32;
+        let (len, bt) = if real {
+            (batch.seqs[i].seq_len, batch.seqs[i].block_table)
+        } else {
+            (1, &[][..])
+        };
+        m[seq_at + 4 * i..seq_at + 4 * i + 4].copy_from_slice(&[
+            i as i32,
+            1,
+            len as i32,
+            (i * max_blocks) as i32,
+        ]);
+        let dst = &mut m[bt_at + i * max_blocks..bt_at + (i + 1) * max_blocks];
+        if real {
+            for (d, id) in dst.iter_mut().zip(bt) {
+                *d = id.as_usize() as i32;
+            }
+        } else {
+            dst[0] = pad_block as i32;
+        }
+    }
+    layout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SeqBatch;
+    use quire_core::BlockId;
+
+    #[test]
+    fn padded_metadata_keeps_seq_info_16_byte_aligned_and_pads_into_the_spare_block() {
+        for n in [1usize, 2, 3, 5, 7] {
+            let tables: Vec<Vec<BlockId>> = (0..n).map(|i| vec![BlockId(i as u32)]).collect();
+            let seqs: Vec<SeqBatch> = (0..n)
+                .map(|i| SeqBatch {
+                    query_start: i,
+                    query_len: 1,
+                    seq_len: 3,
+                    block_table: &tables[i],
+                })
+                .collect();
+            let ids = vec![7u32; n];
+            let pos = vec![2u32; n];
+            let slots: Vec<u32> = (0..n as u32).map(|i| i * 16 + 2).collect();
+            let li: Vec<u32> = (0..n as u32).collect();
+            let batch = ForwardBatch {
+                token_ids: &ids,
+                positions: &pos,
+                slot_mapping: &slots,
+                seqs: &seqs,
+                logits_indices: &li,
+            };
+            let b = n.next_power_of_two();
+            let mut m = vec![];
+            let l = pack_meta_padded(&batch, b, 4, 99, 16, &mut m);
+            for off in [
+                l.positions,
+                l.slots,
+                l.row_seq,
+                l.logits_idx,
+                l.seqs,
+                l.block_tables,
+            ] {
+                assert_eq!(off % 4, 0, "n {n}: offset {off} not 16-byte aligned");
+            }
+            for i in 0..b {
+                let s = &m[l.seqs + 4 * i..l.seqs + 4 * i + 4];
+                assert_eq!(s[0], i as i32);
+                if i < n {
+                    assert_eq!(
+                        (s[2], m[l.slots + i], m[l.block_tables + s[3] as usize]),
+                        (3, slots[i] as i32, i as i32)
+                    );
+                } else {
+                    assert_eq!(
+                        (s[2], m[l.slots + i], m[l.block_tables + s[3] as usize]),
+                        (1, 99 * 16, 99)
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The CUDA backend (cargo feature `cuda`): f16 weights with cuBLAS GEMMs, hand-written kernels in
+//! `kernels/*.cu` compiled by NVRTC at first use, paged attention with the KV write fused in.
+//! Libraries are loaded at run time, so the crate builds without CUDA; without the feature,
+//! `CudaExecutor::new` says the backend was not built in.
+
+#[derive(Debug, Clone, Copy)]
+pub struct CudaOptions {
+    /// CUDA device ordinal.
+    pub device: usize,
+    /// Fraction of the device memory free before loading that weights, activations and the KV
+    /// cache may take (when `num_blocks` is not given).
+    pub gpu_memory_utilization: f32,
+    /// Fixed number of KV-cache blocks, or `None` to size the pool from free memory.
+    pub num_blocks: Option<usize>,
+    pub block_size: usize,
+    /// Run decode steps through CUDA graphs (one per batch-size bucket). `QUIRE_CUDA_GRAPHS=0`
+    /// turns the default off.
+    pub graphs: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            gpu_memory_utilization: 0.9,
+            num_blocks: None,
+            block_size: 16,
+            graphs: std::env::var("QUIRE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub mod attention;
+#[cfg(feature = "cuda")]
+mod forward;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+#[cfg(feature = "cuda")]
+mod llama;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+#[cfg(feature = "cuda")]
+mod profile;
+
+#[cfg(feature = "cuda")]
+pub use llama::CudaExecutor;
+
+/// Stand-in when the backend is not compiled in: construction fails with a clear message.
+#[cfg(not(feature = "cuda"))]
+pub struct CudaExecutor;
+
+#[cfg(not(feature = "cuda"))]
+impl CudaExecutor {
+    // Boxed: callers hold executors as `Box<dyn Executor>`, and the stand-in has nothing else to return.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(
+        _w: &crate::ModelWeights,
+        _opts: CudaOptions,
+    ) -> Result<Box<dyn crate::Executor>, crate::BackendError> {
+        Err(crate::BackendError::NotBuilt("cuda"))
+    }
+}

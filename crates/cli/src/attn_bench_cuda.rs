@@ -1,0 +1,288 @@
+//! `quire attn-bench --backend cuda`: the CUDA paged attention kernel on its own, with the same
+//! random scattered-block batches as the CPU path (shuffled block ids, unused slots NaN), parity
+//! against the dense f64 reference, and every dispatch timed with CUDA events. "dense" is the same
+//! kernel over each sequence's blocks laid out contiguously, so paged / dense is the cost of paging.
+
+use anyhow::{bail, Context, Result};
+use half::f16;
+use quire_backend::cpu::attention::{dense_reference, AttnParams};
+use quire_backend::cuda::attention::{HostRun, PagedAttention};
+use quire_backend::cuda::gpu::Gpu;
+use quire_backend::{ForwardBatch, SeqBatch};
+use quire_core::BlockId;
+use quire_perf::output::csv_line;
+use quire_perf::{RunStamp, Summary, Table};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
+
+use crate::attn_bench::AttnBenchArgs;
+
+pub fn run(a: &AttnBenchArgs) -> Result<()> {
+    if !matches!(
+        a.dtype.to_ascii_lowercase().as_str(),
+        "float16" | "f16" | "half"
+    ) {
+        bail!("--backend cuda: the GPU KV cache is f16; use --dtype float16");
+    }
+    if a.batch == 0 || a.repeats == 0 || a.active_blocks == 0 || a.active_blocks > a.max_blocks {
+        bail!(
+            "--batch and --repeats must be at least 1, --active-blocks between 1 and --max-blocks"
+        );
+    }
+    if !matches!(a.block_size, 16 | 32 | 64 | 128) {
+        bail!("--block-size must be 16, 32, 64 or 128");
+    }
+    let stamp = RunStamp::collect();
+    let g = Gpu::new(0)?;
+    let attn = PagedAttention::new(&g, a.q_heads, a.kv_heads, a.head_dim)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let (b, d, bs) = (a.batch, a.head_dim, a.block_size);
+    let kv_row = a.kv_heads * d;
+    let q_row = a.q_heads * d;
+    let seq_len = a.active_blocks * bs;
+    let qlen = if a.mode == "prefill" {
+        a.query_len.clamp(1, seq_len)
+    } else {
+        1
+    };
+    let tokens = b * qlen;
+    let stride = q_row + 2 * kv_row;
+    let pool_blocks = b * a.max_blocks;
+    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+    ids.shuffle(&mut rng);
+    let paged_tables: Vec<Vec<BlockId>> = (0..b)
+        .map(|i| {
+            ids[i * a.active_blocks..(i + 1) * a.active_blocks]
+                .iter()
+                .map(|&x| BlockId(x))
+                .collect()
+        })
+        .collect();
+    let dense_tables: Vec<Vec<BlockId>> = (0..b)
+        .map(|i| {
+            (0..a.active_blocks)
+                .map(|j| BlockId((i * a.max_blocks + j) as u32))
+                .collect()
+        })
+        .collect();
+    let rnd = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)).to_f32())
+            .collect()
+    };
+    let full_k: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
+    let full_v: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
+    let mut qkv = vec![0f32; tokens * stride];
+    for (t, row) in qkv.chunks_exact_mut(stride).enumerate() {
+        let (i, pos) = (t / qlen, seq_len - qlen + t % qlen);
+        for x in &mut row[..q_row] {
+            *x = rng.random_range(-2.0..2.0);
+        }
+        row[q_row..q_row + kv_row].copy_from_slice(&full_k[i][pos * kv_row..(pos + 1) * kv_row]);
+        row[q_row + kv_row..].copy_from_slice(&full_v[i][pos * kv_row..(pos + 1) * kv_row]);
+    }
+    let p = AttnParams {
+        num_heads: a.q_heads,
+        num_kv_heads: a.kv_heads,
+        head_dim: d,
+        block_size: bs,
+        scale: 1.0 / (d as f32).sqrt(),
+        f16_accum: false,
+    };
+    let reference: Vec<f64> = (0..b)
+        .into_par_iter()
+        .flat_map_iter(|i| {
+            let q: Vec<f32> = (0..qlen)
+                .flat_map(|t| qkv[(i * qlen + t) * stride..][..q_row].to_vec())
+                .collect();
+            dense_reference(&p, &q, &full_k[i], &full_v[i], seq_len)
+        })
+        .collect();
+
+    let elem = 2usize;
+    let kv_bytes = (b * seq_len * 2 * kv_row * elem) as u64;
+    let bytes = kv_bytes + (tokens * (q_row * 4 + q_row * 2 + 2 * kv_row * (4 + elem))) as u64;
+    let pairs: usize = (0..qlen).map(|i| seq_len - qlen + i + 1).sum::<usize>() * b;
+    let flops = (4 * pairs * q_row) as u64;
+    let mut times: Vec<(&str, Vec<f64>)> = vec![];
+    let mut parity = vec![];
+    let mut plan = None;
+    for (name, tables) in [("paged", &paged_tables), ("dense", &dense_tables)] {
+        let nan = f16::from_f32(f32::NAN);
+        let mut k_cache = vec![nan; pool_blocks * bs * kv_row];
+        let mut v_cache = k_cache.clone();
+        let (mut pos, mut slots, mut toks) = (vec![], vec![], vec![]);
+        for (i, t) in tables.iter().enumerate() {
+            for ps in 0..seq_len {
+                let slot = t[ps / bs].as_usize() * bs + ps % bs;
+                if ps < seq_len - qlen {
+                    for j in 0..kv_row {
+                        k_cache[slot * kv_row + j] = f16::from_f32(full_k[i][ps * kv_row + j]);
+                        v_cache[slot * kv_row + j] = f16::from_f32(full_v[i][ps * kv_row + j]);
+                    }
+                } else {
+                    pos.push(ps as u32);
+                    slots.push(slot as u32);
+                    toks.push(0u32);
+                }
+            }
+        }
+        let seqs: Vec<SeqBatch> = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| SeqBatch {
+                query_start: i * qlen,
+                query_len: qlen,
+                seq_len,
+                block_table: t,
+            })
+            .collect();
+        let batch = ForwardBatch {
+            token_ids: &toks,
+            positions: &pos,
+            slot_mapping: &slots,
+            seqs: &seqs,
+            logits_indices: &[],
+        };
+        let run = HostRun::new(&g, &attn, &qkv, stride, &batch, bs, &k_cache, &v_cache)?;
+        plan = Some(run.plan);
+        run.launch(&g, &attn)?;
+        let (out, _, _) = run.read(&g)?;
+        let (mut num, mut den, mut bad) = (0f64, 0f64, 0usize);
+        for (&o, &r) in out.iter().zip(&reference) {
+            if !o.is_finite() {
+                bad += 1;
+            }
+            num += (o as f64 - r).powi(2);
+            den += r * r;
+        }
+        let rel = (num / den).sqrt();
+        let ok = bad == 0 && rel < 2e-3;
+        println!(
+            "parity {name} vs dense f64 reference (f16 KV, {} outputs): relative error {rel:.3e}, non-finite {bad} — {}",
+            out.len(),
+            if ok { "OK" } else { "FAILED" }
+        );
+        parity.push((name, rel, ok));
+        // Timing: events around each dispatch.
+        let ev = |g: &Gpu| {
+            g.ctx
+                .new_event(Some(cudarc_flags()))
+                .context("cuEventCreate")
+        };
+        let mut marks = Vec::with_capacity(a.repeats);
+        for _ in 0..a.repeats {
+            let (e0, e1) = (ev(&g)?, ev(&g)?);
+            e0.record(&g.stream).context("cuEventRecord")?;
+            run.launch(&g, &attn)?;
+            e1.record(&g.stream).context("cuEventRecord")?;
+            marks.push((e0, e1));
+        }
+        g.sync()?;
+        let ms: Vec<f64> = marks
+            .iter()
+            .map(|(e0, e1)| e0.elapsed_ms(e1).map(|x| x as f64))
+            .collect::<Result<_, _>>()
+            .context("cuEventElapsedTime")?;
+        times.push((name, ms));
+    }
+    if parity.iter().any(|x| !x.2) {
+        bail!("attention output differs from the reference (NaN means a poisoned slot was read)");
+    }
+    let plan = plan.expect("two runs");
+    if let Some(path) = &a.csv {
+        let mut text = csv_line(&[
+            "tokens",
+            "seq_len",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "block_size",
+            "splits",
+            "kernel",
+            "time_ms",
+            "bytes",
+            "gbps",
+            "flops",
+            "intensity",
+        ]);
+        for (name, ms) in &times {
+            for &t in ms {
+                text += &csv_line(&[
+                    tokens.to_string(),
+                    seq_len.to_string(),
+                    a.q_heads.to_string(),
+                    a.kv_heads.to_string(),
+                    d.to_string(),
+                    bs.to_string(),
+                    plan.splits.to_string(),
+                    name.to_string(),
+                    format!("{t:.6}"),
+                    bytes.to_string(),
+                    format!("{:.4}", bytes as f64 / (t * 1e6)),
+                    flops.to_string(),
+                    format!("{:.4}", flops as f64 / bytes as f64),
+                ]);
+            }
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        let meta = path.with_extension("meta.json");
+        let info = serde_json::json!({
+            "stamp": stamp, "device": g.name,
+            "settings": {"batch": b, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": d, "block_size": bs,
+                "max_blocks": a.max_blocks, "active_blocks": a.active_blocks, "repeats": a.repeats, "dtype": "float16",
+                "mode": a.mode, "query_len": qlen, "seed": a.seed, "backend": "cuda", "splits": plan.splits},
+            "parity": parity.iter().map(|(n, rel, _)| serde_json::json!({"kernel": n, "rel_err": rel})).collect::<Vec<_>>(),
+        });
+        std::fs::write(&meta, serde_json::to_string_pretty(&info)? + "\n")
+            .with_context(|| format!("cannot write {}", meta.display()))?;
+    }
+    println!(
+        "\n{} mode on {}: {b} seqs × {qlen} new tokens, context {seq_len} ({} blocks of {bs}), {} q / {} kv heads × {d}, f16 KV, \
+         {} key splits per row, {} dispatches per kernel",
+        a.mode, g.name, a.active_blocks, a.q_heads, a.kv_heads, plan.splits, a.repeats
+    );
+    println!(
+        "per dispatch: {:.2} MiB moved ({:.2} MiB of KV), {:.3} GFLOP\n",
+        bytes as f64 / (1 << 20) as f64,
+        kv_bytes as f64 / (1 << 20) as f64,
+        flops as f64 / 1e9
+    );
+    let cols = [
+        "kernel",
+        "median µs",
+        "p10 µs",
+        "p90 µs",
+        "first µs",
+        "TB/s",
+        "TFLOP/s",
+    ];
+    let mut t = Table::new(&cols, &cols[1..]);
+    let mut med = vec![];
+    for (name, ms) in &times {
+        let s = Summary::of(if ms.len() > 3 { &ms[3..] } else { ms });
+        med.push(s.median);
+        t.push(vec![
+            name.to_string(),
+            format!("{:.1}", s.median * 1e3),
+            format!("{:.1}", s.p10 * 1e3),
+            format!("{:.1}", s.p90 * 1e3),
+            format!("{:.1}", ms[0] * 1e3),
+            format!("{:.3}", bytes as f64 / (s.median * 1e9)),
+            format!("{:.2}", flops as f64 / (s.median * 1e9)),
+        ]);
+    }
+    print!("{}", t.markdown());
+    println!(
+        "\nmedians over dispatches 4..{}; paged / dense: {:.3}×",
+        a.repeats,
+        med[0] / med[1]
+    );
+    println!("{}", stamp.line());
+    Ok(())
+}
+
+fn cudarc_flags() -> quire_backend::cuda::gpu::EventFlags {
+    quire_backend::cuda::gpu::EventFlags::CU_EVENT_DEFAULT
+}

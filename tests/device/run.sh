@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The CUDA checks and timings, run on the lent GPU machine from the repository root with the
+# binaries built here carried in .dev/ (see PERF.md, "CUDA"). Stage 1 needs .dev/bin.tar.xz;
+# stage 2 also the default model, carried in two parts (.dev/model.part1, .dev/model.part2)
+# because one call carries at most 64 MiB.
+set -uo pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+W=/root/quire-dev
+OUT=${OUT:-/tmp/out}
+mkdir -p "$W" "$OUT"
+# Test binaries look for tests/data under the build machine's checkout path.
+mkdir -p /work && [ -e /work/main ] || ln -s "$PWD" /work/main
+[ -f .dev/bin.tar.xz ] && tar -xJf .dev/bin.tar.xz -C "$W"
+for p in .dev/model.part*; do [ -f "$p" ] && cp "$p" "$W/"; done
+Q=$W/quire
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+case "${1:-1}" in
+0) ;;  # unpack and keep the carried files only
+1)
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | tail -8
+    for preset in smollm2-135m llama3.2-1b; do
+        "$Q" make-model --preset $preset --dtype f16 "$W/$preset-f16.gguf" 2>&1 | tail -1
+    done
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 --csv "$OUT/attn-seed.csv" 2>&1 | tail -8
+    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged|^\| dense"
+        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
+    done
+    for preset in smollm2-135m llama3.2-1b; do
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 5 2>&1 | grep -E "^\||build"
+    done
+    ;;
+attn)
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep "test result"
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged|^\| dense|splits"
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged|splits"
+    done
+    ;;
+2)
+    cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
+    sha256sum "$W/smollm2-q4_1.gguf"
+    QUIRE_PARITY_MODEL="$W/smollm2-q4_1.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -vE "^\s*$" | tail -40
+    "$Q" bench -m "$W/smollm2-q4_1.gguf" --backend cuda -p 512 -n 128 -r 5 2>&1 | grep -E "^\||build"
+    ;;
+bench)
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        "$Q" make-model --preset $preset --dtype f16 "$W/$preset-f16.gguf" 2>&1 | tail -1
+    done
+    "$Q" generate -m "$W/llama3.2-1b-f16.gguf" --backend cuda --prompt "hello world" --max-tokens 8 2>&1 | tail -1
+    for m in smollm2-135m-f16 llama3.2-1b-f16 llama3-8b-f16; do
+        "$Q" bench -m "$W/$m.gguf" --backend cuda -p 512 -n 128 -r 5 2>&1 | grep -E "^\| llama"
+        QUIRE_CUDA_GRAPHS=0 "$Q" bench -m "$W/$m.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed 's/$/  (graphs off)/'
+    done
+    "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
+    ;;
+parity)
+    cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
+    QUIRE_PARITY_MODEL="$W/smollm2-q4_1.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|test result|panicked" | head -40
+    "$Q" generate -m "$W/smollm2-q4_1.gguf" --backend cuda --prompt "The capital of France is" --max-tokens 32 2>&1 | tail -2
+    "$Q" bench -m "$W/smollm2-q4_1.gguf" --backend cuda -p 512 -n 128 -r 5 2>&1 | grep -E "^\| llama"
+    ;;
+esac
