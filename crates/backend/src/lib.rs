@@ -65,6 +65,18 @@ impl ForwardBatch<'_> {
         self.token_ids.len()
     }
 
+    /// `validate` for `kv`, plus every token id inside a vocabulary of `vocab_size`: what an
+    /// executor checks before running a model.
+    pub fn check(&self, kv: KvCacheSpec, vocab_size: usize) -> Result<(), BackendError> {
+        self.validate(kv.block_size, kv.num_blocks)?;
+        match self.token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            Some(bad) => Err(BackendError::InvalidBatch(format!(
+                "token id {bad} is outside the vocabulary"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Checks that every index is in range, so kernels may index without further checks.
     pub fn validate(&self, block_size: usize, num_blocks: usize) -> Result<(), BackendError> {
         let n = self.token_ids.len();

@@ -201,6 +201,34 @@ fn check(a: &AttnBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// One CSV row per timed dispatch: the settings columns, then kernel, time and rates (shared by
+/// the CPU and CUDA paths, so both files have one layout).
+pub(crate) fn dispatch_csv(
+    settings: &[(&str, String)],
+    times: &[(&str, Vec<f64>)],
+    bytes: u64,
+    flops: u64,
+) -> String {
+    let tail = ["kernel", "time_ms", "bytes", "gbps", "flops", "intensity"];
+    let header: Vec<&str> = settings.iter().map(|(k, _)| *k).chain(tail).collect();
+    let mut text = csv_line(&header);
+    for (name, ms) in times {
+        for &t in ms {
+            let mut row: Vec<String> = settings.iter().map(|(_, v)| v.clone()).collect();
+            row.extend([
+                name.to_string(),
+                format!("{t:.6}"),
+                bytes.to_string(),
+                format!("{:.4}", bytes as f64 / (t * 1e6)),
+                flops.to_string(),
+                format!("{:.4}", flops as f64 / bytes as f64),
+            ]);
+            text += &csv_line(&row);
+        }
+    }
+    text
+}
+
 pub fn run(a: AttnBenchArgs) -> Result<()> {
     if a.backend == "cuda" {
         #[cfg(feature = "cuda")]
@@ -404,40 +432,20 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
     }
 
     if let Some(path) = &a.csv {
-        let mut text = csv_line(&[
-            "tokens",
-            "seq_len",
-            "heads",
-            "kv_heads",
-            "head_dim",
-            "block_size",
-            "threads",
-            "kernel",
-            "time_ms",
-            "bytes",
-            "gbps",
-            "flops",
-            "intensity",
-        ]);
-        for (name, ms) in &times {
-            for &t in ms {
-                text += &csv_line(&[
-                    tokens.to_string(),
-                    seq_len.to_string(),
-                    a.q_heads.to_string(),
-                    a.kv_heads.to_string(),
-                    d.to_string(),
-                    bs.to_string(),
-                    threads.to_string(),
-                    name.to_string(),
-                    format!("{t:.6}"),
-                    bytes.to_string(),
-                    format!("{:.4}", bytes as f64 / (t * 1e6)),
-                    flops.to_string(),
-                    format!("{:.4}", flops as f64 / bytes as f64),
-                ]);
-            }
-        }
+        let text = dispatch_csv(
+            &[
+                ("tokens", tokens.to_string()),
+                ("seq_len", seq_len.to_string()),
+                ("heads", a.q_heads.to_string()),
+                ("kv_heads", a.kv_heads.to_string()),
+                ("head_dim", d.to_string()),
+                ("block_size", bs.to_string()),
+                ("threads", threads.to_string()),
+            ],
+            &times,
+            bytes,
+            flops,
+        );
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
         let meta = path.with_extension("meta.json");
         let info = serde_json::json!({

@@ -7,16 +7,15 @@ use anyhow::{bail, Context, Result};
 use half::f16;
 use quire_backend::cpu::attention::{dense_reference, AttnParams};
 use quire_backend::cuda::attention::{HostRun, PagedAttention};
-use quire_backend::cuda::gpu::Gpu;
+use quire_backend::cuda::gpu::{EventFlags, Gpu};
 use quire_backend::{ForwardBatch, SeqBatch};
 use quire_core::BlockId;
-use quire_perf::output::csv_line;
 use quire_perf::{RunStamp, Summary, Table};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
-use crate::attn_bench::AttnBenchArgs;
+use crate::attn_bench::{dispatch_csv, AttnBenchArgs};
 
 pub fn run(a: &AttnBenchArgs) -> Result<()> {
     if !matches!(
@@ -168,7 +167,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         // Timing: events around each dispatch.
         let ev = |g: &Gpu| {
             g.ctx
-                .new_event(Some(cudarc_flags()))
+                .new_event(Some(EventFlags::CU_EVENT_DEFAULT))
                 .context("cuEventCreate")
         };
         let mut marks = Vec::with_capacity(a.repeats);
@@ -192,40 +191,20 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     }
     let plan = plan.expect("two runs");
     if let Some(path) = &a.csv {
-        let mut text = csv_line(&[
-            "tokens",
-            "seq_len",
-            "heads",
-            "kv_heads",
-            "head_dim",
-            "block_size",
-            "splits",
-            "kernel",
-            "time_ms",
-            "bytes",
-            "gbps",
-            "flops",
-            "intensity",
-        ]);
-        for (name, ms) in &times {
-            for &t in ms {
-                text += &csv_line(&[
-                    tokens.to_string(),
-                    seq_len.to_string(),
-                    a.q_heads.to_string(),
-                    a.kv_heads.to_string(),
-                    d.to_string(),
-                    bs.to_string(),
-                    plan.splits.to_string(),
-                    name.to_string(),
-                    format!("{t:.6}"),
-                    bytes.to_string(),
-                    format!("{:.4}", bytes as f64 / (t * 1e6)),
-                    flops.to_string(),
-                    format!("{:.4}", flops as f64 / bytes as f64),
-                ]);
-            }
-        }
+        let text = dispatch_csv(
+            &[
+                ("tokens", tokens.to_string()),
+                ("seq_len", seq_len.to_string()),
+                ("heads", a.q_heads.to_string()),
+                ("kv_heads", a.kv_heads.to_string()),
+                ("head_dim", d.to_string()),
+                ("block_size", bs.to_string()),
+                ("splits", plan.splits.to_string()),
+            ],
+            &times,
+            bytes,
+            flops,
+        );
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
         let meta = path.with_extension("meta.json");
         let info = serde_json::json!({
@@ -281,8 +260,4 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     );
     println!("{}", stamp.line());
     Ok(())
-}
-
-fn cudarc_flags() -> quire_backend::cuda::gpu::EventFlags {
-    quire_backend::cuda::gpu::EventFlags::CU_EVENT_DEFAULT
 }

@@ -9,25 +9,8 @@ use quire_engine::runner::forward_single;
 use quire_engine::{Engine, EngineConfig};
 use serde_json::Value;
 
-fn reference() -> Vec<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl"
-    );
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+mod common;
+use common::{ids, reference};
 
 fn load() -> quire_model::LoadedModel {
     quire_model::load_gguf(&quire_core::default_model::model_for_tests())

@@ -246,16 +246,7 @@ impl Executor for CpuExecutor {
 
 impl CpuExecutor {
     fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
-        batch.validate(self.kv.block_size, self.kv.num_blocks)?;
-        if let Some(&bad) = batch
-            .token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.cfg.vocab_size)
-        {
-            return Err(BackendError::InvalidBatch(format!(
-                "token id {bad} is outside the vocabulary"
-            )));
-        }
+        batch.check(self.kv, self.cfg.vocab_size)?;
         let c = &self.cfg;
         let n = batch.num_tokens();
         let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);

@@ -45,7 +45,6 @@ pub struct Gpu {
     pub arch: String,
     pub name: String,
     pub sms: u32,
-    pub kernels_compiled: std::cell::Cell<usize>,
 }
 
 /// Fails with the library names tried when the CUDA driver, cuBLAS or NVRTC cannot be loaded
@@ -112,7 +111,6 @@ impl Gpu {
             _workspace: workspace,
             arch: format!("sm_{major}{minor}"),
             sms,
-            kernels_compiled: std::cell::Cell::new(0),
         })
     }
 
@@ -126,10 +124,7 @@ impl Gpu {
         k: &KernelSource,
         defines: &[(&str, String)],
     ) -> Result<Arc<CudaModule>, BackendError> {
-        let (cubin, cached) = nvrtc::compile(k, defines, &self.arch)?;
-        if !cached {
-            self.kernels_compiled.set(self.kernels_compiled.get() + 1);
-        }
+        let (cubin, _) = nvrtc::compile(k, defines, &self.arch)?;
         self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(cuda_err(k.name))

@@ -75,7 +75,6 @@ pub struct CudaExecutor {
     host_ids: Vec<i32>,
     meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
-    weight_bytes: usize,
     use_graphs: bool,
     /// Decode graphs by padded batch size.
     graphs: HashMap<usize, Graph>,
@@ -311,25 +310,10 @@ impl CudaExecutor {
             host_ids: vec![],
             meta_host: vec![],
             prof: EventProfiler::default(),
-            weight_bytes,
             use_graphs: opts.graphs,
             graphs: HashMap::new(),
             gpu,
         })
-    }
-
-    pub fn device_name(&self) -> &str {
-        &self.gpu.name
-    }
-
-    /// Bytes of weights one forward pass reads (f16).
-    pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
-    }
-
-    /// NVRTC compilations this process made (0 when every kernel came from the disk cache).
-    pub fn kernels_compiled(&self) -> usize {
-        self.gpu.kernels_compiled.get()
     }
 
     /// Grows the activations to `n` tokens, `nl` logits rows, `part` attention partials and
@@ -414,16 +398,7 @@ impl Executor for CudaExecutor {
 
 impl CudaExecutor {
     fn check_batch(&self, batch: &ForwardBatch) -> Result<(), BackendError> {
-        batch.validate(self.kv.block_size, self.kv.num_blocks)?;
-        if let Some(&bad) = batch
-            .token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.cfg.vocab_size)
-        {
-            return Err(BackendError::InvalidBatch(format!(
-                "token id {bad} is outside the vocabulary"
-            )));
-        }
+        batch.check(self.kv, self.cfg.vocab_size)?;
         if let Some(&p) = batch
             .positions
             .iter()
@@ -486,15 +461,7 @@ impl CudaExecutor {
         let b = n.next_power_of_two();
         let c = &self.cfg;
         let bs = self.kv.block_size;
-        let max_blocks = self.max_pos.div_ceil(bs);
-        let layout = pack_meta_padded(
-            batch,
-            b,
-            max_blocks,
-            self.kv.num_blocks,
-            bs,
-            &mut self.meta_host,
-        );
+        let layout = pack_meta_padded(batch, b, self.kv.num_blocks, bs, &mut self.meta_host);
         let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos);
         if self.grow(b, b, b * c.num_heads * plan.splits, self.meta_host.len())? {
             self.graphs.clear();
@@ -565,13 +532,13 @@ impl CudaExecutor {
 /// Largest decode batch run through a CUDA graph (buckets are powers of two up to it).
 const MAX_GRAPH_BATCH: usize = 256;
 
-/// Metadata of a decode batch padded to `b` rows, at offsets that depend on `b` alone (a captured
-/// graph bakes them in): every sequence's block table gets `max_blocks` entries; padding rows are
+/// Metadata of a decode batch padded to `b` rows. The array offsets depend on `b` alone (a
+/// captured graph bakes them in); block tables are packed one after another behind them, each
+/// sequence finding its own through `SeqInfo.bt_offset` (data, not baked). Padding rows are
 /// one-token sequences in block `pad_block`, which the engine never hands out.
 fn pack_meta_padded(
     batch: &ForwardBatch,
     b: usize,
-    max_blocks: usize,
     pad_block: usize,
     block_size: usize,
     m: &mut Vec<i32>,
@@ -589,42 +556,29 @@ fn pack_meta_padded(
         block_tables: 5 * w + 4 * b,
     };
     m.clear();
-    m.resize(layout.block_tables + b * max_blocks, 0);
-    let (pos_at, slot_at, seq_at, bt_at) = (
-        layout.positions,
-        layout.slots,
-        layout.seqs,
-        layout.block_tables,
-    );
+    m.resize(layout.block_tables, 0);
+    let mut bt_offset = 0usize;
     for i in 0..b {
         let real = i < n;
         m[i] = if real { batch.token_ids[i] as i32 } else { 0 };
-        m[pos_at + i] = if real { batch.positions[i] as i32 } else { 0 };
-        m[slot_at + i] = if real {
+        m[layout.positions + i] = if real { batch.positions[i] as i32 } else { 0 };
+        m[layout.slots + i] = if real {
             batch.slot_mapping[i] as i32
         } else {
             (pad_block * block_size) as i32
         };
         m[layout.row_seq + i] = i as i32;
         m[layout.logits_idx + i] = i as i32;
-        let (len, bt) = if real {
-            (batch.seqs[i].seq_len, batch.seqs[i].block_table)
-        } else {
-            (1, &[][..])
-        };
-        m[seq_at + 4 * i..seq_at + 4 * i + 4].copy_from_slice(&[
-            i as i32,
-            1,
-            len as i32,
-            (i * max_blocks) as i32,
-        ]);
-        let dst = &mut m[bt_at + i * max_blocks..bt_at + (i + 1) * max_blocks];
+        let len = if real { batch.seqs[i].seq_len } else { 1 };
+        let at = layout.seqs + 4 * i;
+        m[at..at + 4].copy_from_slice(&[i as i32, 1, len as i32, bt_offset as i32]);
         if real {
-            for (d, id) in dst.iter_mut().zip(bt) {
-                *d = id.as_usize() as i32;
-            }
+            let bt = batch.seqs[i].block_table;
+            m.extend(bt.iter().map(|id| id.as_usize() as i32));
+            bt_offset += bt.len();
         } else {
-            dst[0] = pad_block as i32;
+            m.push(pad_block as i32);
+            bt_offset += 1;
         }
     }
     layout
@@ -661,7 +615,7 @@ mod tests {
             };
             let b = n.next_power_of_two();
             let mut m = vec![];
-            let l = pack_meta_padded(&batch, b, 4, 99, 16, &mut m);
+            let l = pack_meta_padded(&batch, b, 99, 16, &mut m);
             for off in [
                 l.positions,
                 l.slots,

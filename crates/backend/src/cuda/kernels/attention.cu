@@ -36,6 +36,25 @@ __device__ __forceinline__ void load8(const half_t* __restrict__ p, float* v) {
     }
 }
 
+// sc[g] += q_s[g] · key, the key row read (and rounded to f16) 8 elements at a time: from the
+// cache (half_t) or from this step's QKV rows (float).
+template <typename T>
+__device__ __forceinline__ void score_key(const T* __restrict__ kp, const float (*q_s)[HEAD_DIM],
+                                          float* sc) {
+    float k[8];
+#pragma unroll
+    for (int d = 0; d < HEAD_DIM; d += 8) {
+        load8(kp + d, k);
+#pragma unroll
+        for (int g = 0; g < GQA; g++) {
+            const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][d]);
+            const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][d + 4]);
+            sc[g] += qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] +
+                     qb.x * k[4] + qb.y * k[5] + qb.z * k[6] + qb.w * k[7];
+        }
+    }
+}
+
 // qkv: [n, qkv_stride] (q | k | v, after RoPE); k_cache, v_cache: [num_slots, num_kv_heads, HEAD_DIM]
 // row_seq: [n]; seqs: [num_seqs]; block_tables: flat, seq i's at seqs[i].bt_offset; slot_mapping: [n]
 // out: [n, num_heads * HEAD_DIM] f16 (one split); part_acc: [n, num_heads, splits, HEAD_DIM];
@@ -102,37 +121,16 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
 #pragma unroll
         for (int g = 0; g < GQA; g++) sc[g] = 0.0f;
         if (j < end) {
-            float k[8];
             if (j >= first_new) {
                 const int r = s.query_start + (j - first_new);
                 src = -1 - (long)r;
                 const float* kp = qkv + (long)r * qkv_stride + q_size + kvh * HEAD_DIM;
-#pragma unroll
-                for (int d = 0; d < HEAD_DIM; d += 8) {
-                    load8(kp + d, k);
-#pragma unroll
-                    for (int g = 0; g < GQA; g++) {
-                        const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][d]);
-                        const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][d + 4]);
-                        sc[g] += qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] +
-                                 qb.x * k[4] + qb.y * k[5] + qb.z * k[6] + qb.w * k[7];
-                    }
-                }
+                score_key(kp, q_s, sc);
             } else {
                 const long slot = (long)bt[j >> block_size_log2] * (block_mask + 1) + (j & block_mask);
                 src = (slot * num_kv_heads + kvh) * HEAD_DIM;
                 const half_t* kp = k_cache + src;
-#pragma unroll
-                for (int d = 0; d < HEAD_DIM; d += 8) {
-                    load8(kp + d, k);
-#pragma unroll
-                    for (int g = 0; g < GQA; g++) {
-                        const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][d]);
-                        const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][d + 4]);
-                        sc[g] += qa.x * k[0] + qa.y * k[1] + qa.z * k[2] + qa.w * k[3] +
-                                 qb.x * k[4] + qb.y * k[5] + qb.z * k[6] + qb.w * k[7];
-                    }
-                }
+                score_key(kp, q_s, sc);
             }
         }
         // Online softmax over the warp's 32 keys.
