@@ -58,6 +58,17 @@ bench)
     done
     "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
     ;;
+quant)
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_quant --test-threads 1 2>&1 | grep -E "^test |test result|panicked|rror" | head -30
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked"
+    "$W"/cuda_matmul_bench --reps 100
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        "$Q" make-model --preset $preset --dtype q4_0 "$W/$preset-q4_0.gguf" 2>&1 | tail -1
+    done
+    for m in smollm2-135m-q4_0 llama3.2-1b-q4_0 llama3-8b-q4_0; do
+        "$Q" bench -m "$W/$m.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama"
+    done
+    ;;
 parity)
     cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
     QUIRE_PARITY_MODEL="$W/smollm2-q4_1.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|test result|panicked" | head -40

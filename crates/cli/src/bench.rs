@@ -68,6 +68,10 @@ pub struct BenchArgs {
     /// Compute backend
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub backend: String,
+    /// CUDA: weights on the GPU: `native` keeps Q4_0/Q4_1/Q8_0 as stored (8-bit activations),
+    /// `f16` dequantizes them for cuBLAS
+    #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
+    pub gpu_weights: String,
     /// CPU threads, comma-separated [default: all cores]
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
@@ -672,6 +676,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             backend: a.backend.clone(),
             threads: None,
             gpu_memory_utilization: 0.9,
+            gpu_weights: a.gpu_weights.clone(),
         };
         let model = bar.suspend(|| load_model(&margs))?;
         let info = ModelInfo {

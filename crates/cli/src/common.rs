@@ -24,6 +24,11 @@ pub struct ModelArgs {
     /// may take; the KV pool gets what is left after the weights (unless --num-blocks is given)
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
+    /// CUDA: weights on the GPU. `native` keeps Q4_0/Q4_1/Q8_0 weights as stored and multiplies
+    /// them with 8-bit activations (the CPU backend's and llama.cpp's numerics, fewer bytes per
+    /// token); `f16` dequantizes every weight to f16 for cuBLAS. Other types are always f16
+    #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
+    pub gpu_weights: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -114,6 +119,7 @@ pub fn cuda_executor(
         gpu_memory_utilization: u,
         num_blocks,
         block_size,
+        quantized_weights: args.gpu_weights == "native",
         ..Default::default()
     };
     match quire_backend::cuda::CudaExecutor::new(&model.weights, opts) {

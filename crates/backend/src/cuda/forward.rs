@@ -2,8 +2,9 @@
 //! so the same code runs eagerly and under CUDA-graph capture.
 
 use super::attention::{AttnBuffers, Meta, Plan};
-use super::gpu::{DBuf, KArg};
-use super::llama::CudaExecutor;
+use super::gpu::{DBuf, Gpu, KArg};
+use super::llama::{CudaExecutor, Kernels};
+use super::qmat::WMat;
 use crate::BackendError;
 
 /// One forward pass's shape and where its metadata lies on the device.
@@ -28,6 +29,11 @@ impl CudaExecutor {
         let qkv_dim = qs + 2 * kvs;
         let g = &self.gpu;
         let s = &self.s;
+        let q8 = s.q8.as_ref().unwrap().ptr;
+        let wdq = s.wdq.as_ref().map_or(0, |b| b.ptr);
+        // Whether a matmul on `w` over `rows` tokens takes 8-bit blocks (else f16 rows).
+        let dq_min = self.dequant_gemm_tokens;
+        let q8_in = |w: &WMat, rows: usize| w.quant_type().is_some() && rows < dq_min;
         let (x, h, qkv, attn, gu, act, logits) = (
             s.x.as_ref().unwrap().ptr,
             s.h.as_ref().unwrap().ptr,
@@ -51,30 +57,33 @@ impl CudaExecutor {
         let eps = c.rms_norm_eps;
 
         prof.start(g)?;
-        g.launch(
-            &k.embed,
-            (nu, 1, 1),
-            (256, 1, 1),
-            &[mp(meta.tokens), P(self.embed.ptr), P(x), I(hd as i32)],
-        )?;
+        match &self.embed {
+            WMat::F16(t) => g.launch(
+                &k.embed,
+                (nu, 1, 1),
+                (256, 1, 1),
+                &[mp(meta.tokens), P(t.ptr), P(x), I(hd as i32)],
+            )?,
+            WMat::Quant { dtype, data } => {
+                k.q.embed(g, *dtype, meta_base + 4 * meta.tokens as u64, data.ptr, x, n, hd)?
+            }
+        }
         prof.mark(g, "embed", None, n * hd * 6, 0)?;
         for (li, l) in self.layers.iter().enumerate() {
             let layer = Some(li);
-            let gemm_cost = |k_in: usize, out: usize| {
+            let gemm_cost = |w: &WMat, k_in: usize, out: usize| {
                 (
-                    2 * k_in * out + n * (k_in * 2 + out * 4),
+                    w.bytes_for(out, k_in) + n * (k_in * 2 + out * 4),
                     2 * n * k_in * out,
                 )
             };
-            g.launch(
-                &k.rms_norm,
-                (nu, 1, 1),
-                (norm_threads, 1, 1),
-                &[P(x), P(0), P(l.attn_norm.ptr), P(h), I(hd as i32), F(eps)],
-            )?;
+            let norm = (hd, eps, norm_threads);
+            let q8w = q8_in(&l.wqkv, n);
+            norm_for(g, k, q8w, x, P(0), l.attn_norm.ptr, (h, q8), n, norm)?;
             prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-            g.gemm_f16(h, l.wqkv.ptr, qkv, n, hd, qkv_dim, 0.0)?;
-            let (b, f) = gemm_cost(hd, qkv_dim);
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, &l.wqkv, (h, q8), qkv, hd, qkv_dim, 0.0)?;
+            let (b, f) = gemm_cost(&l.wqkv, hd, qkv_dim);
             prof.mark(g, "matmul_qkv", layer, b, f)?;
             let opt = |b: &Option<DBuf<f32>>| P(b.as_ref().map_or(0, |b| b.ptr));
             g.launch(
@@ -123,56 +132,128 @@ impl CudaExecutor {
                 kv_read + n * (qkv_dim * 4 + qs * 2),
                 4 * st.pairs * qs,
             )?;
-            g.gemm_f16(attn, l.wo.ptr, x, n, qs, hd, 1.0)?;
-            let (b, f) = gemm_cost(qs, hd);
+            let q8w = q8_in(&l.wo, n);
+            if q8w {
+                k.q.quantize(g, attn, q8, n, qs)?;
+            }
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
+            let (b, f) = gemm_cost(&l.wo, qs, hd);
             prof.mark(g, "matmul_o", layer, b, f)?;
-            g.launch(
-                &k.rms_norm,
-                (nu, 1, 1),
-                (norm_threads, 1, 1),
-                &[P(x), P(0), P(l.ffn_norm.ptr), P(h), I(hd as i32), F(eps)],
-            )?;
+            let q8w = q8_in(&l.w_gate_up, n);
+            norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
             prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-            g.gemm_f16(h, l.w_gate_up.ptr, gu, n, hd, 2 * inter, 0.0)?;
-            let (b, f) = gemm_cost(hd, 2 * inter);
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, &l.w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
+            let (b, f) = gemm_cost(&l.w_gate_up, hd, 2 * inter);
             prof.mark(g, "matmul_gate_up", layer, b, f)?;
             let total = n * inter;
-            let blocks = total.div_ceil(256).min(65535) as u32;
-            g.launch(
-                &k.swiglu,
-                (blocks, 1, 1),
-                (256, 1, 1),
-                &[P(gu), P(act), I(inter as i32), L(total as i64)],
-            )?;
+            let q8w = q8_in(&l.w_down, n);
+            if q8w {
+                let qblocks = total / 32;
+                g.launch(
+                    &k.q.swiglu_q8,
+                    (qblocks.div_ceil(8) as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(gu), P(q8), I(inter as i32), L(qblocks as i64)],
+                )?;
+            } else {
+                let blocks = total.div_ceil(256).min(65535) as u32;
+                g.launch(
+                    &k.swiglu,
+                    (blocks, 1, 1),
+                    (256, 1, 1),
+                    &[P(gu), P(act), I(inter as i32), L(total as i64)],
+                )?;
+            }
             prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
-            g.gemm_f16(act, l.w_down.ptr, x, n, inter, hd, 1.0)?;
-            let (b, f) = gemm_cost(inter, hd);
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, &l.w_down, (act, q8), x, inter, hd, 1.0)?;
+            let (b, f) = gemm_cost(&l.w_down, inter, hd);
             prof.mark(g, "matmul_down", layer, b, f)?;
         }
-        let out_w = self.output.as_ref().unwrap_or(&self.embed).ptr;
+        let out_w = self.output.as_ref().unwrap_or(&self.embed);
         if nl > 0 {
-            g.launch(
-                &k.rms_norm,
-                (nl as u32, 1, 1),
-                (norm_threads, 1, 1),
-                &[
-                    P(x),
-                    mp(meta.logits_idx),
-                    P(self.output_norm.ptr),
-                    P(h),
-                    I(hd as i32),
-                    F(eps),
-                ],
-            )?;
-            g.gemm_f16(h, out_w, logits, nl, hd, c.vocab_size, 0.0)?;
+            let norm = (hd, eps, norm_threads);
+            let rows_idx = mp(meta.logits_idx);
+            let q8w = q8_in(out_w, nl);
+            norm_for(g, k, q8w, x, rows_idx, self.output_norm.ptr, (h, q8), nl, norm)?;
+            let mm = MatMul { n: nl, wdq, q8_in: q8w };
+            mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
         }
         prof.mark(
             g,
             "output",
             None,
-            2 * hd * c.vocab_size + nl * c.vocab_size * 4,
+            out_w.bytes_for(c.vocab_size, hd) + nl * c.vocab_size * 4,
             2 * nl * hd * c.vocab_size,
         )?;
         Ok(())
+    }
+}
+
+/// RMSNorm of `rows` rows of `x` (gathered through `rows_idx` when it is not null) into the input
+/// form the next matmul takes: f16 rows in `inputs.0`, or 8-bit blocks in `inputs.1` when `q8`.
+/// `norm`: (hidden, eps, threads per row).
+#[allow(clippy::too_many_arguments)]
+fn norm_for(
+    g: &Gpu,
+    k: &Kernels,
+    q8: bool,
+    x: u64,
+    rows_idx: KArg,
+    norm_w: u64,
+    inputs: (u64, u64),
+    rows: usize,
+    norm: (usize, f32, u32),
+) -> Result<(), BackendError> {
+    let (hd, eps, threads) = norm;
+    let (f, out) = if q8 {
+        (&k.q.rms_norm_q8, inputs.1)
+    } else {
+        (&k.rms_norm, inputs.0)
+    };
+    use KArg::{F, I, P};
+    g.launch(
+        f,
+        (rows as u32, 1, 1),
+        (threads, 1, 1),
+        &[P(x), rows_idx, P(norm_w), P(out), I(hd as i32), F(eps)],
+    )
+}
+
+/// One matmul of a step: `n` tokens; `q8_in`: the input comes as 8-bit blocks (quantized weight,
+/// 8-bit kernels), else as f16 rows (cuBLAS; a quantized weight is first dequantized into `wdq`).
+struct MatMul {
+    n: usize,
+    wdq: u64,
+    q8_in: bool,
+}
+
+impl MatMul {
+    /// `y[n, out] = input · wᵀ + beta · y`; `inputs`: (f16 rows, 8-bit blocks).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        g: &Gpu,
+        k: &Kernels,
+        w: &WMat,
+        inputs: (u64, u64),
+        y: u64,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let n = self.n;
+        match w {
+            WMat::F16(b) => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+            WMat::Quant { dtype, data } if self.q8_in => {
+                k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
+            }
+            WMat::Quant { dtype, data } => {
+                k.q.dequantize(g, *dtype, data.ptr, self.wdq, k_in * out)?;
+                g.gemm_f16(inputs.0, self.wdq, y, n, k_in, out, beta)
+            }
+        }
     }
 }

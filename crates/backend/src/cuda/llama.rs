@@ -14,6 +14,7 @@ use super::attention::{pack_meta, Meta, PagedAttention};
 use super::forward::Step;
 use super::gpu::{DBuf, Gpu, KArg};
 use super::nvrtc;
+use super::qmat::{is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES};
 use super::CudaOptions;
 use crate::{BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat};
 
@@ -21,14 +22,14 @@ use super::profile::EventProfiler;
 
 pub(super) struct Layer {
     pub(super) attn_norm: DBuf<f32>,
-    pub(super) wqkv: DBuf<f16>,
+    pub(super) wqkv: WMat,
     pub(super) bqkv: Option<DBuf<f32>>,
     pub(super) q_norm: Option<DBuf<f32>>,
     pub(super) k_norm: Option<DBuf<f32>>,
-    pub(super) wo: DBuf<f16>,
+    pub(super) wo: WMat,
     pub(super) ffn_norm: DBuf<f32>,
-    pub(super) w_gate_up: DBuf<f16>,
-    pub(super) w_down: DBuf<f16>,
+    pub(super) w_gate_up: WMat,
+    pub(super) w_down: WMat,
     pub(super) k_cache: DBuf<f16>,
     pub(super) v_cache: DBuf<f16>,
 }
@@ -40,6 +41,7 @@ pub(super) struct Kernels {
     pub(super) rope: CudaFunction,
     pub(super) argmax: CudaFunction,
     pub(super) attention: PagedAttention,
+    pub(super) q: QuantKernels,
 }
 
 /// Device activations, grown to the largest batch seen.
@@ -56,6 +58,10 @@ pub(super) struct Scratch {
     pub(super) part_acc: Option<DBuf<f32>>,
     pub(super) part_ml: Option<DBuf<f32>>,
     pub(super) meta: Option<DBuf<i32>>,
+    /// Quantized activations for the quantized matmuls: [n, max(hidden, q, inter) / 32] blocks.
+    pub(super) q8: Option<DBuf<u8>>,
+    /// The largest quantized matrix dequantized to f16, for many-token matmuls (allocated at load).
+    pub(super) wdq: Option<DBuf<f16>>,
     pub(super) ids: Option<DBuf<i32>>,
 }
 
@@ -63,8 +69,8 @@ pub struct CudaExecutor {
     pub(super) gpu: Gpu,
     pub(super) cfg: ModelConfig,
     pub(super) k: Kernels,
-    pub(super) embed: DBuf<f16>,
-    pub(super) output: Option<DBuf<f16>>, // None: tied to `embed`
+    pub(super) embed: WMat,
+    pub(super) output: Option<WMat>, // None: tied to `embed`
     pub(super) output_norm: DBuf<f32>,
     pub(super) rope_cs: DBuf<f32>, // [max_pos, pairs, 2]
     max_pos: usize,
@@ -76,6 +82,8 @@ pub struct CudaExecutor {
     meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
     use_graphs: bool,
+    /// See `CudaOptions::dequant_gemm_tokens`.
+    pub(super) dequant_gemm_tokens: usize,
     /// Decode graphs by padded batch size.
     graphs: HashMap<usize, Graph>,
 }
@@ -86,49 +94,6 @@ pub struct CudaExecutor {
 struct Graph(CudaGraph);
 // SAFETY: see above; CUDA graph handles are not tied to the thread that created them.
 unsafe impl Send for Graph {}
-
-/// A 2-D weight `[rows, row_len]` as f16 on the host (dequantized when stored quantized).
-fn to_f16(t: &HostTensor) -> Result<Vec<f16>, BackendError> {
-    use quire_gguf::GgmlType;
-    Ok(match t.dtype {
-        GgmlType::F16 => t
-            .bytes
-            .as_slice()
-            .chunks_exact(2)
-            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
-            .collect(),
-        _ => t.to_f32()?.into_iter().map(f16::from_f32).collect(),
-    })
-}
-
-fn check_shape(t: &HostTensor, row_len: usize, rows: usize) -> Result<(), BackendError> {
-    if t.row_len() != row_len || t.rows() != rows {
-        return Err(BackendError::Shape {
-            name: t.name.clone(),
-            got: t.dims.clone(),
-            expected: vec![row_len, rows],
-        });
-    }
-    Ok(())
-}
-
-/// Uploads `parts` (each `[rows_i, row_len]`) stacked by rows into one f16 matrix.
-fn upload_stacked(
-    gpu: &Gpu,
-    parts: &[&HostTensor],
-    row_len: usize,
-    rows: &[usize],
-) -> Result<DBuf<f16>, BackendError> {
-    let total: usize = rows.iter().sum();
-    let mut buf = gpu.alloc::<f16>(total * row_len)?;
-    let mut off = 0;
-    for (t, &r) in parts.iter().zip(rows) {
-        check_shape(t, row_len, r)?;
-        gpu.htod(&to_f16(t)?, &mut buf, off)?;
-        off += r * row_len;
-    }
-    Ok(buf)
-}
 
 fn upload_vec(gpu: &Gpu, t: &HostTensor, len: usize) -> Result<DBuf<f32>, BackendError> {
     if t.n_elements() != len {
@@ -172,12 +137,25 @@ impl CudaExecutor {
         let gpu = Gpu::new(opts.device)?;
         let (free_before, total) = gpu.mem_info()?;
         let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-        let weight_bytes = 2
-            * (c.num_layers * (hd * (qs + 2 * kvs) + qs * hd + 3 * hd * inter)
-                + hd * c.vocab_size * if w.output.is_some() { 2 } else { 1 });
+        let keep_quant = opts.quantized_weights;
+        let dev_bytes = |t: &HostTensor| {
+            if keep_quant && is_native_quant(t.dtype) {
+                t.bytes.as_slice().len()
+            } else {
+                2 * t.n_elements()
+            }
+        };
+        let weight_bytes: usize = w
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(std::iter::once(&w.tok_embd))
+            .chain(w.output.as_ref())
+            .map(dev_bytes)
+            .sum();
         if weight_bytes as f64 > free_before as f64 * opts.gpu_memory_utilization as f64 {
             return Err(BackendError::OutOfMemory(format!(
-                "the model needs {:.1} GiB as f16 but {:.1} GiB of {:.1} GiB is free on {} (x {} utilization)",
+                "the model needs {:.1} GiB of weights but {:.1} GiB of {:.1} GiB is free on {} (x {} utilization)",
                 weight_bytes as f64 / (1u64 << 30) as f64,
                 free_before as f64 / (1u64 << 30) as f64,
                 total as f64 / (1u64 << 30) as f64,
@@ -198,17 +176,15 @@ impl CudaExecutor {
             rope: Gpu::function(&rope, "rope_qkv")?,
             argmax: Gpu::function(&sample, "argmax_rows")?,
             attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?,
+            q: QuantKernels::new(&gpu)?,
         };
 
-        check_shape(&w.tok_embd, hd, c.vocab_size)?;
-        let embed = gpu.upload(&to_f16(&w.tok_embd)?)?;
-        let output = match &w.output {
-            Some(t) => {
-                check_shape(t, hd, c.vocab_size)?;
-                Some(gpu.upload(&to_f16(t)?)?)
-            }
-            None => None,
-        };
+        let embed = upload_stacked(&gpu, &[&w.tok_embd], hd, &[c.vocab_size], keep_quant)?;
+        let output = w
+            .output
+            .as_ref()
+            .map(|t| upload_stacked(&gpu, &[t], hd, &[c.vocab_size], keep_quant))
+            .transpose()?;
         if w.layers.len() != c.num_layers {
             return Err(BackendError::Config(format!(
                 "config says {} layers, weights have {}",
@@ -242,20 +218,51 @@ impl CudaExecutor {
             };
             layers.push(Layer {
                 attn_norm: upload_vec(&gpu, &l.attn_norm, hd)?,
-                wqkv: upload_stacked(&gpu, &[&l.wq, &l.wk, &l.wv], hd, &[qs, kvs, kvs])?,
+                wqkv: upload_stacked(
+                    &gpu,
+                    &[&l.wq, &l.wk, &l.wv],
+                    hd,
+                    &[qs, kvs, kvs],
+                    keep_quant,
+                )?,
                 bqkv,
                 q_norm: opt_vec(&l.q_norm)?,
                 k_norm: opt_vec(&l.k_norm)?,
-                wo: upload_stacked(&gpu, &[&l.wo], qs, &[hd])?,
+                wo: upload_stacked(&gpu, &[&l.wo], qs, &[hd], keep_quant)?,
                 ffn_norm: upload_vec(&gpu, &l.ffn_norm, hd)?,
-                w_gate_up: upload_stacked(&gpu, &[&l.w_gate, &l.w_up], hd, &[inter, inter])?,
-                w_down: upload_stacked(&gpu, &[&l.w_down], inter, &[hd])?,
+                w_gate_up: upload_stacked(
+                    &gpu,
+                    &[&l.w_gate, &l.w_up],
+                    hd,
+                    &[inter, inter],
+                    keep_quant,
+                )?,
+                w_down: upload_stacked(&gpu, &[&l.w_down], inter, &[hd], keep_quant)?,
                 // The caches come below, once their size is known.
                 k_cache: gpu.alloc::<f16>(0)?,
                 v_cache: gpu.alloc::<f16>(0)?,
             });
         }
         let output_norm = upload_vec(&gpu, &w.output_norm, hd)?;
+        // Room to dequantize the largest quantized matrix for many-token matmuls.
+        let mut scratch = Scratch::default();
+        let quant_elems = layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    (&l.wqkv, hd * (qs + 2 * kvs)),
+                    (&l.wo, qs * hd),
+                    (&l.w_gate_up, hd * 2 * inter),
+                    (&l.w_down, inter * hd),
+                ]
+            })
+            .chain([(output.as_ref().unwrap_or(&embed), hd * c.vocab_size)])
+            .filter(|(m, _)| m.quant_type().is_some())
+            .map(|(_, e)| e)
+            .max();
+        if let (Some(e), true) = (quant_elems, opts.dequant_gemm_tokens != usize::MAX) {
+            scratch.wdq = Some(gpu.alloc::<f16>(e)?);
+        }
 
         // The KV pool: what the utilization leaves after weights and a reserve for activations.
         let per_block = 2 * c.num_layers * bs * kvs * 2;
@@ -305,12 +312,13 @@ impl CudaExecutor {
                 num_blocks,
                 block_size: bs,
             },
-            s: Scratch::default(),
+            s: scratch,
             host_logits: vec![],
             host_ids: vec![],
             meta_host: vec![],
             prof: EventProfiler::default(),
             use_graphs: opts.graphs,
+            dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
             gpu,
         })
@@ -340,6 +348,7 @@ impl CudaExecutor {
             s.attn = Some(g.alloc(cap * qs)?);
             s.gu = Some(g.alloc(cap * 2 * inter)?);
             s.act = Some(g.alloc(cap * inter)?);
+            s.q8 = Some(g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?);
             s.tokens = cap;
         }
         if s.logits.as_ref().is_none_or(|b| b.len < nl * c.vocab_size) {

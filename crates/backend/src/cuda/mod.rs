@@ -16,6 +16,14 @@ pub struct CudaOptions {
     /// Run decode steps through CUDA graphs (one per batch-size bucket). `QUIRE_CUDA_GRAPHS=0`
     /// turns the default off.
     pub graphs: bool,
+    /// Keep Q4_0/Q4_1/Q8_0 weights as stored and multiply them with 8-bit activations (the CPU
+    /// backend's numerics, fewer bytes per step); `false` dequantizes every weight to f16 for
+    /// cuBLAS.
+    pub quantized_weights: bool,
+    /// With `quantized_weights`: matmuls of at least this many tokens (prefill) dequantize the
+    /// weight to f16 and use cuBLAS instead of the 8-bit kernels (much faster at large batches;
+    /// the activations are then not quantized). `usize::MAX` keeps every matmul on the 8-bit path.
+    pub dequant_gemm_tokens: usize,
 }
 
 impl Default for CudaOptions {
@@ -26,6 +34,8 @@ impl Default for CudaOptions {
             num_blocks: None,
             block_size: 16,
             graphs: std::env::var("QUIRE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            quantized_weights: true,
+            dequant_gemm_tokens: 64,
         }
     }
 }
@@ -42,6 +52,8 @@ mod llama;
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod profile;
+#[cfg(feature = "cuda")]
+pub mod qmat;
 
 #[cfg(feature = "cuda")]
 pub use llama::CudaExecutor;

@@ -42,6 +42,10 @@ pub const SAMPLE: KernelSource = KernelSource {
     name: "sample.cu",
     src: include_str!("kernels/sample.cu"),
 };
+pub const QUANT: KernelSource = KernelSource {
+    name: "quant.cu",
+    src: include_str!("kernels/quant.cu"),
+};
 /// Needs `HEAD_DIM` and `GQA` defined.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
@@ -50,7 +54,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 
 /// Every kernel family with the defines it is compiled with for the shapes quire supports.
 pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
-    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE]
+    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT]
         .into_iter()
         .map(|k| (k, vec![]))
         .collect();

@@ -1,0 +1,107 @@
+//! Microbenchmark of the GPU matmuls a decode step runs: cuBLAS on f16 weights against the
+//! quantized kernels (Q8_0, Q4_0, Q4_1 with 8-bit activations) on the weight shapes of Llama-3-8B,
+//! Llama-3.2-1B and SmolLM2-135M, for 1 and 8 tokens. Every case is timed with CUDA events over
+//! many launches after a warm-up; it prints the median and spread per launch and the weight bytes
+//! read per second, beside the copy ceiling (`--ceiling-gbs`, default 3000: a device-to-device copy
+//! on the H100 measured in ../shared/notes).
+//!
+//! `cargo run --release -p quire-backend --features cuda --example cuda_matmul_bench [-- --reps 200]`
+
+use half::f16;
+use quire_backend::cpu::quant::{quantize_row_q8a, BlockQ8A, QK};
+use quire_backend::cuda::gpu::{EventFlags, Gpu};
+use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
+use quire_gguf::GgmlType;
+
+fn median_spread(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let m = v[v.len() / 2];
+    let p10 = v[v.len() / 10];
+    let p90 = v[v.len() * 9 / 10];
+    (m, (p90 - p10) / 2.0)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: f64| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map_or(default, |v| v.parse().expect("a number"))
+    };
+    let reps = arg("--reps", 100.0) as usize;
+    let ceiling = arg("--ceiling-gbs", 3000.0);
+    let g = Gpu::new(0)?;
+    let q = QuantKernels::new(&g)?;
+    println!("device: {} ({}), {reps} timed launches per case", g.name, g.arch);
+    println!(
+        "| shape | k x out | dtype | tokens | median us | +/- | weight GB/s | % of {ceiling:.0} |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|");
+    let shapes = [
+        ("8B qkv", 4096usize, 6144usize),
+        ("8B gate_up", 4096, 28672),
+        ("8B down", 14336, 4096),
+        ("8B output", 4096, 128256),
+        ("1B gate_up", 2048, 16384),
+        ("1B down", 8192, 2048),
+        ("135M gate_up", 576, 3072),
+        ("135M down", 1536, 576),
+    ];
+    for (name, k, out) in shapes {
+        // Weights: a repeated random-ish pattern (speed does not depend on the values).
+        let pattern: Vec<f32> = (0..k).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
+        let x: Vec<f32> = (0..8 * k).map(|i| ((i * 104729 % 997) as f32 / 498.0) - 1.0).collect();
+        let mut xq = vec![BlockQ8A::default(); 8 * k / QK];
+        quantize_row_q8a(&x, &mut xq);
+        let mut xq_bytes = Vec::with_capacity(xq.len() * Q8A_BYTES);
+        for b in &xq {
+            xq_bytes.extend(b.d.to_le_bytes());
+            xq_bytes.extend(b.s.to_le_bytes());
+            xq_bytes.extend(b.qs.iter().map(|&v| v as u8));
+        }
+        let dxq = g.upload(&xq_bytes)?;
+        let dx16 = g.upload(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?;
+        let dy = g.alloc::<f32>(8 * out)?;
+        for dtype in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            let mut row = vec![];
+            quire_gguf::quantize_row(dtype, &pattern, &mut row)?;
+            let mut bytes = Vec::with_capacity(row.len() * out);
+            for _ in 0..out {
+                bytes.extend_from_slice(&row);
+            }
+            let dw = g.upload(&bytes)?;
+            for n in [1usize, 8] {
+                let launch = || -> Result<(), Box<dyn std::error::Error>> {
+                    if dtype == GgmlType::F16 {
+                        g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?;
+                    } else {
+                        q.matmul(&g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0)?;
+                    }
+                    Ok(())
+                };
+                for _ in 0..10 {
+                    launch()?;
+                }
+                let mut times = Vec::with_capacity(reps);
+                let e0 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
+                let e1 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
+                for _ in 0..reps {
+                    e0.record(&g.stream)?;
+                    launch()?;
+                    e1.record(&g.stream)?;
+                    e1.synchronize()?;
+                    times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+                }
+                let (med, spread) = median_spread(times);
+                let gbs = bytes.len() as f64 / (med * 1e-6) / 1e9;
+                println!(
+                    "| {name} | {k} x {out} | {} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
+                    dtype.name(),
+                    100.0 * gbs / ceiling
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! Weight matrices on the GPU, in one of two forms: f16 for cuBLAS, or ggml Q4_0/Q4_1/Q8_0 blocks
+//! kept exactly as stored, multiplied by the dp4a kernels of `kernels/quant.cu` against
+//! activations quantized to 8 bits per block of 32. The quantized form reads 3.5× (Q4) or 1.9×
+//! (Q8_0) fewer bytes per decode step than f16, and it is the CPU backend's (and llama.cpp's)
+//! arithmetic, so a quantized model gives the same logits on both backends.
+
+use cudarc::driver::{CudaFunction, CudaModule};
+use half::f16;
+use quire_gguf::GgmlType;
+use std::sync::Arc;
+
+use super::gpu::{DBuf, Gpu, KArg};
+use super::nvrtc;
+use crate::{BackendError, HostTensor};
+
+/// Bytes of one quantized activation block on the device (`q8a_t`: d, s, 32 × i8), the CPU's
+/// `BlockQ8A` layout.
+pub const Q8A_BYTES: usize = 40;
+
+/// Tokens per CTA of the many-token matmul kernel (`mmq_*_t8`).
+const MMQ_TOK: usize = 8;
+/// Weight rows per CTA (4 warps × 2 rows, `MMQ_WARPS × MMQ_ROWS` in quant.cu).
+const MMQ_ROWS_PER_CTA: usize = 8;
+
+/// The stored types the quantized kernels read.
+pub fn is_native_quant(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// A weight matrix `[rows, row_len]` (ggml order: each row contiguous).
+pub enum WMat {
+    F16(DBuf<f16>),
+    Quant { dtype: GgmlType, data: DBuf<u8> },
+}
+
+impl WMat {
+    pub fn quant_type(&self) -> Option<GgmlType> {
+        match self {
+            WMat::F16(_) => None,
+            WMat::Quant { dtype, .. } => Some(*dtype),
+        }
+    }
+
+    /// Device address of the data.
+    pub fn ptr(&self) -> u64 {
+        match self {
+            WMat::F16(b) => b.ptr,
+            WMat::Quant { data, .. } => data.ptr,
+        }
+    }
+
+    /// Bytes of a `[rows, row_len]` matrix in this form (for sizing and the profiler).
+    pub fn bytes_for(&self, rows: usize, row_len: usize) -> usize {
+        match self {
+            WMat::F16(_) => 2 * rows * row_len,
+            WMat::Quant { dtype, .. } => rows * dtype.row_size(row_len as u64).unwrap_or(0) as usize,
+        }
+    }
+}
+
+fn check_shape(t: &HostTensor, row_len: usize, rows: usize) -> Result<(), BackendError> {
+    if t.row_len() != row_len || t.rows() != rows {
+        return Err(BackendError::Shape {
+            name: t.name.clone(),
+            got: t.dims.clone(),
+            expected: vec![row_len, rows],
+        });
+    }
+    Ok(())
+}
+
+/// A 2-D weight as f16 on the host (dequantized when stored quantized).
+pub fn to_f16(t: &HostTensor) -> Result<Vec<f16>, BackendError> {
+    Ok(match t.dtype {
+        GgmlType::F16 => t
+            .bytes
+            .as_slice()
+            .chunks_exact(2)
+            .map(|b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        _ => t.to_f32()?.into_iter().map(f16::from_f32).collect(),
+    })
+}
+
+/// Uploads `parts` (each `[rows_i, row_len]`) stacked by rows into one matrix: kept quantized when
+/// `keep_quant` and every part is stored in the same Q4_0/Q4_1/Q8_0 type, f16 otherwise.
+pub fn upload_stacked(
+    gpu: &Gpu,
+    parts: &[&HostTensor],
+    row_len: usize,
+    rows: &[usize],
+    keep_quant: bool,
+) -> Result<WMat, BackendError> {
+    for (t, &r) in parts.iter().zip(rows) {
+        check_shape(t, row_len, r)?;
+    }
+    let dtype = parts[0].dtype;
+    if keep_quant && is_native_quant(dtype) && parts.iter().all(|t| t.dtype == dtype) {
+        let mut bytes = Vec::with_capacity(parts.iter().map(|t| t.bytes.as_slice().len()).sum());
+        for t in parts {
+            bytes.extend_from_slice(t.bytes.as_slice());
+        }
+        return Ok(WMat::Quant {
+            dtype,
+            data: gpu.upload(&bytes)?,
+        });
+    }
+    let total: usize = rows.iter().sum();
+    let mut buf = gpu.alloc::<f16>(total * row_len)?;
+    let mut off = 0;
+    for (t, &r) in parts.iter().zip(rows) {
+        gpu.htod(&to_f16(t)?, &mut buf, off)?;
+        off += r * row_len;
+    }
+    Ok(WMat::F16(buf))
+}
+
+/// The kernels of quant.cu.
+pub struct QuantKernels {
+    pub rms_norm_q8: CudaFunction,
+    pub swiglu_q8: CudaFunction,
+    pub quantize_f16: CudaFunction,
+    /// By type (Q4_0, Q4_1, Q8_0): the one-token and the eight-token matmul.
+    mmq: [[CudaFunction; 2]; 3],
+    embed: [CudaFunction; 3],
+    dequant: [CudaFunction; 3],
+}
+
+fn type_index(dtype: GgmlType) -> usize {
+    match dtype {
+        GgmlType::Q4_0 => 0,
+        GgmlType::Q4_1 => 1,
+        _ => 2,
+    }
+}
+
+impl QuantKernels {
+    pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
+        let m: Arc<CudaModule> = gpu.module(&nvrtc::QUANT, &[])?;
+        let f = |name: &str| Gpu::function(&m, name);
+        Ok(Self {
+            rms_norm_q8: f("rms_norm_q8")?,
+            swiglu_q8: f("swiglu_q8")?,
+            quantize_f16: f("quantize_q8_f16")?,
+            mmq: [
+                [f("mmq_q4_0_t1")?, f("mmq_q4_0_t8")?],
+                [f("mmq_q4_1_t1")?, f("mmq_q4_1_t8")?],
+                [f("mmq_q8_0_t1")?, f("mmq_q8_0_t8")?],
+            ],
+            embed: [f("embed_q4_0")?, f("embed_q4_1")?, f("embed_q8_0")?],
+            dequant: [f("dequant_q4_0")?, f("dequant_q4_1")?, f("dequant_q8_0")?],
+        })
+    }
+
+    /// `y[n, out] (f32) = x · wᵀ + beta · y` for a quantized `w: [out, k_in]`; `xq: [n, k_in / 32]`
+    /// q8 blocks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        gpu: &Gpu,
+        dtype: GgmlType,
+        w: u64,
+        xq: u64,
+        y: u64,
+        n: usize,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let (f, tok) = if n == 1 {
+            (&self.mmq[type_index(dtype)][0], 1)
+        } else {
+            (&self.mmq[type_index(dtype)][1], MMQ_TOK)
+        };
+        let grid_y = n.div_ceil(tok);
+        if grid_y > 65535 {
+            return Err(BackendError::InvalidBatch(format!(
+                "{n} tokens in one quantized matmul (at most {})",
+                65535 * MMQ_TOK
+            )));
+        }
+        use KArg::{F, I, P};
+        gpu.launch(
+            f,
+            (out.div_ceil(MMQ_ROWS_PER_CTA) as u32, grid_y as u32, 1),
+            (128, 1, 1),
+            &[
+                P(w),
+                P(xq),
+                P(y),
+                I(out as i32),
+                I((k_in / 32) as i32),
+                I(n as i32),
+                F(beta),
+            ],
+        )
+    }
+
+    /// Quantizes `x: [n, k]` f16 into `xq: [n, k / 32]` blocks.
+    pub fn quantize(&self, gpu: &Gpu, x: u64, xq: u64, n: usize, k: usize) -> Result<(), BackendError> {
+        let blocks = n * k / 32;
+        gpu.launch(
+            &self.quantize_f16,
+            (blocks.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            &[KArg::P(x), KArg::P(xq), KArg::L(blocks as i64)],
+        )
+    }
+
+    /// `x[t] = table[ids[t]]` from a quantized `[vocab, hidden]` table.
+    pub fn embed(
+        &self,
+        gpu: &Gpu,
+        dtype: GgmlType,
+        ids: u64,
+        table: u64,
+        x: u64,
+        n: usize,
+        hidden: usize,
+    ) -> Result<(), BackendError> {
+        gpu.launch(
+            &self.embed[type_index(dtype)],
+            (n as u32, 1, 1),
+            (256, 1, 1),
+            &[KArg::P(ids), KArg::P(table), KArg::P(x), KArg::I(hidden as i32)],
+        )
+    }
+
+    /// Dequantizes a whole `[rows, row_len]` matrix (`elems` values) to f16 into `out`.
+    pub fn dequantize(
+        &self,
+        gpu: &Gpu,
+        dtype: GgmlType,
+        w: u64,
+        out: u64,
+        elems: usize,
+    ) -> Result<(), BackendError> {
+        gpu.launch(
+            &self.dequant[type_index(dtype)],
+            (elems.div_ceil(256) as u32, 1, 1),
+            (256, 1, 1),
+            &[KArg::P(w), KArg::P(out), KArg::L(elems as i64)],
+        )
+    }
+}
