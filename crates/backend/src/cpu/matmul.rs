@@ -6,6 +6,7 @@
 use quire_gguf::GgmlType;
 
 use super::quant::{dot_row, dot_row_x4, has_x4, needs_q8, quantize_row_q8a, BlockQ8A, QK};
+use super::rows::{dot_rows4, has_rows4, prefetch, PREFETCH_GROUPS, ROWS};
 use super::team::{DisjointPtr, Parallel};
 use crate::{BackendError, HostTensor, TensorBytes};
 
@@ -150,9 +151,15 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
     let out_ptr = DisjointPtr::new(out);
     // Four tokens at a time where a four-way kernel exists (weights unpacked once).
     let four_way = quantized && n >= 4 && has_x4(w.dtype);
+    let rows4 = quantized && has_rows4(w.dtype);
     let run = |task: usize| {
         let r0 = task * tiles_per_task * TILE_ROWS;
         let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
+        if n == 1 && rows4 && r0 < r1 {
+            // The first groups of the task (the loop below asks for the later ones ahead).
+            let end = (r0 + PREFETCH_GROUPS * ROWS).min(r1);
+            prefetch(&w.data.as_slice()[r0 * w.row_bytes..end * w.row_bytes]);
+        }
         let mut tile = r0;
         while tile < r1 {
             let tile_end = (tile + TILE_ROWS).min(r1);
@@ -177,7 +184,27 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
                 } else {
                     &[]
                 };
-                for r in tile..tile_end {
+                let mut r = tile;
+                // Four rows at a time where a four-row kernel exists (bit-identical to one row).
+                if rows4 {
+                    while r + ROWS <= tile_end {
+                        if n == 1 {
+                            // A matrix-vector product streams the weights once: ask ahead.
+                            let ahead = r + PREFETCH_GROUPS * ROWS;
+                            if ahead + ROWS <= w.rows {
+                                let start = ahead * w.row_bytes;
+                                prefetch(&w.data.as_slice()[start..start + ROWS * w.row_bytes]);
+                            }
+                        }
+                        let v = dot_rows4(w.dtype, std::array::from_fn(|k| w.row(r + k)), xt, xqt);
+                        for (k, v) in v.into_iter().enumerate() {
+                            // SAFETY: (t, r + k) is written by exactly one task; inside out.
+                            unsafe { *out_ptr.at(t * w.rows + r + k) = v };
+                        }
+                        r += ROWS;
+                    }
+                }
+                for r in r..tile_end {
                     let v = dot_row(w.dtype, w.row(r), xt, xqt);
                     // SAFETY: (t, r) is written by exactly one task; index < n * rows.
                     unsafe { *out_ptr.at(t * w.rows + r) = v };
