@@ -114,10 +114,16 @@ fn main() {
         black_box(&out);
         t0.elapsed().as_secs_f64()
     };
-    println!("{dtype:?}, one thread, one layer = {:.2} MB of weights", bytes as f64 / 1e6);
+    println!(
+        "{dtype:?}, one thread, one layer = {:.2} MB of weights",
+        bytes as f64 / 1e6
+    );
     println!("| weights | kernel | ms/layer min | median | GB/s (min) |");
     println!("|---|---|--:|--:|--:|");
-    for (label, layers, reps) in [("in cache (1 layer)", 1usize, 400usize), ("streamed (30 layers)", copies, 40)] {
+    for (label, layers, reps) in [
+        ("in cache (1 layer)", 1usize, 400usize),
+        ("streamed (30 layers)", copies, 40),
+    ] {
         let kernels: [(&str, Kernel); 5] = [
             ("one row", one_row),
             ("four rows", four_rows),

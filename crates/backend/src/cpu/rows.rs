@@ -139,9 +139,7 @@ mod avx2 {
                 off[r] = _mm_add_ps(off[r], prod);
             }
         }
-        std::array::from_fn(|r| {
-            hsum(acc[r]) + _mm_cvtss_f32(_mm_shuffle_ps(off[r], off[r], 0b01))
-        })
+        std::array::from_fn(|r| hsum(acc[r]) + _mm_cvtss_f32(_mm_shuffle_ps(off[r], off[r], 0b01)))
     }
 
     /// Q4_0: `|q − 8| × (a × sign(q − 8))` per block, as `quant::avx2::dot_q4_0`.
