@@ -6,9 +6,10 @@ use half::f16;
 use quire_core::ModelConfig;
 
 use super::attention::{paged_attention, AttnParams, KvElem};
-use super::matmul::{matmul, Activations, QMatrix};
+use super::matmul::{matmul, matmul_swiglu, Activations, QMatrix};
 use super::ops;
 use super::profile::Profiler;
+use super::quant::{needs_q8, QK};
 use super::team::{Parallel, Team};
 use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
 
@@ -43,7 +44,10 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     wo: QMatrix,
     ffn_norm: Vec<f32>,
+    /// Gate and up, interleaved in chunks of 32 rows when `gu_chunked` (`matmul_swiglu`), else
+    /// stacked `[gate | up]`.
     w_gate_up: QMatrix,
+    gu_chunked: bool,
     w_down: QMatrix,
 }
 
@@ -63,6 +67,8 @@ struct Scratch {
     act: Vec<f32>,  // [n, inter]
     last: Vec<f32>, // [n_logits, hidden]
     q8: Activations,
+    /// The SwiGLU output quantized by the fused decode gate/up product.
+    q8_act: Activations,
     logits: Vec<f32>,
     rope_cs: Vec<(f32, f32)>, // [n, rope_dim / 2] (cos, sin) per token
     cs_tmp: Vec<(f32, f32)>,
@@ -135,6 +141,8 @@ impl CpuExecutor {
             };
             let gate = QMatrix::from_tensor(&l.w_gate, hd, inter)?;
             let up = QMatrix::from_tensor(&l.w_up, hd, inter)?;
+            let gu_chunked = inter.is_multiple_of(QK);
+            let gu_name = format!("{}+up", l.w_gate.name);
             layers.push(Layer {
                 attn_norm: vec_f32(&l.attn_norm, hd)?,
                 wqkv: QMatrix::concat_rows(&format!("{}+k+v", l.wq.name), &[wq, wk, wv])?,
@@ -151,7 +159,12 @@ impl CpuExecutor {
                     .transpose()?,
                 wo: QMatrix::from_tensor(&l.wo, qs, hd)?,
                 ffn_norm: vec_f32(&l.ffn_norm, hd)?,
-                w_gate_up: QMatrix::concat_rows(&format!("{}+up", l.w_gate.name), &[gate, up])?,
+                w_gate_up: if gu_chunked {
+                    QMatrix::interleave_rows(&gu_name, &gate, &up, QK)?
+                } else {
+                    QMatrix::concat_rows(&gu_name, &[gate, up])?
+                },
+                gu_chunked,
                 w_down: QMatrix::from_tensor(&l.w_down, inter, hd)?,
             });
         }
@@ -375,20 +388,34 @@ impl CpuExecutor {
                 },
             );
             let (b, f) = mm_cost(&l.w_gate_up, n);
-            prof.time("matmul_gate_up", layer, b, f, || {
-                matmul(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.gu)
-            });
-            prof.time(
-                "swiglu",
-                layer,
-                (n * inter * 12) as u64,
-                (n * inter * 6) as u64,
-                || ops::swiglu(&s.gu, inter, &mut s.act),
-            );
+            if n == 1 && l.gu_chunked && needs_q8(l.w_down.dtype) {
+                // Decode: SwiGLU and the down projection's quantization inside the gate/up
+                // section (its time includes them).
+                prof.time("matmul_gate_up", layer, b, f, || {
+                    matmul_swiglu(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
+                });
+            } else {
+                prof.time("matmul_gate_up", layer, b, f, || {
+                    matmul(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.gu)
+                });
+                prof.time(
+                    "swiglu",
+                    layer,
+                    (n * inter * 12) as u64,
+                    (n * inter * 6) as u64,
+                    || {
+                        if l.gu_chunked {
+                            ops::swiglu_chunked(&s.gu, inter, QK, &mut s.act)
+                        } else {
+                            ops::swiglu(&s.gu, inter, &mut s.act)
+                        }
+                        s.q8_act.prepare(pool, &s.act, inter, l.w_down.dtype);
+                    },
+                );
+            }
             let (b, f) = mm_cost(&l.w_down, n);
             prof.time("matmul_down", layer, b, f, || {
-                s.q8.prepare(pool, &s.act, inter, l.w_down.dtype);
-                matmul(pool, &l.w_down, &s.act, &s.q8, &mut s.tmp);
+                matmul(pool, &l.w_down, &s.act, &s.q8_act, &mut s.tmp);
                 ops::add_in_place(&mut s.x, &s.tmp);
             });
         }

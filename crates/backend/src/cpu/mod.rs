@@ -8,6 +8,7 @@ pub mod matmul;
 pub mod ops;
 pub mod profile;
 pub mod quant;
+pub mod rows;
 pub mod team;
 
 pub use llama::{CpuExecutor, CpuOptions, KvDtype};
