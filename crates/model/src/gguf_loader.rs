@@ -170,6 +170,7 @@ fn tokenizer_spec(f: &GgufFile) -> Result<TokenizerSpec, ModelError> {
         add_space_prefix: f
             .get_bool("tokenizer.ggml.add_space_prefix")?
             .unwrap_or(false),
+        eog_token_ids: Vec::new(),
     })
 }
 
