@@ -54,6 +54,11 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// RMSNorm on each query and key head before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Sliding-window attention on every layer (Mistral): a query at position `p` attends the keys
+    /// at positions `p - w < j <= p` only, i.e. the `w` most recent tokens including itself.
+    /// `None`: full causal attention.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
 }
 
 impl ModelConfig {
@@ -95,6 +100,9 @@ impl ModelConfig {
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(format!("bad rms_norm_eps {}", self.rms_norm_eps));
+        }
+        if self.sliding_window == Some(0) {
+            return Err("sliding_window must be > 0".into());
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!("bad rope theta {}", self.rope_theta));

@@ -94,6 +94,10 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         attention_bias: f.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: f.tensor("blk.0.attn_q_norm.weight").is_some(),
+        sliding_window: f
+            .get_u32(&k("attention.sliding_window"))?
+            .filter(|&w| w > 0)
+            .map(|w| w as usize),
     };
     cfg.validate().map_err(ModelError::Invalid)?;
     if cfg.num_layers > 4096 || cfg.hidden_size > 1 << 20 || cfg.vocab_size > 1 << 24 {

@@ -275,6 +275,7 @@ impl CpuExecutor {
             block_size: self.kv.block_size,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             f16_accum: matches!(self.store, KvStore::F16(..)),
+            sliding_window: c.sliding_window,
         };
         let pairs = c.rope_dim / 2;
         s.rope_cs.clear();

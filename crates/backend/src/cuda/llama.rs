@@ -151,6 +151,11 @@ impl CudaExecutor {
     pub fn create(w: &ModelWeights, opts: CudaOptions) -> Result<Self, BackendError> {
         let c = &w.config;
         c.validate().map_err(BackendError::Config)?;
+        if let Some(w) = c.sliding_window {
+            return Err(BackendError::Config(format!(
+                "sliding-window attention (window {w}) is not implemented on CUDA yet; use --backend cpu"
+            )));
+        }
         let bs = opts.block_size;
         if !matches!(bs, 16 | 32 | 64 | 128) {
             return Err(BackendError::Config(format!(

@@ -80,7 +80,10 @@ fn split_name(split: &Value) -> Result<String, TokenizerError> {
         .and_then(|p| p.get("Regex"))
         .and_then(Value::as_str);
     let behavior = split.get("behavior").and_then(Value::as_str);
-    let invert = split.get("invert").and_then(Value::as_bool).unwrap_or(false);
+    let invert = split
+        .get("invert")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     if split.get("type").and_then(Value::as_str) != Some("Split")
         || behavior != Some("Isolated")
         || invert
@@ -197,7 +200,10 @@ pub fn from_hf_files(
     }
     let n = entries.iter().map(|e| e.0 as usize + 1).max().unwrap_or(0);
     if n > 1 << 24 {
-        return Err(invalid(format!("tokenizer.json: token id {} is implausible", n - 1)));
+        return Err(invalid(format!(
+            "tokenizer.json: token id {} is implausible",
+            n - 1
+        )));
     }
     let mut tokens = vec![String::new(); n];
     let mut token_types = vec![5; n]; // unused until filled

@@ -9,7 +9,10 @@ use super::*;
 use crate::Tokenizer;
 
 fn fixture(arch: &str) -> (String, String) {
-    let dir = format!("{}/../../tests/hf/fixtures/{arch}", env!("CARGO_MANIFEST_DIR"));
+    let dir = format!(
+        "{}/../../tests/hf/fixtures/{arch}",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let read = |f: &str| {
         std::fs::read_to_string(format!("{dir}/{f}")).unwrap_or_else(|e| panic!("{dir}/{f}: {e}"))
     };
@@ -60,7 +63,11 @@ fn fixture_tokenizers_match_the_tokenizers_crate() {
 
 #[test]
 fn pre_tokenizer_names() {
-    let cases = [("llama", "llama-bpe"), ("qwen2", "qwen2"), ("mistral", "gpt-2")];
+    let cases = [
+        ("llama", "llama-bpe"),
+        ("qwen2", "qwen2"),
+        ("mistral", "gpt-2"),
+    ];
     for (arch, pre) in cases {
         let hf = from_hf_files(&fixture(arch).0, None).unwrap();
         assert_eq!(hf.spec.pre.as_deref(), Some(pre));
@@ -127,7 +134,10 @@ fn clear_errors() {
         v["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\p{L}+".into();
     });
     let m = msg(&unknown_regex);
-    assert!(m.contains("unknown pre-tokenizer regex") && m.contains("\\\\p{L}+"), "{m}");
+    assert!(
+        m.contains("unknown pre-tokenizer regex") && m.contains("\\\\p{L}+"),
+        "{m}"
+    );
     let metaspace = edit(&tj, |v| {
         v["pre_tokenizer"] = serde_json::json!({"type": "Metaspace", "replacement": "▁"});
     });
