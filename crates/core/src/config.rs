@@ -19,6 +19,8 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Mistral,
+    /// Qwen3 attention (QK-norm, Neox RoPE) with a mixture-of-experts FFN on every layer.
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -28,8 +30,24 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Mistral => "mistral",
+            Architecture::Qwen3Moe => "qwen3moe",
         }
     }
+}
+
+/// A sparse mixture-of-experts FFN (Qwen3-MoE; transformers' `Qwen3MoeSparseMoeBlock`, llama.cpp's
+/// `build_moe_ffn` with softmax gating): per token, router logits over all experts, softmax (f32),
+/// the `num_experts_per_tok` largest probabilities, optionally renormalized to sum to 1, weight the
+/// outputs of those experts' SwiGLU FFNs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub num_experts_per_tok: usize,
+    /// Intermediate size of each expert's FFN (HF `moe_intermediate_size`).
+    pub expert_intermediate_size: usize,
+    /// Divide the top-k probabilities by their sum (HF `norm_topk_prob`).
+    pub norm_topk_prob: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,6 +77,10 @@ pub struct ModelConfig {
     /// `None`: full causal attention.
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Every layer's FFN is a mixture of experts (`intermediate_size` is then unused by the
+    /// forward pass). `None`: dense SwiGLU FFNs.
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -106,6 +128,22 @@ impl ModelConfig {
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!("bad rope theta {}", self.rope_theta));
+        }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.num_experts_per_tok == 0 || m.expert_intermediate_size == 0 {
+                return Err(format!(
+                    "MoE needs nonzero experts ({}), experts per token ({}) and expert FFN size ({})",
+                    m.num_experts, m.num_experts_per_tok, m.expert_intermediate_size
+                ));
+            }
+            if m.num_experts_per_tok > m.num_experts {
+                return Err(format!(
+                    "experts per token ({}) exceed the number of experts ({})",
+                    m.num_experts_per_tok, m.num_experts
+                ));
+            }
+        } else if self.arch == Architecture::Qwen3Moe {
+            return Err("qwen3moe needs a MoE config".into());
         }
         Ok(())
     }

@@ -156,6 +156,11 @@ impl CudaExecutor {
                 "sliding-window attention (window {w}) is not implemented on CUDA yet; use --backend cpu"
             )));
         }
+        if c.moe.is_some() {
+            return Err(BackendError::Config(
+                "Qwen3-MoE is not supported by the CUDA backend yet; use --backend cpu".into(),
+            ));
+        }
         let bs = opts.block_size;
         if !matches!(bs, 16 | 32 | 64 | 128) {
             return Err(BackendError::Config(format!(
@@ -245,6 +250,16 @@ impl CudaExecutor {
                     .map(|t| upload_vec(&gpu, t, c.head_dim))
                     .transpose()
             };
+            let crate::FfnWeights::Dense {
+                w_gate,
+                w_up,
+                w_down,
+            } = &l.ffn
+            else {
+                return Err(BackendError::Config(
+                    "Qwen3-MoE is not supported by the CUDA backend yet; use --backend cpu".into(),
+                ));
+            };
             layers.push(Layer {
                 attn_norm: upload_vec(&gpu, &l.attn_norm, hd)?,
                 wqkv: upload_stacked(&gpu, &[&l.wq, &l.wk, &l.wv], hd, &[qs, kvs, kvs])?,
@@ -253,8 +268,8 @@ impl CudaExecutor {
                 k_norm: opt_vec(&l.k_norm)?,
                 wo: upload_stacked(&gpu, &[&l.wo], qs, &[hd])?,
                 ffn_norm: upload_vec(&gpu, &l.ffn_norm, hd)?,
-                w_gate_up: upload_stacked(&gpu, &[&l.w_gate, &l.w_up], hd, &[inter, inter])?,
-                w_down: upload_stacked(&gpu, &[&l.w_down], inter, &[hd])?,
+                w_gate_up: upload_stacked(&gpu, &[w_gate, w_up], hd, &[inter, inter])?,
+                w_down: upload_stacked(&gpu, &[w_down], inter, &[hd])?,
                 // The caches come below, once their size is known.
                 k_cache: gpu.alloc::<f16>(0)?,
                 v_cache: gpu.alloc::<f16>(0)?,
