@@ -15,7 +15,7 @@ pub enum ModelError {
     Gguf(#[from] quire_gguf::GgufError),
     #[error("{path}: {msg}")]
     Io { path: String, msg: String },
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, mistral)")]
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, qwen3moe, mistral)")]
     UnsupportedArch(String),
     #[error("missing metadata key {0}")]
     MissingKey(String),

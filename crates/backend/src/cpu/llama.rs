@@ -7,6 +7,7 @@ use quire_core::ModelConfig;
 
 use super::attention::{paged_attention, AttnParams, KvElem};
 use super::matmul::{matmul, Activations, QMatrix};
+use super::moe::{Ffn, MoeScratch};
 use super::ops;
 use super::profile::Profiler;
 use super::team::{Parallel, Team};
@@ -43,8 +44,7 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     wo: QMatrix,
     ffn_norm: Vec<f32>,
-    w_gate_up: QMatrix,
-    w_down: QMatrix,
+    ffn: Ffn,
 }
 
 enum KvStore {
@@ -66,6 +66,7 @@ struct Scratch {
     logits: Vec<f32>,
     rope_cs: Vec<(f32, f32)>, // [n, rope_dim / 2] (cos, sin) per token
     cs_tmp: Vec<(f32, f32)>,
+    moe: MoeScratch,
 }
 
 pub struct CpuExecutor {
@@ -108,7 +109,7 @@ impl CpuExecutor {
                 "GQA groups above 16 heads are not supported".into(),
             ));
         }
-        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let (hd, qs, kvs) = (c.hidden_size, c.q_size(), c.kv_size());
         let embed = QMatrix::from_tensor(&w.tok_embd, hd, c.vocab_size)?;
         let output = match &w.output {
             Some(t) => QMatrix::from_tensor(t, hd, c.vocab_size)?,
@@ -133,8 +134,6 @@ impl CpuExecutor {
                     ))
                 }
             };
-            let gate = QMatrix::from_tensor(&l.w_gate, hd, inter)?;
-            let up = QMatrix::from_tensor(&l.w_up, hd, inter)?;
             layers.push(Layer {
                 attn_norm: vec_f32(&l.attn_norm, hd)?,
                 wqkv: QMatrix::concat_rows(&format!("{}+k+v", l.wq.name), &[wq, wk, wv])?,
@@ -151,8 +150,7 @@ impl CpuExecutor {
                     .transpose()?,
                 wo: QMatrix::from_tensor(&l.wo, qs, hd)?,
                 ffn_norm: vec_f32(&l.ffn_norm, hd)?,
-                w_gate_up: QMatrix::concat_rows(&format!("{}+up", l.w_gate.name), &[gate, up])?,
-                w_down: QMatrix::from_tensor(&l.w_down, inter, hd)?,
+                ffn: Ffn::new(&l.ffn, c)?,
             });
         }
         if layers.len() != c.num_layers {
@@ -205,7 +203,7 @@ impl CpuExecutor {
     pub fn weight_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.ffn.bytes())
             .sum::<usize>()
             + self.output.bytes()
     }
@@ -275,6 +273,7 @@ impl CpuExecutor {
             block_size: self.kv.block_size,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             f16_accum: matches!(self.store, KvStore::F16(..)),
+            sliding_window: c.sliding_window,
         };
         let pairs = c.rope_dim / 2;
         s.rope_cs.clear();
@@ -371,12 +370,19 @@ impl CpuExecutor {
                 (n * hd * 3) as u64,
                 || {
                     ops::rms_norm_par(pool, &s.x, &l.ffn_norm, c.rms_norm_eps, &mut s.h);
-                    s.q8.prepare(pool, &s.h, hd, l.w_gate_up.dtype);
+                    s.q8.prepare(pool, &s.h, hd, l.ffn.input_dtype());
                 },
             );
-            let (b, f) = mm_cost(&l.w_gate_up, n);
+            let (w_gate_up, w_down) = match &l.ffn {
+                Ffn::Dense { gate_up, down } => (gate_up, down),
+                Ffn::Moe(m) => {
+                    m.forward(pool, prof, layer, &s.h, &mut s.moe, &mut s.x);
+                    continue;
+                }
+            };
+            let (b, f) = mm_cost(w_gate_up, n);
             prof.time("matmul_gate_up", layer, b, f, || {
-                matmul(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.gu)
+                matmul(pool, w_gate_up, &s.h, &s.q8, &mut s.gu)
             });
             prof.time(
                 "swiglu",
@@ -385,10 +391,10 @@ impl CpuExecutor {
                 (n * inter * 6) as u64,
                 || ops::swiglu(&s.gu, inter, &mut s.act),
             );
-            let (b, f) = mm_cost(&l.w_down, n);
+            let (b, f) = mm_cost(w_down, n);
             prof.time("matmul_down", layer, b, f, || {
-                s.q8.prepare(pool, &s.act, inter, l.w_down.dtype);
-                matmul(pool, &l.w_down, &s.act, &s.q8, &mut s.tmp);
+                s.q8.prepare(pool, &s.act, inter, w_down.dtype);
+                matmul(pool, w_down, &s.act, &s.q8, &mut s.tmp);
                 ops::add_in_place(&mut s.x, &s.tmp);
             });
         }

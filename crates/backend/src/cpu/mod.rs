@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod llama;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 pub mod profile;
 pub mod quant;

@@ -3,7 +3,8 @@
 
 use super::attention::{AttnBuffers, Meta, Plan};
 use super::gpu::{DBuf, Gpu, KArg};
-use super::llama::{CudaExecutor, Kernels};
+use super::llama::{CudaExecutor, CudaFfn, Kernels};
+use super::moe::{self, MoeInputs};
 use super::qmat::WMat;
 use crate::BackendError;
 
@@ -140,37 +141,59 @@ impl CudaExecutor {
             mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
             let (b, f) = gemm_cost(&l.wo, qs, hd);
             prof.mark(g, "matmul_o", layer, b, f)?;
-            let q8w = q8_in(&l.w_gate_up, n);
-            norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-            prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-            let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, &l.w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
-            let (b, f) = gemm_cost(&l.w_gate_up, hd, 2 * inter);
-            prof.mark(g, "matmul_gate_up", layer, b, f)?;
-            let total = n * inter;
-            let q8w = q8_in(&l.w_down, n);
-            if q8w {
-                let qblocks = total / 32;
-                g.launch(
-                    &k.q.swiglu_q8,
-                    (qblocks.div_ceil(8) as u32, 1, 1),
-                    (256, 1, 1),
-                    &[P(gu), P(q8), I(inter as i32), L(qblocks as i64)],
-                )?;
-            } else {
-                let blocks = total.div_ceil(256).min(65535) as u32;
-                g.launch(
-                    &k.swiglu,
-                    (blocks, 1, 1),
-                    (256, 1, 1),
-                    &[P(gu), P(act), I(inter as i32), L(total as i64)],
-                )?;
-            }
-            prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
-            let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, &l.w_down, (act, q8), x, inter, hd, 1.0)?;
-            let (b, f) = gemm_cost(&l.w_down, inter, hd);
-            prof.mark(g, "matmul_down", layer, b, f)?;
+            let (w_gate_up, w_down) = match &l.ffn {
+                CudaFfn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
+                CudaFfn::Moe(m) => {
+                    // The router takes f16 rows; quantized experts also take 8-bit blocks.
+                    norm_for(g, k, false, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
+                    if m.q8_in() {
+                        norm_for(g, k, true, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
+                    }
+                    prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
+                    let mk = k.moe.as_ref().expect("compiled for MoE models");
+                    let io = MoeInputs { h, q8, x, n, hidden: hd };
+                    moe::run(g, mk, &k.q, &k.swiglu, m, &s.moe, &io)?;
+                    let mc = &m.cfg;
+                    let pairs = n * mc.num_experts_per_tok;
+                    let flops = 2 * pairs * 3 * hd * mc.expert_intermediate_size;
+                    let bytes = pairs.min(mc.num_experts)
+                        * (m.gate_up.bytes_for(2 * mc.expert_intermediate_size, hd)
+                            + m.down.bytes_for(hd, mc.expert_intermediate_size));
+                    prof.mark(g, "moe", layer, bytes, flops)?;
+                    continue;
+                }
+            };
+                let q8w = q8_in(w_gate_up, n);
+                norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
+                prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
+                let mm = MatMul { n, wdq, q8_in: q8w };
+                mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
+                let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
+                prof.mark(g, "matmul_gate_up", layer, b, f)?;
+                let total = n * inter;
+                let q8w = q8_in(w_down, n);
+                if q8w {
+                    let qblocks = total / 32;
+                    g.launch(
+                        &k.q.swiglu_q8,
+                        (qblocks.div_ceil(8) as u32, 1, 1),
+                        (256, 1, 1),
+                        &[P(gu), P(q8), I(inter as i32), L(qblocks as i64)],
+                    )?;
+                } else {
+                    let blocks = total.div_ceil(256).min(65535) as u32;
+                    g.launch(
+                        &k.swiglu,
+                        (blocks, 1, 1),
+                        (256, 1, 1),
+                        &[P(gu), P(act), I(inter as i32), L(total as i64)],
+                    )?;
+                }
+                prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
+                let mm = MatMul { n, wdq, q8_in: q8w };
+                mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
+                let (b, f) = gemm_cost(w_down, inter, hd);
+                prof.mark(g, "matmul_down", layer, b, f)?;
         }
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
         if nl > 0 {

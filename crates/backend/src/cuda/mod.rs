@@ -53,6 +53,8 @@ pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod profile;
 #[cfg(feature = "cuda")]
+pub mod moe;
+#[cfg(feature = "cuda")]
 pub mod qmat;
 
 #[cfg(feature = "cuda")]
