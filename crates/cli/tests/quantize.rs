@@ -194,9 +194,9 @@ fn ppl(model: &Path, text: &str) -> f64 {
 }
 
 /// The acceptance check on one 512-token chunk of GPL-3: the default model converted to f16 (the
-/// source), then to Q6_K and Q4_K with the f16 fallback for its 576-wide rows, so that the only
-/// difference from the source is the K-quant matrices (ffn_down). Bounds from the full-text runs
-/// in PERF.md with room for one chunk's noise.
+/// source), then to Q6_K and Q4_K (ffn_down in the K-quant, the 576-wide matrices in the Q8_0
+/// fallback). Full-text numbers are in PERF.md (Q6_K +0.5%, Q4_K +0.7%); the bounds leave room
+/// for one chunk's noise. A broken K-quant kernel or format moves perplexity far more.
 #[test]
 fn kquant_perplexity_stays_near_the_f16_source() {
     let gpl = "/usr/share/common-licenses/GPL-3";
@@ -209,7 +209,7 @@ fn kquant_perplexity_stays_near_the_f16_source() {
     let f16 = dir.join("f16.gguf");
     ok(&["quantize", s(&model), s(&f16), "--type", "f16"]);
     let base = ppl(&f16, gpl);
-    for (ty, bound) in [("q6_k", 0.01), ("q4_k", 0.04)] {
+    for (ty, bound) in [("q6_k", 0.02), ("q4_k", 0.04)] {
         let q = dir.join(format!("{ty}.gguf"));
         ok(&[
             "quantize",
