@@ -3,6 +3,7 @@
 //! products; one rayon pool of `threads` workers.
 
 pub mod attention;
+pub mod kquant;
 pub mod llama;
 pub mod matmul;
 pub mod moe;
