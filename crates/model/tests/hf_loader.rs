@@ -124,7 +124,7 @@ fn write_raw(path: &Path, tensors: &[(String, &str, Vec<usize>, Vec<u8>)]) {
         data.extend_from_slice(bytes);
     }
     let mut h = Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
