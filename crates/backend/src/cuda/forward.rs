@@ -65,9 +65,15 @@ impl CudaExecutor {
                 (256, 1, 1),
                 &[mp(meta.tokens), P(t.ptr), P(x), I(hd as i32)],
             )?,
-            WMat::Quant { dtype, data } => {
-                k.q.embed(g, *dtype, meta_base + 4 * meta.tokens as u64, data.ptr, x, n, hd)?
-            }
+            WMat::Quant { dtype, data } => k.q.embed(
+                g,
+                *dtype,
+                meta_base + 4 * meta.tokens as u64,
+                data.ptr,
+                x,
+                n,
+                hd,
+            )?,
         }
         prof.mark(g, "embed", None, n * hd * 6, 0)?;
         for (li, l) in self.layers.iter().enumerate() {
@@ -151,7 +157,13 @@ impl CudaExecutor {
                     }
                     prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
                     let mk = k.moe.as_ref().expect("compiled for MoE models");
-                    let io = MoeInputs { h, q8, x, n, hidden: hd };
+                    let io = MoeInputs {
+                        h,
+                        q8,
+                        x,
+                        n,
+                        hidden: hd,
+                    };
                     moe::run(g, mk, &k.q, &k.swiglu, m, &s.moe, &io)?;
                     let mc = &m.cfg;
                     let pairs = n * mc.num_experts_per_tok;
@@ -163,45 +175,59 @@ impl CudaExecutor {
                     continue;
                 }
             };
-                let q8w = q8_in(w_gate_up, n);
-                norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-                prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul { n, wdq, q8_in: q8w };
-                mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
-                let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
-                prof.mark(g, "matmul_gate_up", layer, b, f)?;
-                let total = n * inter;
-                let q8w = q8_in(w_down, n);
-                if q8w {
-                    let qblocks = total / 32;
-                    g.launch(
-                        &k.q.swiglu_q8,
-                        (qblocks.div_ceil(8) as u32, 1, 1),
-                        (256, 1, 1),
-                        &[P(gu), P(q8), I(inter as i32), L(qblocks as i64)],
-                    )?;
-                } else {
-                    let blocks = total.div_ceil(256).min(65535) as u32;
-                    g.launch(
-                        &k.swiglu,
-                        (blocks, 1, 1),
-                        (256, 1, 1),
-                        &[P(gu), P(act), I(inter as i32), L(total as i64)],
-                    )?;
-                }
-                prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
-                let mm = MatMul { n, wdq, q8_in: q8w };
-                mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
-                let (b, f) = gemm_cost(w_down, inter, hd);
-                prof.mark(g, "matmul_down", layer, b, f)?;
+            let q8w = q8_in(w_gate_up, n);
+            norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
+            prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
+            let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
+            prof.mark(g, "matmul_gate_up", layer, b, f)?;
+            let total = n * inter;
+            let q8w = q8_in(w_down, n);
+            if q8w {
+                let qblocks = total / 32;
+                g.launch(
+                    &k.q.swiglu_q8,
+                    (qblocks.div_ceil(8) as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(gu), P(q8), I(inter as i32), L(qblocks as i64)],
+                )?;
+            } else {
+                let blocks = total.div_ceil(256).min(65535) as u32;
+                g.launch(
+                    &k.swiglu,
+                    (blocks, 1, 1),
+                    (256, 1, 1),
+                    &[P(gu), P(act), I(inter as i32), L(total as i64)],
+                )?;
+            }
+            prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
+            let (b, f) = gemm_cost(w_down, inter, hd);
+            prof.mark(g, "matmul_down", layer, b, f)?;
         }
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
         if nl > 0 {
             let norm = (hd, eps, norm_threads);
             let rows_idx = mp(meta.logits_idx);
             let q8w = q8_in(out_w, nl);
-            norm_for(g, k, q8w, x, rows_idx, self.output_norm.ptr, (h, q8), nl, norm)?;
-            let mm = MatMul { n: nl, wdq, q8_in: q8w };
+            norm_for(
+                g,
+                k,
+                q8w,
+                x,
+                rows_idx,
+                self.output_norm.ptr,
+                (h, q8),
+                nl,
+                norm,
+            )?;
+            let mm = MatMul {
+                n: nl,
+                wdq,
+                q8_in: q8w,
+            };
             mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
         }
         prof.mark(

@@ -13,8 +13,8 @@ use quire_core::ModelConfig;
 use super::attention::{pack_meta, Meta, PagedAttention};
 use super::forward::Step;
 use super::gpu::{DBuf, Gpu, KArg};
-use super::nvrtc;
 use super::moe::{MoeKernels, MoeLayer, MoeScratch};
+use super::nvrtc;
 use super::qmat::{is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES};
 use super::CudaOptions;
 use crate::{BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat};
@@ -37,7 +37,10 @@ pub(super) struct Layer {
 /// A layer's feed-forward block on the device.
 pub(super) enum CudaFfn {
     /// Stacked gate+up `[2 · inter, hidden]` and down `[hidden, inter]`.
-    Dense { w_gate_up: WMat, w_down: WMat },
+    Dense {
+        w_gate_up: WMat,
+        w_down: WMat,
+    },
     Moe(MoeLayer),
 }
 

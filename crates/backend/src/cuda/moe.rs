@@ -131,15 +131,15 @@ impl MoeLayer {
 #[derive(Default)]
 pub struct MoeScratch {
     tokens: usize,
-    logits: Option<DBuf<f32>>,   // [n, experts]
-    ids: Option<DBuf<i32>>,      // [n, k]
-    weights: Option<DBuf<f32>>,  // [n, k]
-    sorted: Option<DBuf<i32>>,   // [n * k]
-    tiles: Option<DBuf<i32>>,    // [max_tiles, 4]
+    logits: Option<DBuf<f32>>,    // [n, experts]
+    ids: Option<DBuf<i32>>,       // [n, k]
+    weights: Option<DBuf<f32>>,   // [n, k]
+    sorted: Option<DBuf<i32>>,    // [n * k]
+    tiles: Option<DBuf<i32>>,     // [max_tiles, 4]
     num_tiles: Option<DBuf<i32>>, // [1]
-    gu: Option<DBuf<f32>>,       // [n * k, 2 * inter]
-    act: Option<DBuf<u8>>,       // [n * k, inter] f16 or 8-bit blocks
-    y: Option<DBuf<f32>>,        // [n * k, hidden]
+    gu: Option<DBuf<f32>>,        // [n * k, 2 * inter]
+    act: Option<DBuf<u8>>,        // [n * k, inter] f16 or 8-bit blocks
+    y: Option<DBuf<f32>>,         // [n * k, hidden]
 }
 
 fn max_tiles(pairs: usize, experts: usize) -> usize {
@@ -201,7 +201,11 @@ pub fn run(
 ) -> Result<(), BackendError> {
     use KArg::{I, L, P};
     let c = &layer.cfg;
-    let (e, k, inter) = (c.num_experts, c.num_experts_per_tok, c.expert_intermediate_size);
+    let (e, k, inter) = (
+        c.num_experts,
+        c.num_experts_per_tok,
+        c.expert_intermediate_size,
+    );
     let (n, hd) = (io.n, io.hidden);
     let pairs = n * k;
     let p = |b: &Option<DBuf<i32>>| b.as_ref().unwrap().ptr;
@@ -240,8 +244,7 @@ pub fn run(
         ],
     )?;
     let grid_y = max_tiles(pairs, e) as u32;
-    let expert_mm = |w: &WMat, a: u64, act_div: usize, out: u64, rows: usize, cols: usize| match w
-    {
+    let expert_mm = |w: &WMat, a: u64, act_div: usize, out: u64, rows: usize, cols: usize| match w {
         WMat::Quant { dtype, data } => {
             let idx = match dtype {
                 quire_gguf::GgmlType::Q4_0 => 0,

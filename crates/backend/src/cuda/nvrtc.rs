@@ -49,7 +49,10 @@ pub const QUANT: KernelSource = KernelSource {
 /// The MoE kernels build on quant.cu's blocks and dot products, so the file is compiled after it.
 pub const MOE: KernelSource = KernelSource {
     name: "moe.cu",
-    src: concat!(include_str!("kernels/quant.cu"), include_str!("kernels/moe.cu")),
+    src: concat!(
+        include_str!("kernels/quant.cu"),
+        include_str!("kernels/moe.cu")
+    ),
 };
 /// Needs `HEAD_DIM` and `GQA` defined.
 pub const ATTENTION: KernelSource = KernelSource {
