@@ -130,11 +130,6 @@ impl CudaExecutor {
     pub fn create(w: &ModelWeights, opts: CudaOptions) -> Result<Self, BackendError> {
         let c = &w.config;
         c.validate().map_err(BackendError::Config)?;
-        if let Some(w) = c.sliding_window {
-            return Err(BackendError::Config(format!(
-                "sliding-window attention (window {w}) is not implemented on CUDA yet; use --backend cpu"
-            )));
-        }
         let bs = opts.block_size;
         if !matches!(bs, 16 | 32 | 64 | 128) {
             return Err(BackendError::Config(format!(
@@ -206,7 +201,8 @@ impl CudaExecutor {
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,
             argmax: Gpu::function(&sample, "argmax_rows")?,
-            attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?,
+            attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
+                .with_window(c.sliding_window),
             q: QuantKernels::new(&gpu)?,
             moe: c.moe.map(|_| MoeKernels::new(&gpu)).transpose()?,
         };
