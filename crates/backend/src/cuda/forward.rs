@@ -150,14 +150,19 @@ impl CudaExecutor {
             let (w_gate_up, w_down) = match &l.ffn {
                 CudaFfn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
                 CudaFfn::Moe(m) => {
-                    // The router takes f16 rows; quantized experts also take 8-bit blocks.
-                    norm_for(g, k, false, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-                    if m.q8_in() {
-                        norm_for(g, k, true, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-                    }
+                    // The router takes f32 rows; the experts f16 rows or 8-bit blocks.
+                    let hf = s.moe.hf.as_ref().expect("grown for MoE models").ptr;
+                    g.launch(
+                        &k.rms_norm_f32,
+                        (nu, 1, 1),
+                        (norm_threads, 1, 1),
+                        &[P(x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
+                    )?;
+                    norm_for(g, k, m.q8_in(), x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
                     prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
                     let mk = k.moe.as_ref().expect("compiled for MoE models");
                     let io = MoeInputs {
+                        hf,
                         h,
                         q8,
                         x,

@@ -46,6 +46,7 @@ pub(super) enum CudaFfn {
 
 pub(super) struct Kernels {
     pub(super) rms_norm: CudaFunction,
+    pub(super) rms_norm_f32: CudaFunction,
     pub(super) embed: CudaFunction,
     pub(super) swiglu: CudaFunction,
     pub(super) rope: CudaFunction,
@@ -197,6 +198,7 @@ impl CudaExecutor {
         let sample = gpu.module(&nvrtc::SAMPLE, &[])?;
         let k = Kernels {
             rms_norm: Gpu::function(&norm, "rms_norm_f16")?,
+            rms_norm_f32: Gpu::function(&norm, "rms_norm_f32")?,
             embed: Gpu::function(&embed_m, "embed_f16")?,
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,

@@ -10,7 +10,7 @@ use quire_core::MoeConfig;
 
 use super::gpu::{DBuf, Gpu, KArg};
 use super::nvrtc;
-use super::qmat::{is_native_quant, to_f16, upload_stacked, WMat, Q8A_BYTES};
+use super::qmat::{is_native_quant, to_f16, WMat, Q8A_BYTES};
 use crate::{BackendError, HostTensor, MoeWeights};
 
 /// Pairs per tile (`MOE_TILE` in moe.cu) and weight rows per CTA (`MOE_WARPS × MOE_ROWS`).
@@ -43,8 +43,9 @@ impl MoeKernels {
 /// One layer's experts on the device.
 pub struct MoeLayer {
     pub cfg: MoeConfig,
-    /// `[num_experts, hidden]`: router logits = x · routerᵀ.
-    pub router: WMat,
+    /// `[num_experts, hidden]` f32: router logits = x · routerᵀ, in f32 as the CPU computes them
+    /// (near-equal logits must pick the same experts).
+    pub router: DBuf<f32>,
     /// Per expert `[2 · inter, hidden]`: gate rows then up rows (expert slabs one after another).
     pub gate_up: WMat,
     /// Per expert `[hidden, inter]`.
@@ -107,6 +108,13 @@ impl MoeLayer {
         check_dims(&w.gate_exps, [hidden, inter, e])?;
         check_dims(&w.up_exps, [hidden, inter, e])?;
         check_dims(&w.down_exps, [inter, hidden, e])?;
+        if w.gate_inp.dims != [hidden, e] {
+            return Err(BackendError::Shape {
+                name: w.gate_inp.name.clone(),
+                got: w.gate_inp.dims.clone(),
+                expected: vec![hidden, e],
+            });
+        }
         if keep_quant && is_native_quant(w.down_exps.dtype) != is_native_quant(w.gate_exps.dtype) {
             return Err(BackendError::Config(
                 "expert gate/up and down weights must be both quantized or both float".into(),
@@ -114,8 +122,7 @@ impl MoeLayer {
         }
         Ok(Self {
             cfg,
-            // The router stays f16 (tiny; its logits pick the experts).
-            router: upload_stacked(gpu, &[&w.gate_inp], hidden, &[e], false)?,
+            router: gpu.upload(&w.gate_inp.to_f32()?)?,
             gate_up: stack_experts(gpu, &[&w.gate_exps, &w.up_exps], e, keep_quant)?,
             down: stack_experts(gpu, &[&w.down_exps], e, keep_quant)?,
         })
@@ -131,6 +138,8 @@ impl MoeLayer {
 #[derive(Default)]
 pub struct MoeScratch {
     tokens: usize,
+    /// The router's f32 input rows: [n, hidden].
+    pub hf: Option<DBuf<f32>>,
     logits: Option<DBuf<f32>>,    // [n, experts]
     ids: Option<DBuf<i32>>,       // [n, k]
     weights: Option<DBuf<f32>>,   // [n, k]
@@ -165,6 +174,7 @@ impl MoeScratch {
             cfg.expert_intermediate_size,
         );
         let pairs = cap * k;
+        self.hf = Some(gpu.alloc(cap * hidden)?);
         self.logits = Some(gpu.alloc(cap * e)?);
         self.ids = Some(gpu.alloc(pairs)?);
         self.weights = Some(gpu.alloc(pairs)?);
@@ -179,9 +189,11 @@ impl MoeScratch {
     }
 }
 
-/// The pieces of the step the MoE FFN reads: the normed input as f16 rows (`h`) and as 8-bit
-/// blocks (`q8`), and the residual stream `x` it adds into.
+/// The pieces of the step the MoE FFN reads: the normed input as f32 rows (`hf`, the router's),
+/// f16 rows (`h`, f16 experts) and 8-bit blocks (`q8`, quantized experts), and the residual
+/// stream `x` it adds into.
 pub struct MoeInputs {
+    pub hf: u64,
     pub h: u64,
     pub q8: u64,
     pub x: u64,
@@ -214,8 +226,8 @@ pub fn run(
     let (ids, sorted, tiles, num_tiles) = (p(&s.ids), p(&s.sorted), p(&s.tiles), p(&s.num_tiles));
     let act = s.act.as_ref().unwrap().ptr;
 
-    // Router logits (f16 weights, f16 input rows), top-k, sort into tiles.
-    g.gemm_f16(io.h, layer.router.ptr(), logits, n, hd, e, 0.0)?;
+    // Router logits (f32), top-k, sort into tiles.
+    g.gemm_f32(io.hf, layer.router.ptr, logits, n, hd, e, 0.0)?;
     g.launch(
         &mk.topk,
         (n.div_ceil(4) as u32, 1, 1),
