@@ -8,8 +8,8 @@ cargo build --release -p quire --features cuda
 cargo build --release -p quire-backend --features cuda --example cuda_matmul_bench
 cargo test --release -p quire-backend --features cuda --test cuda_attention --test cuda_ops --test cuda_quant --no-run 2>&1 |
     grep -oE '\([^)]*/(cuda_attention|cuda_ops|cuda_quant)-[0-9a-f]+\)' | tr -d '()' > /tmp/quire-test-bins
-cargo test --release -p quire-engine --features cuda --test cuda --no-run 2>&1 |
-    grep -oE '\([^)]*/(cuda_attention|cuda_ops|cuda_quant|cuda)-[0-9a-f]+\)' | tr -d '()' >> /tmp/quire-test-bins
+cargo test --release -p quire-engine --features cuda --test cuda --test hf_cuda --no-run 2>&1 |
+    grep -oE '\([^)]*/(hf_cuda|cuda)-[0-9a-f]+\)' | tr -d '()' >> /tmp/quire-test-bins
 stage=$(mktemp -d)
 cp "$CARGO_TARGET_DIR/release/quire" "$CARGO_TARGET_DIR/release/examples/cuda_matmul_bench" "$stage/"
 while read -r bin; do

@@ -69,6 +69,35 @@ quant)
         "$Q" bench -m "$W/$m.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama"
     done
     ;;
+llamacpp)  # build llama.cpp's CUDA peer in the background (.dev/llamacpp-src.tar.xz, pruned sdist)
+    mkdir -p /root/lc && tar -xJf .dev/llamacpp-src.tar.xz -C /root/lc
+    (cd /root/lc/llama.cpp && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
+        > /root/lc/cmake.log 2>&1 && cmake --build build -j 12 --target llama-bench llama-batched-bench \
+        > /root/lc/build.log 2>&1; echo "llama.cpp build rc $?" >> /root/lc/build.log) &
+    ;;
+checks)
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_quant --test-threads 1 2>&1 | grep -E "^test |test result|panicked" | head
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops 2>&1 | grep -E "test result|panicked"
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "^test |test result|panicked|worst"
+    python3 tests/hf/cuda_check.py --out /root/hf-cuda 2>&1 | grep -E "^  |python"
+    QUIRE_HF_CUDA_DIR=/root/hf-cuda QUIRE_REQUIRE_GPU=1 "$W"/hf_cuda --nocapture 2>&1 | grep -E "rel err|test result|panicked|parts"
+    "$Q" make-model --preset qwen3-30b-a3b --layers 2 --dtype q4_0 "$W/moe2.gguf" 2>&1 | tail -1
+    QUIRE_PARITY_MODEL="$W/moe2.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture teacher 2>&1 | grep -E "CUDA vs|test result|panicked"
+    ;;
+sbs)  # side by side with llama.cpp's CUDA build (stage llamacpp first)
+    LB=/root/lc/llama.cpp/build/bin
+    tail -2 /root/lc/build.log
+    for spec in "llama3-8b f16" "llama3.2-1b f16" "smollm2-135m f16" "qwen3-30b-a3b q4_0"; do
+        set -- $spec
+        f="$W/$1-$2.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $1 --dtype $2 "$f" 2>&1 | tail -1
+        "$LB"/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)"
+        "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)"
+    done
+    "$LB"/llama-batched-bench -m "$W/llama3-8b-f16.gguf" -ngl 99 -fa 1 -c 50000 -npp 512 -ntg 128 -npl 64 2>&1 | grep -E "^\|" | tail -2
+    "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
+    ;;
 parity)
     cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
     QUIRE_PARITY_MODEL="$W/smollm2-q4_1.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|test result|panicked" | head -40

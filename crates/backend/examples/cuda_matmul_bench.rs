@@ -33,7 +33,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ceiling = arg("--ceiling-gbs", 3000.0);
     let g = Gpu::new(0)?;
     let q = QuantKernels::new(&g)?;
-    println!("device: {} ({}), {reps} timed launches per case", g.name, g.arch);
+    println!(
+        "device: {} ({}), {reps} timed launches per case",
+        g.name, g.arch
+    );
     println!(
         "| shape | k x out | dtype | tokens | median us | +/- | weight GB/s | % of {ceiling:.0} |"
     );
@@ -50,8 +53,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     for (name, k, out) in shapes {
         // Weights: a repeated random-ish pattern (speed does not depend on the values).
-        let pattern: Vec<f32> = (0..k).map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0).collect();
-        let x: Vec<f32> = (0..8 * k).map(|i| ((i * 104729 % 997) as f32 / 498.0) - 1.0).collect();
+        let pattern: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..8 * k)
+            .map(|i| ((i * 104729 % 997) as f32 / 498.0) - 1.0)
+            .collect();
         let mut xq = vec![BlockQ8A::default(); 8 * k / QK];
         quantize_row_q8a(&x, &mut xq);
         let mut xq_bytes = Vec::with_capacity(xq.len() * Q8A_BYTES);
@@ -63,7 +70,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let dxq = g.upload(&xq_bytes)?;
         let dx16 = g.upload(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?;
         let dy = g.alloc::<f32>(8 * out)?;
-        for dtype in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for dtype in [
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ] {
             let mut row = vec![];
             quire_gguf::quantize_row(dtype, &pattern, &mut row)?;
             let mut bytes = Vec::with_capacity(row.len() * out);

@@ -8,7 +8,9 @@ pub mod cuda;
 pub mod weights;
 
 use quire_core::BlockId;
-pub use weights::{ByteOwner, HostTensor, LayerWeights, ModelWeights, TensorBytes};
+pub use weights::{
+    ByteOwner, FfnWeights, HostTensor, LayerWeights, ModelWeights, MoeWeights, TensorBytes,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {

@@ -48,6 +48,17 @@ impl TensorBytes {
         }
     }
 
+    /// The sub-range `[start, start + len)` of this range, sharing the owner (no copy); `None`
+    /// when it does not lie inside.
+    pub fn slice(&self, start: usize, len: usize) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| Self {
+            owner: self.owner.clone(),
+            start: self.start + start,
+            len,
+        })
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &self.owner.bytes()[self.start..self.start + self.len]
     }
@@ -109,10 +120,66 @@ pub struct LayerWeights {
     pub q_norm: Option<HostTensor>,
     pub k_norm: Option<HostTensor>,
     pub ffn_norm: HostTensor,
-    // w_gate, w_up: [hidden, intermediate]; w_down: [intermediate, hidden]
-    pub w_gate: HostTensor,
-    pub w_up: HostTensor,
-    pub w_down: HostTensor,
+    pub ffn: FfnWeights,
+}
+
+/// A layer's feed-forward block.
+#[derive(Debug, Clone)]
+pub enum FfnWeights {
+    /// SwiGLU: `down(silu(gate(x)) * up(x))`.
+    // w_gate, w_up: [hidden, intermediate]; w_down: [intermediate, hidden] (ggml order)
+    Dense {
+        w_gate: HostTensor,
+        w_up: HostTensor,
+        w_down: HostTensor,
+    },
+    /// A mixture of SwiGLU experts chosen per token by a router (see `quire_core::MoeConfig`).
+    Moe(MoeWeights),
+}
+
+/// The experts of one layer, each expert's matrix a contiguous slab: expert `e` of `gate_exps` is
+/// the `[expert_inter, hidden]` row-major block `e` (ggml order: dims[0] contiguous), as llama.cpp
+/// stores `ffn_{gate,up,down}_exps`.
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    /// Router: [hidden, num_experts] (one row of `hidden` per expert).
+    pub gate_inp: HostTensor,
+    /// [hidden, expert_inter, num_experts]
+    pub gate_exps: HostTensor,
+    /// [hidden, expert_inter, num_experts]
+    pub up_exps: HostTensor,
+    /// [expert_inter, hidden, num_experts]
+    pub down_exps: HostTensor,
+}
+
+impl FfnWeights {
+    /// Every matrix of the block (for byte counts and type conversions).
+    pub fn tensors_mut(&mut self) -> Vec<&mut HostTensor> {
+        match self {
+            FfnWeights::Dense {
+                w_gate,
+                w_up,
+                w_down,
+            } => vec![w_gate, w_up, w_down],
+            FfnWeights::Moe(m) => vec![
+                &mut m.gate_inp,
+                &mut m.gate_exps,
+                &mut m.up_exps,
+                &mut m.down_exps,
+            ],
+        }
+    }
+
+    pub fn tensors(&self) -> Vec<&HostTensor> {
+        match self {
+            FfnWeights::Dense {
+                w_gate,
+                w_up,
+                w_down,
+            } => vec![w_gate, w_up, w_down],
+            FfnWeights::Moe(m) => vec![&m.gate_inp, &m.gate_exps, &m.up_exps, &m.down_exps],
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -156,15 +223,10 @@ impl ModelWeights {
             w.output = Some(o.to_f16_tensor()?);
         }
         for l in &mut w.layers {
-            for t in [
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ] {
+            for t in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
+                *t = t.to_f16_tensor()?;
+            }
+            for t in l.ffn.tensors_mut() {
                 *t = t.to_f16_tensor()?;
             }
         }

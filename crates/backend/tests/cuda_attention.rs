@@ -24,6 +24,7 @@ fn gpu() -> Option<Gpu> {
 }
 
 /// (query_len, seq_len) of each sequence.
+#[allow(clippy::too_many_arguments)]
 fn case(
     g: &Gpu,
     rng: &mut StdRng,
@@ -32,6 +33,7 @@ fn case(
     d: usize,
     bs: usize,
     seqs: &[(usize, usize)],
+    window: Option<usize>,
 ) -> f64 {
     let q_size = nh * d;
     let kv = nkv * d;
@@ -112,7 +114,9 @@ fn case(
         seqs: &sb,
         logits_indices: &[],
     };
-    let a = PagedAttention::new(g, nh, nkv, d).unwrap();
+    let a = PagedAttention::new(g, nh, nkv, d)
+        .unwrap()
+        .with_window(window);
     let run = HostRun::new(g, &a, &qkv, stride, &batch, bs, &k_cache, &v_cache).unwrap();
     run.launch(g, &a).unwrap();
     let (out, kc, vc) = run.read(g).unwrap();
@@ -145,6 +149,7 @@ fn case(
         block_size: bs,
         scale: 1.0 / (d as f32).sqrt(),
         f16_accum: false,
+        sliding_window: window,
     };
     let (mut num, mut den) = (0f64, 0f64);
     for (i, &(ql, sl)) in seqs.iter().enumerate() {
@@ -174,7 +179,7 @@ fn paged_attention_matches_the_dense_reference() {
                 let decode_len = rng.random_range(1..400);
                 let chunk_ctx = rng.random_range(1..200);
                 let seqs = [(1, decode_len), (37, 37 + chunk_ctx), (13, 13), (1, 1)];
-                let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs);
+                let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, None);
                 assert!(
                     err < 2e-3,
                     "Hq {nh} Hkv {nkv} D {d} block {bs}: rel err {err:.2e}"
@@ -201,7 +206,31 @@ fn long_contexts_split_the_keys_and_still_match() {
             a.plan(g.sms, seqs.iter().map(|s| s.0).sum(), max).splits > 1,
             "this case should split"
         );
-        let err = case(&g, &mut rng, 32, 8, 128, bs, seqs);
+        let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, None);
         assert!(err < 2e-3, "{seqs:?}: rel err {err:.2e}");
+    }
+}
+
+#[test]
+fn sliding_windows_match_the_windowed_dense_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(17);
+    // Windows shorter and longer than the contexts, a split long context, prompt chunks.
+    for &(window, bs) in &[
+        (1usize, 16usize),
+        (5, 16),
+        (8, 32),
+        (17, 64),
+        (40, 128),
+        (1000, 16),
+    ] {
+        let seqs = [(1, 300), (37, 80), (13, 13), (1, 2500)];
+        let err = case(&g, &mut rng, 32, 8, 128, bs, &seqs, Some(window));
+        assert!(err < 2e-3, "window {window} block {bs}: rel err {err:.2e}");
+        let err = case(&g, &mut rng, 9, 3, 64, bs, &seqs[..3], Some(window));
+        assert!(
+            err < 2e-3,
+            "window {window} block {bs} (GQA 3, D 64): rel err {err:.2e}"
+        );
     }
 }

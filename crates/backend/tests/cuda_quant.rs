@@ -122,7 +122,9 @@ fn rms_norm_and_swiglu_into_8_bits_match_the_cpu() {
             g.upload(&w).unwrap(),
             g.upload(&idx).unwrap(),
         );
-        let dq = g.upload(&vec![0xFFu8; idx.len() * dim / QK * Q8A_BYTES]).unwrap();
+        let dq = g
+            .upload(&vec![0xFFu8; idx.len() * dim / QK * Q8A_BYTES])
+            .unwrap();
         let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
         g.launch(
             &q.rms_norm_q8,
@@ -170,7 +172,11 @@ fn rms_norm_and_swiglu_into_8_bits_match_the_cpu() {
         g.dtoh(&dq, &mut got).unwrap();
         let mut act = vec![0f32; rows * dim];
         ops::swiglu(&gu, dim, &mut act);
-        assert_q8_close(&q8_from_bytes(&got), &cpu_q8(&act), &format!("swiglu inter {dim}"));
+        assert_q8_close(
+            &q8_from_bytes(&got),
+            &cpu_q8(&act),
+            &format!("swiglu inter {dim}"),
+        );
     }
 }
 
@@ -252,13 +258,17 @@ fn quantized_embedding_is_the_dequantized_row() {
             let id = id as usize;
             quire_gguf::dequantize_row(dtype, &tb[id * row_bytes..(id + 1) * row_bytes], &mut want)
                 .unwrap();
-            let got_bits: Vec<u32> = got[t * hidden..(t + 1) * hidden].iter().map(|v| v.to_bits()).collect();
+            let got_bits: Vec<u32> = got[t * hidden..(t + 1) * hidden]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
             let want_bits: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got_bits, want_bits, "{} token {id}", dtype.name());
         }
         // The whole-matrix dequantization (many-token matmuls): the same values rounded to f16.
         let out = g.upload(&vec![f16::NAN; vocab * hidden]).unwrap();
-        q.dequantize(&g, dtype, dt.ptr, out.ptr, vocab * hidden).unwrap();
+        q.dequantize(&g, dtype, dt.ptr, out.ptr, vocab * hidden)
+            .unwrap();
         let mut got = vec![f16::ZERO; vocab * hidden];
         g.dtoh(&out, &mut got).unwrap();
         let mut want = vec![0f32; vocab * hidden];

@@ -278,6 +278,7 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
         block_size: bs,
         scale: 1.0 / (d as f32).sqrt(),
         f16_accum: a.f16_accum,
+        sliding_window: None,
     };
     // Shuffled pool of batch × max-blocks blocks; each sequence takes active-blocks of them.
     let pool_blocks = b * a.max_blocks;

@@ -88,6 +88,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         block_size: bs,
         scale: 1.0 / (d as f32).sqrt(),
         f16_accum: false,
+        sliding_window: None,
     };
     let reference: Vec<f64> = (0..b)
         .into_par_iter()

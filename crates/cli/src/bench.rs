@@ -156,13 +156,17 @@ impl ModelCosts {
             .layers
             .iter()
             .map(|l| {
-                len(&l.wq)
-                    + len(&l.wk)
-                    + len(&l.wv)
-                    + len(&l.wo)
-                    + len(&l.w_gate)
-                    + len(&l.w_up)
-                    + len(&l.w_down)
+                let ffn = match (&l.ffn, &c.moe) {
+                    // A token reads the router and its top-k experts' slabs.
+                    (quire_backend::FfnWeights::Moe(m), Some(mc)) => {
+                        len(&m.gate_inp)
+                            + (len(&m.gate_exps) + len(&m.up_exps) + len(&m.down_exps))
+                                * mc.num_experts_per_tok as u64
+                                / mc.num_experts as u64
+                    }
+                    (f, _) => f.tensors().into_iter().map(len).sum(),
+                };
+                len(&l.wq) + len(&l.wk) + len(&l.wv) + len(&l.wo) + ffn
             })
             .sum();
         let elem = if kv_dtype == "f16" { 2 } else { 4 };
@@ -682,7 +686,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let info = ModelInfo {
             filename: model.meta.path.clone(),
             model_type: model.meta.model_type.clone(),
-            size: model.file.tensors().iter().map(|t| t.size_bytes()).sum(),
+            size: model.weight_bytes(),
             n_params: model.meta.n_params,
             weight_type: model.meta.weight_type.clone(),
             costs: ModelCosts::of(&model, &a.kv_dtype),

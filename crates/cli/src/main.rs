@@ -12,6 +12,7 @@ mod info;
 mod make_model;
 mod perplexity;
 mod profile;
+mod quantize;
 mod roofline;
 mod serve;
 mod serve_bench;
@@ -61,6 +62,8 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Write a random-weight GGUF model of a real model's shapes (for quire vs llama.cpp speed runs).
     MakeModel(make_model::MakeModelArgs),
+    /// Rewrite a GGUF model with its weight matrices in another type (q4_k, q5_k, q6_k, q8_0, q4_0, q4_1, f16).
+    Quantize(quantize::QuantizeArgs),
 }
 
 fn main() {
@@ -78,6 +81,7 @@ fn main() {
         Command::Serve(a) => serve::run(a),
         Command::ServeBench(a) => serve_bench::run(a),
         Command::MakeModel(a) => make_model::run(a),
+        Command::Quantize(a) => quantize::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

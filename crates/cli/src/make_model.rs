@@ -89,6 +89,12 @@ pub enum Preset {
     /// Qwen3-8B (arch qwen3, QK norm)
     #[value(name = "qwen3-8b")]
     Qwen3_8b,
+    /// Qwen3-30B-A3B (arch qwen3moe: 128 experts, 8 per token)
+    #[value(name = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
+    /// A tiny qwen3moe (8 experts, 2 per token) for tests
+    #[value(name = "qwen3-moe-tiny")]
+    Qwen3MoeTiny,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -144,14 +150,19 @@ struct Shape {
     tied: bool,
     qk_norm: bool,
     add_bos: bool,
+    /// Mixture of experts: (experts, experts per token, expert FFN size); `inter` is then the
+    /// unused dense size the real config states.
+    moe: Option<(u64, u64, u64)>,
 }
 
 impl Preset {
-    const ALL: [Preset; 4] = [
+    const ALL: [Preset; 6] = [
         Preset::Llama3_8b,
         Preset::Llama32_1b,
         Preset::Smollm2_135m,
         Preset::Qwen3_8b,
+        Preset::Qwen3_30bA3b,
+        Preset::Qwen3MoeTiny,
     ];
 
     fn shape(self) -> Shape {
@@ -171,6 +182,20 @@ impl Preset {
             tied: false,
             qk_norm: false,
             add_bos: true,
+            moe: None,
+        };
+        let qwen3 = Shape {
+            arch: "qwen3",
+            name: "Qwen3-8B",
+            inter: 12288,
+            layers: 36,
+            vocab: 151936,
+            rope_theta: 1000000.0,
+            ctx: 40960,
+            eps: 1e-6,
+            qk_norm: true,
+            add_bos: false,
+            ..llama.clone()
         };
         match self {
             Preset::Llama3_8b => llama,
@@ -198,18 +223,33 @@ impl Preset {
                 add_bos: false,
                 ..llama
             },
-            Preset::Qwen3_8b => Shape {
-                arch: "qwen3",
-                name: "Qwen3-8B",
-                inter: 12288,
-                layers: 36,
-                vocab: 151936,
-                rope_theta: 1000000.0,
-                ctx: 40960,
-                eps: 1e-6,
-                qk_norm: true,
-                add_bos: false,
-                ..llama
+            Preset::Qwen3_8b => qwen3,
+            // Qwen/Qwen3-30B-A3B config.json: hidden 2048, intermediate 6144, moe_intermediate 768,
+            // 48 layers, 32 heads, 4 KV heads, head_dim 128, 128 experts, 8 per token,
+            // norm_topk_prob true (llama.cpp's qwen3moe always renormalizes), untied.
+            Preset::Qwen3_30bA3b => Shape {
+                arch: "qwen3moe",
+                name: "Qwen3-30B-A3B",
+                hidden: 2048,
+                inter: 6144,
+                layers: 48,
+                kv_heads: 4,
+                moe: Some((128, 8, 768)),
+                ..qwen3
+            },
+            Preset::Qwen3MoeTiny => Shape {
+                arch: "qwen3moe",
+                name: "Qwen3-MoE-tiny",
+                hidden: 128,
+                inter: 256,
+                layers: 2,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 32,
+                vocab: 1024,
+                ctx: 4096,
+                moe: Some((8, 2, 64)),
+                ..qwen3
             },
         }
     }
@@ -228,47 +268,66 @@ struct TensorSpec {
     dims: Vec<u64>,
     /// Norm weights: f32, all 1.0.
     norm: bool,
+    /// Random weights stored f32 whatever the file type (the MoE router, as llama.cpp's converter
+    /// and quantizer keep `ffn_gate_inp` f32).
+    f32: bool,
 }
 
 fn tensor_specs(s: &Shape) -> Vec<TensorSpec> {
-    let w = |name: String, dims: [u64; 2]| TensorSpec {
+    let w = |name: String, dims: &[u64]| TensorSpec {
         name,
         dims: dims.to_vec(),
         norm: false,
+        f32: false,
     };
     let n = |name: String, len: u64| TensorSpec {
         name,
         dims: vec![len],
         norm: true,
+        f32: false,
     };
     let (q, kv) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
-    let mut v = vec![w("token_embd.weight".into(), [s.hidden, s.vocab])];
+    let mut v = vec![w("token_embd.weight".into(), &[s.hidden, s.vocab])];
     for i in 0..s.layers {
         let b = |t: &str| format!("blk.{i}.{t}.weight");
         v.push(n(b("attn_norm"), s.hidden));
-        v.push(w(b("attn_q"), [s.hidden, q]));
-        v.push(w(b("attn_k"), [s.hidden, kv]));
-        v.push(w(b("attn_v"), [s.hidden, kv]));
-        v.push(w(b("attn_output"), [q, s.hidden]));
+        v.push(w(b("attn_q"), &[s.hidden, q]));
+        v.push(w(b("attn_k"), &[s.hidden, kv]));
+        v.push(w(b("attn_v"), &[s.hidden, kv]));
+        v.push(w(b("attn_output"), &[q, s.hidden]));
         if s.qk_norm {
             v.push(n(b("attn_q_norm"), s.head_dim));
             v.push(n(b("attn_k_norm"), s.head_dim));
         }
         v.push(n(b("ffn_norm"), s.hidden));
-        v.push(w(b("ffn_gate"), [s.hidden, s.inter]));
-        v.push(w(b("ffn_up"), [s.hidden, s.inter]));
-        v.push(w(b("ffn_down"), [s.inter, s.hidden]));
+        match s.moe {
+            // llama.cpp's qwen3moe names and shapes (src/models/qwen3moe.cpp).
+            Some((experts, _, ff)) => {
+                v.push(TensorSpec {
+                    f32: true,
+                    ..w(b("ffn_gate_inp"), &[s.hidden, experts])
+                });
+                v.push(w(b("ffn_gate_exps"), &[s.hidden, ff, experts]));
+                v.push(w(b("ffn_down_exps"), &[ff, s.hidden, experts]));
+                v.push(w(b("ffn_up_exps"), &[s.hidden, ff, experts]));
+            }
+            None => {
+                v.push(w(b("ffn_gate"), &[s.hidden, s.inter]));
+                v.push(w(b("ffn_up"), &[s.hidden, s.inter]));
+                v.push(w(b("ffn_down"), &[s.inter, s.hidden]));
+            }
+        }
     }
     v.push(n("output_norm.weight".into(), s.hidden));
     if !s.tied {
-        v.push(w("output.weight".into(), [s.hidden, s.vocab]));
+        v.push(w("output.weight".into(), &[s.hidden, s.vocab]));
     }
     v
 }
 
 impl TensorSpec {
     fn dtype(&self, d: Dtype) -> GgmlType {
-        if self.norm {
+        if self.norm || self.f32 {
             GgmlType::F32
         } else {
             d.ggml()
@@ -397,8 +456,13 @@ fn build_writer(p: Preset, s: &Shape, d: Dtype, specs: &[TensorSpec]) -> Result<
         .add_metadata(k("attention.layer_norm_rms_epsilon"), s.eps)?
         .add_metadata(k("rope.freq_base"), s.rope_theta)?
         .add_metadata(k("rope.dimension_count"), s.head_dim as u32)?
-        .add_metadata(k("vocab_size"), s.vocab as u32)?
-        .add_metadata("tokenizer.ggml.model", "gpt2")?
+        .add_metadata(k("vocab_size"), s.vocab as u32)?;
+    if let Some((experts, used, ff)) = s.moe {
+        w.add_metadata(k("expert_count"), experts as u32)?
+            .add_metadata(k("expert_used_count"), used as u32)?
+            .add_metadata(k("expert_feed_forward_length"), ff as u32)?;
+    }
+    w.add_metadata("tokenizer.ggml.model", "gpt2")?
         .add_metadata("tokenizer.ggml.pre", "default")?
         .add_metadata("tokenizer.ggml.tokens", strings(tokens))?
         .add_metadata(
@@ -500,10 +564,17 @@ pub fn run(a: MakeModelArgs) -> Result<()> {
         .iter()
         .flat_map(|x| x.to_le_bytes())
         .collect();
-    let block = a.dtype.ggml().type_size();
+    let f32_weights = random_pattern(GgmlType::F32, &mut rng)?;
     let starts: Vec<usize> = specs
         .iter()
-        .map(|_| rng.random_range(0..weights.len() / block) * block)
+        .map(|t| {
+            let (p, block) = if t.f32 {
+                (&f32_weights, 4)
+            } else {
+                (&weights, a.dtype.ggml().type_size())
+            };
+            rng.random_range(0..p.len() / block) * block
+        })
         .collect();
 
     let file = create(&a.out, a.force)?;
@@ -535,6 +606,7 @@ pub fn run(a: MakeModelArgs) -> Result<()> {
                 next += 1;
                 let (pattern, start) = match specs.get(i) {
                     Some(t) if t.norm => (&ones, 0),
+                    Some(t) if t.f32 => (&f32_weights, starts[i]),
                     Some(_) => (&weights, starts[i]),
                     None => return Err(io::Error::other("more tensors than declared")),
                 };
@@ -590,10 +662,109 @@ mod tests {
         assert_eq!(params(Preset::Llama32_1b), 1_235_814_400);
         assert_eq!(params(Preset::Smollm2_135m), 134_515_008);
         assert_eq!(params(Preset::Qwen3_8b), 8_190_735_360);
+        // Qwen3-30B-A3B: "30.5B" (48 x (18.87M attention + 0.26M router + 603.98M experts)
+        // + 2 x 311.16M embeddings).
+        assert_eq!(params(Preset::Qwen3_30bA3b), 30_532_122_624);
         let smol = tensor_specs(&Preset::Smollm2_135m.shape());
         // 134_479_872 matrix weights in 34-byte blocks of 32, 35_136 f32 norm weights.
         assert_eq!(totals(&smol, Dtype::Q8_0).1, 143_025_408);
         assert_eq!(totals(&smol, Dtype::Q4_0).1, 75_785_472);
+    }
+
+    /// The tiny MoE preset loads through quire's GGUF loader with llama.cpp's names and keys, and
+    /// its CPU forward pass agrees between a grouped prefill and token-by-token decoding.
+    #[test]
+    fn moe_preset_loads_and_prefill_matches_decode() {
+        use quire_backend::cpu::{CpuExecutor, CpuOptions};
+        use quire_backend::{Executor, ForwardBatch, KvCacheSpec, SeqBatch};
+        let dir = std::env::temp_dir().join(format!("quire-moe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tiny.gguf");
+        run(MakeModelArgs {
+            preset: Preset::Qwen3MoeTiny,
+            dtype: Dtype::Q8_0,
+            out: path.clone(),
+            force: true,
+            layers: Some(3),
+            ctx: None,
+            seed: 5,
+        })
+        .unwrap();
+        let model = quire_model::load_gguf(&path).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        let c = &model.weights.config;
+        assert_eq!(c.arch, quire_core::Architecture::Qwen3Moe);
+        assert_eq!(c.num_layers, 3);
+        assert_eq!(
+            c.moe,
+            Some(quire_core::MoeConfig {
+                num_experts: 8,
+                num_experts_per_tok: 2,
+                expert_intermediate_size: 64,
+                norm_topk_prob: true,
+            })
+        );
+        let kv = KvCacheSpec {
+            num_blocks: 4,
+            block_size: 16,
+        };
+        let opts = CpuOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        let tokens: Vec<u32> = (0..11).map(|i| (i * 97 + 5) % 1024).collect();
+        let n = tokens.len();
+        let table = [quire_core::BlockId(0), quire_core::BlockId(1)];
+        let positions: Vec<u32> = (0..n as u32).collect();
+        // One prefill of all tokens, logits of every row.
+        let mut a = CpuExecutor::new(&model.weights, kv, opts).unwrap();
+        let all: Vec<u32> = (0..n as u32).collect();
+        let seqs = [SeqBatch {
+            query_start: 0,
+            query_len: n,
+            seq_len: n,
+            block_table: &table,
+        }];
+        let prefill = a
+            .forward(&ForwardBatch {
+                token_ids: &tokens,
+                positions: &positions,
+                slot_mapping: &positions,
+                seqs: &seqs,
+                logits_indices: &all,
+            })
+            .unwrap()
+            .to_vec();
+        assert!(prefill.iter().all(|v| v.is_finite()));
+        // The same tokens one at a time.
+        let mut b = CpuExecutor::new(&model.weights, kv, opts).unwrap();
+        let vocab = c.vocab_size;
+        let mut worst = 0f32;
+        for t in 0..n {
+            let seqs = [SeqBatch {
+                query_start: 0,
+                query_len: 1,
+                seq_len: t + 1,
+                block_table: &table,
+            }];
+            let got = b
+                .forward(&ForwardBatch {
+                    token_ids: &tokens[t..t + 1],
+                    positions: &positions[t..t + 1],
+                    slot_mapping: &positions[t..t + 1],
+                    seqs: &seqs,
+                    logits_indices: &[0],
+                })
+                .unwrap();
+            let want = &prefill[t * vocab..(t + 1) * vocab];
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = got
+                .iter()
+                .zip(want)
+                .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+            worst = worst.max(err / scale);
+        }
+        assert!(worst < 1e-3, "prefill vs decode rel err {worst:.2e}");
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub enum Architecture {
     Qwen2,
     Qwen3,
     Mistral,
+    /// Qwen3 attention (QK-norm, Neox RoPE) with a mixture-of-experts FFN on every layer.
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -28,8 +30,24 @@ impl Architecture {
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
             Architecture::Mistral => "mistral",
+            Architecture::Qwen3Moe => "qwen3moe",
         }
     }
+}
+
+/// A sparse mixture-of-experts FFN (Qwen3-MoE; transformers' `Qwen3MoeSparseMoeBlock`, llama.cpp's
+/// `build_moe_ffn` with softmax gating): per token, router logits over all experts, softmax (f32),
+/// the `num_experts_per_tok` largest probabilities, optionally renormalized to sum to 1, weight the
+/// outputs of those experts' SwiGLU FFNs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub num_experts_per_tok: usize,
+    /// Intermediate size of each expert's FFN (HF `moe_intermediate_size`).
+    pub expert_intermediate_size: usize,
+    /// Divide the top-k probabilities by their sum (HF `norm_topk_prob`).
+    pub norm_topk_prob: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +72,15 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     /// RMSNorm on each query and key head before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// Sliding-window attention on every layer (Mistral): a query at position `p` attends the keys
+    /// at positions `p - w < j <= p` only, i.e. the `w` most recent tokens including itself.
+    /// `None`: full causal attention.
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    /// Every layer's FFN is a mixture of experts (`intermediate_size` is then unused by the
+    /// forward pass). `None`: dense SwiGLU FFNs.
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -96,8 +123,27 @@ impl ModelConfig {
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(format!("bad rms_norm_eps {}", self.rms_norm_eps));
         }
+        if self.sliding_window == Some(0) {
+            return Err("sliding_window must be > 0".into());
+        }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return Err(format!("bad rope theta {}", self.rope_theta));
+        }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.num_experts_per_tok == 0 || m.expert_intermediate_size == 0 {
+                return Err(format!(
+                    "MoE needs nonzero experts ({}), experts per token ({}) and expert FFN size ({})",
+                    m.num_experts, m.num_experts_per_tok, m.expert_intermediate_size
+                ));
+            }
+            if m.num_experts_per_tok > m.num_experts {
+                return Err(format!(
+                    "experts per token ({}) exceed the number of experts ({})",
+                    m.num_experts_per_tok, m.num_experts
+                ));
+            }
+        } else if self.arch == Architecture::Qwen3Moe {
+            return Err("qwen3moe needs a MoE config".into());
         }
         Ok(())
     }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod config;
 pub mod default_model;
-pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use config::{Architecture, ModelConfig, MoeConfig, RopeStyle};
 
 /// A token id in the model's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

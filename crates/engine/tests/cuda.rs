@@ -84,7 +84,11 @@ fn teacher_forced_logits_match_the_cpu_backend() {
     };
     let mut pairs = [
         ("stored weights", cuda(&m, 64, true), cpu(&m.weights, 64)),
-        ("f16-dequantized weights", cuda(&m, 64, false), cpu(&w16, 64)),
+        (
+            "f16-dequantized weights",
+            cuda(&m, 64, false),
+            cpu(&w16, 64),
+        ),
         (
             "stored weights, default options (report only)",
             CudaExecutor::new(&m.weights, default_opts).unwrap(),

@@ -11,11 +11,12 @@
 //! Layout: `reader` (parsing and validation), `getters` (typed metadata
 //! access), `file` (the mmap-owning [`GgufFile`]), `value` (metadata values),
 //! `types` (ggml types and [`TensorInfo`]), `quant` (block structs and the
-//! reference (de)quantizers), `writer` ([`GgufWriter`]).
+//! reference (de)quantizers), `kquant` (the Q4_K/Q5_K/Q6_K super-block formats), `writer` ([`GgufWriter`]).
 
 mod error;
 mod file;
 mod getters;
+mod kquant;
 mod quant;
 mod reader;
 mod types;
@@ -24,6 +25,7 @@ mod writer;
 
 pub use error::GgufError;
 pub use file::GgufFile;
+pub use kquant::{scale_min_k4, BlockQ4K, BlockQ5K, BlockQ6K, K_SCALE_SIZE, QK_K};
 pub use quant::{
     blocks_as_bytes, cast_blocks, dequantize_row, f32_to_bf16, quantize_row, BlockQ4_0, BlockQ4_1,
     BlockQ8_0, Pod, QK,

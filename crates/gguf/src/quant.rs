@@ -11,6 +11,7 @@
 use half::{bf16, f16};
 
 use crate::error::GgufError;
+use crate::kquant::{self, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use crate::types::GgmlType;
 
 /// Elements per block of the 32-element formats.
@@ -93,7 +94,10 @@ macro_rules! pod {
         impl Pod for $t {}
     )*};
 }
-pod!(BlockQ4_0, BlockQ4_1, BlockQ8_0, u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, f16, bf16);
+pod!(
+    BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ4K, BlockQ5K, BlockQ6K, u8, i8, u16, i16, u32, i32, u64,
+    i64, f32, f64, f16, bf16
+);
 
 /// Views `bytes` as a slice of `T` (e.g. `cast_blocks::<BlockQ4_0>(tensor_data)`).
 ///
@@ -160,6 +164,14 @@ fn check_blocks(op: &'static str, dtype: GgmlType, n: usize) -> Result<usize, Gg
     Ok(n / block_size)
 }
 
+/// Copies one `T` out of `b` (exactly its size), whatever the alignment of `b`.
+fn read_block<T: Pod>(b: &[u8]) -> T {
+    assert_eq!(b.len(), std::mem::size_of::<T>(), "block size");
+    // SAFETY: `T: Pod` accepts any bit pattern; `b` holds exactly `size_of::<T>()` readable bytes;
+    // `read_unaligned` needs no alignment.
+    unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<T>()) }
+}
+
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
@@ -222,6 +234,21 @@ pub fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
                 }
             }
         }
+        GgmlType::Q4_K => {
+            for (out, b) in dst.chunks_exact_mut(QK_K).zip(chunks) {
+                read_block::<BlockQ4K>(b).dequantize(out);
+            }
+        }
+        GgmlType::Q5_K => {
+            for (out, b) in dst.chunks_exact_mut(QK_K).zip(chunks) {
+                read_block::<BlockQ5K>(b).dequantize(out);
+            }
+        }
+        GgmlType::Q6_K => {
+            for (out, b) in dst.chunks_exact_mut(QK_K).zip(chunks) {
+                read_block::<BlockQ6K>(b).dequantize(out);
+            }
+        }
         _ => {
             return Err(GgufError::Unsupported {
                 dtype,
@@ -233,8 +260,9 @@ pub fn dequantize_row(dtype: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()
 }
 
 /// Encodes `src` as `dtype`, appending to `dst`. Implemented for the
-/// supported types; the quantized formats round exactly as ggml's
-/// `quantize_row_{q8_0,q4_0,q4_1}_ref`.
+/// supported types; Q8_0/Q4_0/Q4_1 round exactly as ggml's
+/// `quantize_row_{q8_0,q4_0,q4_1}_ref`, the K-quants use quire's own
+/// scale search (see `kquant`).
 pub fn quantize_row(dtype: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(), GgufError> {
     let n_blocks = check_blocks("quantize", dtype, src.len())?;
     dst.reserve(n_blocks * dtype.type_size());
@@ -249,6 +277,15 @@ pub fn quantize_row(dtype: GgmlType, src: &[f32], dst: &mut Vec<u8>) -> Result<(
         GgmlType::Q8_0 => src.chunks_exact(QK).for_each(|x| quantize_q8_0(x, dst)),
         GgmlType::Q4_0 => src.chunks_exact(QK).for_each(|x| quantize_q4_0(x, dst)),
         GgmlType::Q4_1 => src.chunks_exact(QK).for_each(|x| quantize_q4_1(x, dst)),
+        GgmlType::Q4_K => src
+            .chunks_exact(QK_K)
+            .for_each(|x| kquant::quantize_q4_k(x, dst)),
+        GgmlType::Q5_K => src
+            .chunks_exact(QK_K)
+            .for_each(|x| kquant::quantize_q5_k(x, dst)),
+        GgmlType::Q6_K => src
+            .chunks_exact(QK_K)
+            .for_each(|x| kquant::quantize_q6_k(x, dst)),
         _ => {
             return Err(GgufError::Unsupported {
                 dtype,

@@ -135,7 +135,10 @@ impl GgmlType {
     /// loading rejects them.
     pub fn is_supported(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1)
+        matches!(
+            self,
+            F32 | F16 | BF16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q5_K | Q6_K
+        )
     }
 
     /// Bytes needed for a row of `n` elements, or `None` if `n` is not a whole

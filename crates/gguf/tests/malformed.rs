@@ -243,7 +243,7 @@ fn tensor_info_errors() {
         assert!(e.to_string().contains("\"w\""));
     }
     // Known but unsupported types parse.
-    let h = one(&[256], GgmlType::Q4_K as u32, 0, 144).parse().unwrap();
+    let h = one(&[256], GgmlType::Q3_K as u32, 0, 110).parse().unwrap();
     assert!(!h.tensors()[0].dtype.is_supported());
 
     for dims in [

@@ -278,7 +278,7 @@ fn errors_are_reported() {
         matches!(e, GgufError::NotBlockMultiple { n: 16, .. }),
         "{e}"
     );
-    let e = dequantize_row(GgmlType::Q6_K, &[0u8; 210], &mut [0f32; 256]).unwrap_err();
+    let e = dequantize_row(GgmlType::Q3_K, &[0u8; 110], &mut [0f32; 256]).unwrap_err();
     assert!(matches!(e, GgufError::Unsupported { .. }), "{e}");
     let mut bytes = Vec::new();
     assert!(quantize_row(GgmlType::Q4_1, &[0.0; 31], &mut bytes).is_err());

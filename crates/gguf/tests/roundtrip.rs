@@ -54,6 +54,9 @@ const SUPPORTED: &[(&str, &[u64], GgmlType)] = &[
     ("q8_0.2d", &[64, 3], GgmlType::Q8_0),
     ("q4_0.4d", &[32, 2, 2, 2], GgmlType::Q4_0),
     ("q4_1.2d", &[96, 2], GgmlType::Q4_1),
+    ("q4_k.2d", &[256, 2], GgmlType::Q4_K),
+    ("q5_k.2d", &[512, 1], GgmlType::Q5_K),
+    ("q6_k.2d", &[256, 3], GgmlType::Q6_K),
 ];
 
 fn build(version: u32, alignment: Option<u64>, seed: u64) -> (GgufWriter, Vec<(String, Vec<u8>)>) {
@@ -77,10 +80,10 @@ fn build(version: u32, alignment: Option<u64>, seed: u64) -> (GgufWriter, Vec<(S
         expected.push((name.to_owned(), data));
     }
     // Known but unsupported: must be written and parsed like any other.
-    let q6k: Vec<u8> = (0..2 * 210).map(|i| i as u8).collect();
-    w.add_tensor("q6_k", &[256, 2], GgmlType::Q6_K, q6k.clone())
+    let q3k: Vec<u8> = (0..2 * 110).map(|i| i as u8).collect();
+    w.add_tensor("q3_k", &[256, 2], GgmlType::Q3_K, q3k.clone())
         .unwrap();
-    expected.push(("q6_k".to_owned(), q6k));
+    expected.push(("q3_k".to_owned(), q3k));
     w.add_tensor("empty", &[0, 4], GgmlType::F32, Vec::new())
         .unwrap();
     expected.push(("empty".to_owned(), Vec::new()));
@@ -117,7 +120,7 @@ fn check(f: &GgufFile, version: u32, alignment: u64, tensors: &[(String, Vec<u8>
         (t.dims.as_slice(), t.dtype, t.rows(), t.row_len()),
         (&[32u64, 2, 2, 2][..], GgmlType::Q4_0, 8, 32)
     );
-    assert!(!f.tensor("q6_k").unwrap().dtype.is_supported());
+    assert!(!f.tensor("q3_k").unwrap().dtype.is_supported());
 }
 
 #[test]

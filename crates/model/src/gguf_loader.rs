@@ -4,8 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use quire_backend::{ByteOwner, HostTensor, LayerWeights, ModelWeights, TensorBytes};
-use quire_core::{Architecture, ModelConfig, RopeStyle};
+use quire_backend::{
+    ByteOwner, FfnWeights, HostTensor, LayerWeights, ModelWeights, MoeWeights, TensorBytes,
+};
+use quire_core::{Architecture, ModelConfig, MoeConfig, RopeStyle};
 use quire_gguf::GgufFile;
 use quire_tokenizer::{ChatTemplate, Tokenizer, TokenizerSpec};
 
@@ -31,7 +33,18 @@ pub struct LoadedModel {
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: ChatTemplate,
     pub meta: ModelMeta,
-    pub file: Arc<GgufFile>,
+    /// The GGUF file (`None` for an HF folder).
+    pub file: Option<Arc<GgufFile>>,
+}
+
+impl LoadedModel {
+    /// Bytes of all weights as stored (GGUF tensor data, or the safetensors files).
+    pub fn weight_bytes(&self) -> u64 {
+        match &self.file {
+            Some(f) => f.tensors().iter().map(|t| t.size_bytes()).sum(),
+            None => self.meta.file_size,
+        }
+    }
 }
 
 fn req_u32(f: &GgufFile, key: &str) -> Result<u32, ModelError> {
@@ -48,6 +61,7 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
         "mistral" => (Architecture::Mistral, RopeStyle::Normal),
         "qwen2" => (Architecture::Qwen2, RopeStyle::Neox),
         "qwen3" => (Architecture::Qwen3, RopeStyle::Neox),
+        "qwen3moe" => (Architecture::Qwen3Moe, RopeStyle::Neox),
         other => return Err(ModelError::UnsupportedArch(other.to_string())),
     };
     let k = |s: &str| format!("{arch_name}.{s}");
@@ -72,10 +86,21 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?
             as usize,
     };
+    let moe = if arch == Architecture::Qwen3Moe {
+        Some(moe_config(f, arch_name)?)
+    } else {
+        None
+    };
+    let intermediate_size = match (f.get_u32(&k("feed_forward_length"))?, &moe) {
+        (Some(v), _) => v as usize,
+        // A MoE file may leave the (unused) dense FFN size out.
+        (None, Some(m)) => m.expert_intermediate_size,
+        (None, None) => return Err(ModelError::MissingKey(k("feed_forward_length"))),
+    };
     let cfg = ModelConfig {
         arch,
         hidden_size: hidden,
-        intermediate_size: req_u32(f, &k("feed_forward_length"))? as usize,
+        intermediate_size,
         num_layers: req_u32(f, &k("block_count"))? as usize,
         num_heads,
         num_kv_heads,
@@ -94,6 +119,11 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         attention_bias: f.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: f.tensor("blk.0.attn_q_norm.weight").is_some(),
+        sliding_window: f
+            .get_u32(&k("attention.sliding_window"))?
+            .filter(|&w| w > 0)
+            .map(|w| w as usize),
+        moe,
     };
     cfg.validate().map_err(ModelError::Invalid)?;
     if cfg.num_layers > 4096 || cfg.hidden_size > 1 << 20 || cfg.vocab_size > 1 << 24 {
@@ -102,6 +132,27 @@ fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig, ModelError> {
         ));
     }
     Ok(cfg)
+}
+
+/// The experts of a `qwen3moe` file. llama.cpp's qwen3moe graph always renormalizes the top-k
+/// weights (`build_moe_ffn(..., norm_w = true, ...)`) and reads no key for it; quire honours
+/// `{arch}.expert_weights_norm` when a file has it (a key llama.cpp defines for other MoE
+/// architectures) and otherwise renormalizes, as llama.cpp and Qwen3-MoE's `norm_topk_prob` do.
+fn moe_config(f: &GgufFile, arch_name: &str) -> Result<MoeConfig, ModelError> {
+    let k = |s: &str| format!("{arch_name}.{s}");
+    let m = MoeConfig {
+        num_experts: req_u32(f, &k("expert_count"))? as usize,
+        num_experts_per_tok: req_u32(f, &k("expert_used_count"))? as usize,
+        expert_intermediate_size: req_u32(f, &k("expert_feed_forward_length"))? as usize,
+        norm_topk_prob: f.get_bool(&k("expert_weights_norm"))?.unwrap_or(true),
+    };
+    if m.num_experts > 1 << 16 {
+        return Err(ModelError::Invalid(format!(
+            "implausible expert count {}",
+            m.num_experts
+        )));
+    }
+    Ok(m)
 }
 
 fn tensor(file: &Arc<GgufFile>, name: &str) -> Result<HostTensor, ModelError> {
@@ -170,6 +221,7 @@ fn tokenizer_spec(f: &GgufFile) -> Result<TokenizerSpec, ModelError> {
         add_space_prefix: f
             .get_bool("tokenizer.ggml.add_space_prefix")?
             .unwrap_or(false),
+        eog_token_ids: Vec::new(),
     })
 }
 
@@ -193,9 +245,20 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
             q_norm: o("attn_q_norm.weight")?,
             k_norm: o("attn_k_norm.weight")?,
             ffn_norm: t("ffn_norm.weight")?,
-            w_gate: t("ffn_gate.weight")?,
-            w_up: t("ffn_up.weight")?,
-            w_down: t("ffn_down.weight")?,
+            ffn: if cfg.moe.is_some() {
+                FfnWeights::Moe(MoeWeights {
+                    gate_inp: t("ffn_gate_inp.weight")?,
+                    gate_exps: t("ffn_gate_exps.weight")?,
+                    up_exps: t("ffn_up_exps.weight")?,
+                    down_exps: t("ffn_down_exps.weight")?,
+                })
+            } else {
+                FfnWeights::Dense {
+                    w_gate: t("ffn_gate.weight")?,
+                    w_up: t("ffn_up.weight")?,
+                    w_down: t("ffn_down.weight")?,
+                }
+            },
         });
     }
     let rope_freqs = opt_tensor(&file, "rope_freqs.weight")?
@@ -233,7 +296,7 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         tokenizer: Arc::new(tokenizer),
         chat_template,
         meta,
-        file,
+        file: Some(file),
     })
 }
 
@@ -244,7 +307,7 @@ fn meta(path: &Path, f: &GgufFile, cfg: &ModelConfig) -> Result<ModelMeta, Model
     for t in f
         .tensors()
         .iter()
-        .filter(|t| t.dims.len() == 2 && t.name != "token_embd.weight")
+        .filter(|t| t.dims.len() >= 2 && t.name != "token_embd.weight")
     {
         let name = t.dtype.name().to_string();
         match by_type.iter_mut().find(|(n, _)| *n == name) {
@@ -276,7 +339,7 @@ fn meta(path: &Path, f: &GgufFile, cfg: &ModelConfig) -> Result<ModelMeta, Model
     })
 }
 
-fn human_params(n: u64) -> String {
+pub(crate) fn human_params(n: u64) -> String {
     if n >= 1_000_000_000 {
         format!("{:.1}B", n as f64 / 1e9)
     } else {

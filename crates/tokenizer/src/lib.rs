@@ -14,6 +14,7 @@
 mod bpe;
 mod chat;
 mod error;
+pub mod hf;
 mod pyfns;
 mod spec;
 mod spm;

@@ -32,6 +32,9 @@ pub struct TokenizerSpec {
     pub eot_token_id: Option<u32>,
     pub unknown_token_id: Option<u32>,
     pub padding_token_id: Option<u32>,
+    /// Further end-of-generation ids (not a GGUF key: HF `generation_config.json` may list
+    /// several `eos_token_id`s). Ids outside the vocabulary are ignored.
+    pub eog_token_ids: Vec<u32>,
     /// `tokenizer.ggml.add_bos_token`. When the key is absent, use [`TokenizerSpec::default_add_bos`].
     pub add_bos_token: bool,
     /// `tokenizer.ggml.add_eos_token` (absent: false).

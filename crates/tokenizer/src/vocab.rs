@@ -256,6 +256,12 @@ impl Vocab {
         let eos = in_range(spec.eos_token_id);
         eog.extend(eos);
         eog.extend(eot);
+        for &id in &spec.eog_token_ids {
+            if let Some(id) = in_range(Some(id)) {
+                mark_control(&mut attrs, id);
+                eog.push(id);
+            }
+        }
         eog.sort_unstable();
         eog.dedup();
 

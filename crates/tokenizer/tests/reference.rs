@@ -77,6 +77,7 @@ fn load() -> Model {
         eot_token_id: u32_key("tokenizer.ggml.eot_token_id"),
         unknown_token_id: u32_key("tokenizer.ggml.unknown_token_id"),
         padding_token_id: u32_key("tokenizer.ggml.padding_token_id"),
+        eog_token_ids: Vec::new(),
         add_bos_token: bool_key("tokenizer.ggml.add_bos_token")
             .unwrap_or_else(|| TokenizerSpec::default_add_bos(&model, pre.as_deref())),
         add_eos_token: bool_key("tokenizer.ggml.add_eos_token").unwrap_or(false),

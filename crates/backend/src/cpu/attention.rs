@@ -64,13 +64,28 @@ pub struct AttnParams {
     /// does with an f16 cache for decode and short prompts (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`).
     /// Less exact than f32 math, but it makes greedy paths track llama.cpp's at near-ties.
     pub f16_accum: bool,
+    /// Sliding window (Mistral): a query at position `p` attends keys at positions `j` with
+    /// `p - w < j <= p` only. This is transformers' convention for Mistral and Qwen2
+    /// (`masking_utils.sliding_window_overlay`: `kv_idx > q_idx - sliding_window`; before that,
+    /// `_prepare_4d_causal_attention_mask_with_sliding_window` masked `j <= p - w`). `None`: all
+    /// keys `0..=p`.
+    pub sliding_window: Option<usize>,
+}
+
+impl AttnParams {
+    /// First key position a query at `pos` attends.
+    #[inline]
+    pub fn first_key(&self, pos: usize) -> usize {
+        self.sliding_window
+            .map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
 }
 
 /// Largest block size × GQA group the stack score buffer holds.
 const MAX_SCORES: usize = 128 * 16;
 
 /// Writes the new K/V rows into their slots, then attends every query token to its sequence's
-/// cached tokens `0..=pos` (causal).
+/// cached tokens `0..=pos` (causal; `first_key(pos)..=pos` with a sliding window).
 // q: [num_tokens, q_stride] with heads at q[.., 0..num_heads*head_dim]
 // k_new, v_new: [num_tokens, kv_stride] with heads at [.., 0..num_kv_heads*head_dim]
 // k_cache, v_cache: [num_blocks * block_size, num_kv_heads, head_dim]
@@ -110,7 +125,7 @@ pub fn paged_attention<T: KvElem>(
     let k_cache: &[T] = k_cache;
     let v_cache: &[T] = v_cache;
     #[cfg(target_arch = "x86_64")]
-    if p.f16_accum && tiled::supports(p.head_dim) {
+    if p.f16_accum && p.sliding_window.is_none() && tiled::supports(p.head_dim) {
         if let (Some(k), Some(v)) = (T::as_f16(k_cache), T::as_f16(v_cache)) {
             attend_tiled(par, p, q, q_stride, seqs, k, v, out);
             return;
@@ -162,10 +177,11 @@ fn attend_one_row<T: KvElem>(
                 .expect("validated batch");
             let pos = seq.seq_len - seq.query_len + (t - seq.query_start);
             let qh = &q[t * q_stride + kvh * group * p.head_dim..][..group * p.head_dim];
+            let keys = p.first_key(pos)..pos + 1;
             if p.f16_accum {
-                attend_group_f16_accum(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+                attend_group_f16_accum(p, qh, seq.block_table, keys, kvh, k_cache, v_cache, o);
             } else {
-                attend_group(p, qh, seq.block_table, pos + 1, kvh, k_cache, v_cache, o);
+                attend_group(p, qh, seq.block_table, keys, kvh, k_cache, v_cache, o);
             }
         }
     });
@@ -232,14 +248,15 @@ fn attend_tiled(
     });
 }
 
-/// Attention of `group` query heads (sharing KV head `kvh`) over the first `ctx` cached tokens.
+/// Attention of `group` query heads (sharing KV head `kvh`) over the cached tokens at positions
+/// `keys` (`0..ctx`, or a sliding window's tail of it).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn attend_group<T: KvElem>(
     p: &AttnParams,
     q: &[f32], // [group, head_dim]
     block_table: &[quire_core::BlockId],
-    ctx: usize,
+    keys: std::ops::Range<usize>,
     kvh: usize,
     k_cache: &[T],
     v_cache: &[T],
@@ -252,13 +269,17 @@ fn attend_group<T: KvElem>(
     let mut l = [0f32; 16];
     out.fill(0.0);
     let mut scores = [0f32; MAX_SCORES];
+    let ctx = keys.end;
     let nblocks = ctx.div_ceil(p.block_size);
     let simd = super::quant::has_avx2() && d.is_multiple_of(32);
     let mut buf = [0f32; 256];
-    for (bi, block) in block_table[..nblocks].iter().enumerate() {
+    let first_block = keys.start / p.block_size;
+    for (bi, block) in block_table[..nblocks].iter().enumerate().skip(first_block) {
         let n = (ctx - bi * p.block_size).min(p.block_size);
+        // Keys before the window in the window's first block.
+        let j0 = keys.start.saturating_sub(bi * p.block_size);
         let base = block.as_usize() * p.block_size;
-        for j in 0..n {
+        for j in j0..n {
             let row = (base + j) * kv_row + kvh * d;
             let k = row_f32(&k_cache[row..row + d], &mut buf, simd);
             for g in 0..group {
@@ -273,7 +294,7 @@ fn attend_group<T: KvElem>(
             }
         }
         for g in 0..group {
-            let sc = &scores[g * p.block_size..g * p.block_size + n];
+            let sc = &scores[g * p.block_size + j0..g * p.block_size + n];
             let bmax = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let new_m = m[g].max(bmax);
             let corr = (m[g] - new_m).exp();
@@ -283,7 +304,7 @@ fn attend_group<T: KvElem>(
             l[g] *= corr;
             m[g] = new_m;
         }
-        for j in 0..n {
+        for j in j0..n {
             let row = (base + j) * kv_row + kvh * d;
             let v = row_f32(&v_cache[row..row + d], &mut buf, simd);
             for g in 0..group {
@@ -328,7 +349,7 @@ fn attend_group_f16_accum<T: KvElem>(
     p: &AttnParams,
     q: &[f32], // [group, head_dim]
     block_table: &[quire_core::BlockId],
-    ctx: usize,
+    keys: std::ops::Range<usize>,
     kvh: usize,
     k_cache: &[T],
     v_cache: &[T],
@@ -350,7 +371,7 @@ fn attend_group_f16_accum<T: KvElem>(
     let mut m = [f32::NEG_INFINITY; MAX_G];
     let mut l = [0f32; MAX_G];
     let simd = super::quant::has_avx2() && d.is_multiple_of(32);
-    for j in 0..ctx {
+    for j in keys {
         let slot = block_table[j / p.block_size].as_usize() * p.block_size + j % p.block_size;
         let row = slot * kv_row + kvh * d;
         match (
@@ -526,10 +547,11 @@ pub fn dense_reference(
     let mut out = vec![0f64; q.len()];
     for t in 0..query_len {
         let ctx = seq_len - query_len + t + 1;
+        let lo = p.first_key(ctx - 1);
         for h in 0..p.num_heads {
             let kvh = h / group;
             let qh = &q[(t * p.num_heads + h) * d..][..d];
-            let scores: Vec<f64> = (0..ctx)
+            let scores: Vec<f64> = (lo..ctx)
                 .map(|j| {
                     let kj = &k[(j * p.num_kv_heads + kvh) * d..][..d];
                     qh.iter()
@@ -543,7 +565,7 @@ pub fn dense_reference(
             let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
             let z: f64 = w.iter().sum();
             let o = &mut out[(t * p.num_heads + h) * d..][..d];
-            for (j, wj) in w.iter().enumerate() {
+            for (j, wj) in (lo..ctx).zip(&w) {
                 let vj = &v[(j * p.num_kv_heads + kvh) * d..][..d];
                 for (oo, &vv) in o.iter_mut().zip(vj) {
                     *oo += wj / z * vv as f64;

@@ -7,6 +7,7 @@ use quire_core::ModelConfig;
 
 use super::attention::{paged_attention, AttnParams, KvElem};
 use super::matmul::{matmul, matmul_swiglu, Activations, QMatrix};
+use super::moe::{Ffn, MoeScratch};
 use super::ops;
 use super::profile::Profiler;
 use super::quant::{needs_q8, QK};
@@ -44,11 +45,7 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     wo: QMatrix,
     ffn_norm: Vec<f32>,
-    /// Gate and up, interleaved in chunks of 32 rows when `gu_chunked` (`matmul_swiglu`), else
-    /// stacked `[gate | up]`.
-    w_gate_up: QMatrix,
-    gu_chunked: bool,
-    w_down: QMatrix,
+    ffn: Ffn,
 }
 
 enum KvStore {
@@ -72,6 +69,7 @@ struct Scratch {
     logits: Vec<f32>,
     rope_cs: Vec<(f32, f32)>, // [n, rope_dim / 2] (cos, sin) per token
     cs_tmp: Vec<(f32, f32)>,
+    moe: MoeScratch,
 }
 
 pub struct CpuExecutor {
@@ -114,7 +112,7 @@ impl CpuExecutor {
                 "GQA groups above 16 heads are not supported".into(),
             ));
         }
-        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
+        let (hd, qs, kvs) = (c.hidden_size, c.q_size(), c.kv_size());
         let embed = QMatrix::from_tensor(&w.tok_embd, hd, c.vocab_size)?;
         let output = match &w.output {
             Some(t) => QMatrix::from_tensor(t, hd, c.vocab_size)?,
@@ -139,10 +137,6 @@ impl CpuExecutor {
                     ))
                 }
             };
-            let gate = QMatrix::from_tensor(&l.w_gate, hd, inter)?;
-            let up = QMatrix::from_tensor(&l.w_up, hd, inter)?;
-            let gu_chunked = inter.is_multiple_of(QK);
-            let gu_name = format!("{}+up", l.w_gate.name);
             layers.push(Layer {
                 attn_norm: vec_f32(&l.attn_norm, hd)?,
                 wqkv: QMatrix::concat_rows(&format!("{}+k+v", l.wq.name), &[wq, wk, wv])?,
@@ -159,13 +153,7 @@ impl CpuExecutor {
                     .transpose()?,
                 wo: QMatrix::from_tensor(&l.wo, qs, hd)?,
                 ffn_norm: vec_f32(&l.ffn_norm, hd)?,
-                w_gate_up: if gu_chunked {
-                    QMatrix::interleave_rows(&gu_name, &gate, &up, QK)?
-                } else {
-                    QMatrix::concat_rows(&gu_name, &[gate, up])?
-                },
-                gu_chunked,
-                w_down: QMatrix::from_tensor(&l.w_down, inter, hd)?,
+                ffn: Ffn::new(&l.ffn, c)?,
             });
         }
         if layers.len() != c.num_layers {
@@ -218,7 +206,7 @@ impl CpuExecutor {
     pub fn weight_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.ffn.bytes())
             .sum::<usize>()
             + self.output.bytes()
     }
@@ -288,6 +276,7 @@ impl CpuExecutor {
             block_size: self.kv.block_size,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             f16_accum: matches!(self.store, KvStore::F16(..)),
+            sliding_window: c.sliding_window,
         };
         let pairs = c.rope_dim / 2;
         s.rope_cs.clear();
@@ -384,19 +373,30 @@ impl CpuExecutor {
                 (n * hd * 3) as u64,
                 || {
                     ops::rms_norm_par(pool, &s.x, &l.ffn_norm, c.rms_norm_eps, &mut s.h);
-                    s.q8.prepare(pool, &s.h, hd, l.w_gate_up.dtype);
+                    s.q8.prepare(pool, &s.h, hd, l.ffn.input_dtype());
                 },
             );
-            let (b, f) = mm_cost(&l.w_gate_up, n);
-            if n == 1 && l.gu_chunked && needs_q8(l.w_down.dtype) {
+            let (w_gate_up, chunked, w_down) = match &l.ffn {
+                Ffn::Dense {
+                    gate_up,
+                    chunked,
+                    down,
+                } => (gate_up, *chunked, down),
+                Ffn::Moe(m) => {
+                    m.forward(pool, prof, layer, &s.h, &mut s.moe, &mut s.x);
+                    continue;
+                }
+            };
+            let (b, f) = mm_cost(w_gate_up, n);
+            if n == 1 && chunked && needs_q8(w_down.dtype) {
                 // Decode: SwiGLU and the down projection's quantization inside the gate/up
                 // section (its time includes them).
                 prof.time("matmul_gate_up", layer, b, f, || {
-                    matmul_swiglu(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
+                    matmul_swiglu(pool, w_gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
                 });
             } else {
                 prof.time("matmul_gate_up", layer, b, f, || {
-                    matmul(pool, &l.w_gate_up, &s.h, &s.q8, &mut s.gu)
+                    matmul(pool, w_gate_up, &s.h, &s.q8, &mut s.gu)
                 });
                 prof.time(
                     "swiglu",
@@ -404,18 +404,18 @@ impl CpuExecutor {
                     (n * inter * 12) as u64,
                     (n * inter * 6) as u64,
                     || {
-                        if l.gu_chunked {
+                        if chunked {
                             ops::swiglu_chunked(&s.gu, inter, QK, &mut s.act)
                         } else {
                             ops::swiglu(&s.gu, inter, &mut s.act)
                         }
-                        s.q8_act.prepare(pool, &s.act, inter, l.w_down.dtype);
+                        s.q8_act.prepare(pool, &s.act, inter, w_down.dtype);
                     },
                 );
             }
-            let (b, f) = mm_cost(&l.w_down, n);
+            let (b, f) = mm_cost(w_down, n);
             prof.time("matmul_down", layer, b, f, || {
-                matmul(pool, &l.w_down, &s.act, &s.q8_act, &mut s.tmp);
+                matmul(pool, w_down, &s.act, &s.q8_act, &mut s.tmp);
                 ops::add_in_place(&mut s.x, &s.tmp);
             });
         }

@@ -3,8 +3,10 @@
 //! products; one rayon pool of `threads` workers.
 
 pub mod attention;
+pub mod kquant;
 pub mod llama;
 pub mod matmul;
+pub mod moe;
 pub mod ops;
 pub mod profile;
 pub mod quant;

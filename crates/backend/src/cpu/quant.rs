@@ -440,6 +440,7 @@ pub fn dot_row(dtype: GgmlType, w: &[u8], x: &[f32], xq: &[BlockQ8A]) -> f32 {
             let w = blocks::<half::bf16>(w);
             w.iter().zip(x).map(|(a, b)| a.to_f32() * b).sum()
         }
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => super::kquant::dot_row(dtype, w, xq),
         other => unreachable!("matmul weight type {} rejected at load", other.name()),
     }
 }
@@ -447,6 +448,7 @@ pub fn dot_row(dtype: GgmlType, w: &[u8], x: &[f32], xq: &[BlockQ8A]) -> f32 {
 /// Whether activations must be quantized for this weight type.
 pub fn needs_q8(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+        || super::kquant::is_kquant(dtype)
 }
 
 pub fn supported_matmul_type(dtype: GgmlType) -> bool {
@@ -458,7 +460,7 @@ pub fn supported_matmul_type(dtype: GgmlType) -> bool {
             | GgmlType::F32
             | GgmlType::F16
             | GgmlType::BF16
-    )
+    ) || super::kquant::is_kquant(dtype)
 }
 
 #[cfg(test)]

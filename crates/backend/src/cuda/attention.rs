@@ -81,6 +81,8 @@ pub struct PagedAttention {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding window in keys; 0: none.
+    window: usize,
 }
 
 /// Device addresses one launch reads and writes.
@@ -131,7 +133,14 @@ impl PagedAttention {
             num_heads,
             num_kv_heads,
             head_dim,
+            window: 0,
         })
+    }
+
+    /// Limits each query to its last `window` keys (`None`: all keys).
+    pub fn with_window(mut self, window: Option<usize>) -> Self {
+        self.window = window.unwrap_or(0);
+        self
     }
 
     /// Splits the keys (flash-decoding) until about eight CTAs per multiprocessor are in flight
@@ -174,6 +183,7 @@ impl PagedAttention {
                 I(self.num_kv_heads as i32),
                 I(block_size.trailing_zeros() as i32),
                 F(1.0 / (self.head_dim as f32).sqrt()),
+                I(self.window as i32),
                 P(b.out),
                 P(b.part_acc),
                 P(b.part_ml),

@@ -3,7 +3,8 @@
 
 use super::attention::{AttnBuffers, Meta, Plan};
 use super::gpu::{DBuf, Gpu, KArg};
-use super::llama::{CudaExecutor, Kernels};
+use super::llama::{CudaExecutor, CudaFfn, Kernels};
+use super::moe::{self, MoeInputs};
 use super::qmat::WMat;
 use crate::BackendError;
 
@@ -64,9 +65,15 @@ impl CudaExecutor {
                 (256, 1, 1),
                 &[mp(meta.tokens), P(t.ptr), P(x), I(hd as i32)],
             )?,
-            WMat::Quant { dtype, data } => {
-                k.q.embed(g, *dtype, meta_base + 4 * meta.tokens as u64, data.ptr, x, n, hd)?
-            }
+            WMat::Quant { dtype, data } => k.q.embed(
+                g,
+                *dtype,
+                meta_base + 4 * meta.tokens as u64,
+                data.ptr,
+                x,
+                n,
+                hd,
+            )?,
         }
         prof.mark(g, "embed", None, n * hd * 6, 0)?;
         for (li, l) in self.layers.iter().enumerate() {
@@ -140,15 +147,48 @@ impl CudaExecutor {
             mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
             let (b, f) = gemm_cost(&l.wo, qs, hd);
             prof.mark(g, "matmul_o", layer, b, f)?;
-            let q8w = q8_in(&l.w_gate_up, n);
+            let (w_gate_up, w_down) = match &l.ffn {
+                CudaFfn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
+                CudaFfn::Moe(m) => {
+                    // The router takes f32 rows; the experts f16 rows or 8-bit blocks.
+                    let hf = s.moe.hf.as_ref().expect("grown for MoE models").ptr;
+                    g.launch(
+                        &k.rms_norm_f32,
+                        (nu, 1, 1),
+                        (norm_threads, 1, 1),
+                        &[P(x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
+                    )?;
+                    norm_for(g, k, m.q8_in(), x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
+                    prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
+                    let mk = k.moe.as_ref().expect("compiled for MoE models");
+                    let io = MoeInputs {
+                        hf,
+                        h,
+                        q8,
+                        x,
+                        n,
+                        hidden: hd,
+                    };
+                    moe::run(g, mk, &k.q, &k.swiglu, m, &s.moe, &io)?;
+                    let mc = &m.cfg;
+                    let pairs = n * mc.num_experts_per_tok;
+                    let flops = 2 * pairs * 3 * hd * mc.expert_intermediate_size;
+                    let bytes = pairs.min(mc.num_experts)
+                        * (m.gate_up.bytes_for(2 * mc.expert_intermediate_size, hd)
+                            + m.down.bytes_for(hd, mc.expert_intermediate_size));
+                    prof.mark(g, "moe", layer, bytes, flops)?;
+                    continue;
+                }
+            };
+            let q8w = q8_in(w_gate_up, n);
             norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
             prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
             let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, &l.w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
-            let (b, f) = gemm_cost(&l.w_gate_up, hd, 2 * inter);
+            mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
+            let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
             prof.mark(g, "matmul_gate_up", layer, b, f)?;
             let total = n * inter;
-            let q8w = q8_in(&l.w_down, n);
+            let q8w = q8_in(w_down, n);
             if q8w {
                 let qblocks = total / 32;
                 g.launch(
@@ -168,8 +208,8 @@ impl CudaExecutor {
             }
             prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
             let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, &l.w_down, (act, q8), x, inter, hd, 1.0)?;
-            let (b, f) = gemm_cost(&l.w_down, inter, hd);
+            mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
+            let (b, f) = gemm_cost(w_down, inter, hd);
             prof.mark(g, "matmul_down", layer, b, f)?;
         }
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
@@ -177,8 +217,22 @@ impl CudaExecutor {
             let norm = (hd, eps, norm_threads);
             let rows_idx = mp(meta.logits_idx);
             let q8w = q8_in(out_w, nl);
-            norm_for(g, k, q8w, x, rows_idx, self.output_norm.ptr, (h, q8), nl, norm)?;
-            let mm = MatMul { n: nl, wdq, q8_in: q8w };
+            norm_for(
+                g,
+                k,
+                q8w,
+                x,
+                rows_idx,
+                self.output_norm.ptr,
+                (h, q8),
+                nl,
+                norm,
+            )?;
+            let mm = MatMul {
+                n: nl,
+                wdq,
+                q8_in: q8w,
+            };
             mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
         }
         prof.mark(

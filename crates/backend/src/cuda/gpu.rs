@@ -238,6 +238,48 @@ impl Gpu {
     }
 }
 
+impl Gpu {
+    /// `y[n, out] = x[n, in] · w[out, in]ᵀ + beta · y`, all f32 (full-precision FP32 math).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f32(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        n: usize,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let alpha = 1.0f32;
+        // SAFETY: the caller passes device buffers of the stated shapes.
+        unsafe {
+            blas_result::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                out as i32,
+                n as i32,
+                k_in as i32,
+                &alpha as *const f32 as *const _,
+                w as *const _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                k_in as i32,
+                x as *const _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                k_in as i32,
+                &beta as *const f32 as *const _,
+                y as *mut _,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                out as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| BackendError::Cuda(format!("cuBLAS SGEMM {n}x{k_in}x{out}: {e}")))
+    }
+}
+
 /// One kernel argument: a device pointer, an `int`, a `long` or a `float`.
 #[derive(Debug, Clone, Copy)]
 pub enum KArg {

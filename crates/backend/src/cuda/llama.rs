@@ -13,6 +13,7 @@ use quire_core::ModelConfig;
 use super::attention::{pack_meta, Meta, PagedAttention};
 use super::forward::Step;
 use super::gpu::{DBuf, Gpu, KArg};
+use super::moe::{MoeKernels, MoeLayer, MoeScratch};
 use super::nvrtc;
 use super::qmat::{is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES};
 use super::CudaOptions;
@@ -28,20 +29,32 @@ pub(super) struct Layer {
     pub(super) k_norm: Option<DBuf<f32>>,
     pub(super) wo: WMat,
     pub(super) ffn_norm: DBuf<f32>,
-    pub(super) w_gate_up: WMat,
-    pub(super) w_down: WMat,
+    pub(super) ffn: CudaFfn,
     pub(super) k_cache: DBuf<f16>,
     pub(super) v_cache: DBuf<f16>,
 }
 
+/// A layer's feed-forward block on the device.
+pub(super) enum CudaFfn {
+    /// Stacked gate+up `[2 · inter, hidden]` and down `[hidden, inter]`.
+    Dense {
+        w_gate_up: WMat,
+        w_down: WMat,
+    },
+    Moe(MoeLayer),
+}
+
 pub(super) struct Kernels {
     pub(super) rms_norm: CudaFunction,
+    pub(super) rms_norm_f32: CudaFunction,
     pub(super) embed: CudaFunction,
     pub(super) swiglu: CudaFunction,
     pub(super) rope: CudaFunction,
     pub(super) argmax: CudaFunction,
     pub(super) attention: PagedAttention,
     pub(super) q: QuantKernels,
+    /// Compiled only for MoE models.
+    pub(super) moe: Option<MoeKernels>,
 }
 
 /// Device activations, grown to the largest batch seen.
@@ -60,6 +73,8 @@ pub(super) struct Scratch {
     pub(super) meta: Option<DBuf<i32>>,
     /// Quantized activations for the quantized matmuls: [n, max(hidden, q, inter) / 32] blocks.
     pub(super) q8: Option<DBuf<u8>>,
+    /// The MoE FFN's routing and expert activations.
+    pub(super) moe: MoeScratch,
     /// The largest quantized matrix dequantized to f16, for many-token matmuls (allocated at load).
     pub(super) wdq: Option<DBuf<f16>>,
     pub(super) ids: Option<DBuf<i32>>,
@@ -148,7 +163,19 @@ impl CudaExecutor {
         let weight_bytes: usize = w
             .layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .flat_map(|l| {
+                let ffn: Vec<&HostTensor> = match &l.ffn {
+                    crate::FfnWeights::Dense {
+                        w_gate,
+                        w_up,
+                        w_down,
+                    } => vec![w_gate, w_up, w_down],
+                    crate::FfnWeights::Moe(m) => {
+                        vec![&m.gate_inp, &m.gate_exps, &m.up_exps, &m.down_exps]
+                    }
+                };
+                [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(ffn)
+            })
             .chain(std::iter::once(&w.tok_embd))
             .chain(w.output.as_ref())
             .map(dev_bytes)
@@ -171,12 +198,15 @@ impl CudaExecutor {
         let sample = gpu.module(&nvrtc::SAMPLE, &[])?;
         let k = Kernels {
             rms_norm: Gpu::function(&norm, "rms_norm_f16")?,
+            rms_norm_f32: Gpu::function(&norm, "rms_norm_f32")?,
             embed: Gpu::function(&embed_m, "embed_f16")?,
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,
             argmax: Gpu::function(&sample, "argmax_rows")?,
-            attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?,
+            attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
+                .with_window(c.sliding_window),
             q: QuantKernels::new(&gpu)?,
+            moe: c.moe.map(|_| MoeKernels::new(&gpu)).transpose()?,
         };
 
         let embed = upload_stacked(&gpu, &[&w.tok_embd], hd, &[c.vocab_size], keep_quant)?;
@@ -216,6 +246,28 @@ impl CudaExecutor {
                     .map(|t| upload_vec(&gpu, t, c.head_dim))
                     .transpose()
             };
+            let ffn = match &l.ffn {
+                crate::FfnWeights::Dense {
+                    w_gate,
+                    w_up,
+                    w_down,
+                } => CudaFfn::Dense {
+                    w_gate_up: upload_stacked(
+                        &gpu,
+                        &[w_gate, w_up],
+                        hd,
+                        &[inter, inter],
+                        keep_quant,
+                    )?,
+                    w_down: upload_stacked(&gpu, &[w_down], inter, &[hd], keep_quant)?,
+                },
+                crate::FfnWeights::Moe(m) => {
+                    let cfg = c.moe.ok_or_else(|| {
+                        BackendError::Config("MoE weights without a MoE config".into())
+                    })?;
+                    CudaFfn::Moe(MoeLayer::upload(&gpu, m, cfg, hd, keep_quant)?)
+                }
+            };
             layers.push(Layer {
                 attn_norm: upload_vec(&gpu, &l.attn_norm, hd)?,
                 wqkv: upload_stacked(
@@ -230,14 +282,7 @@ impl CudaExecutor {
                 k_norm: opt_vec(&l.k_norm)?,
                 wo: upload_stacked(&gpu, &[&l.wo], qs, &[hd], keep_quant)?,
                 ffn_norm: upload_vec(&gpu, &l.ffn_norm, hd)?,
-                w_gate_up: upload_stacked(
-                    &gpu,
-                    &[&l.w_gate, &l.w_up],
-                    hd,
-                    &[inter, inter],
-                    keep_quant,
-                )?,
-                w_down: upload_stacked(&gpu, &[&l.w_down], inter, &[hd], keep_quant)?,
+                ffn,
                 // The caches come below, once their size is known.
                 k_cache: gpu.alloc::<f16>(0)?,
                 v_cache: gpu.alloc::<f16>(0)?,
@@ -249,12 +294,11 @@ impl CudaExecutor {
         let quant_elems = layers
             .iter()
             .flat_map(|l| {
-                [
-                    (&l.wqkv, hd * (qs + 2 * kvs)),
-                    (&l.wo, qs * hd),
-                    (&l.w_gate_up, hd * 2 * inter),
-                    (&l.w_down, inter * hd),
-                ]
+                let mut m = vec![(&l.wqkv, hd * (qs + 2 * kvs)), (&l.wo, qs * hd)];
+                if let CudaFfn::Dense { w_gate_up, w_down } = &l.ffn {
+                    m.extend([(w_gate_up, hd * 2 * inter), (w_down, inter * hd)]);
+                }
+                m
             })
             .chain([(output.as_ref().unwrap_or(&embed), hd * c.vocab_size)])
             .filter(|(m, _)| m.quant_type().is_some())
@@ -350,6 +394,9 @@ impl CudaExecutor {
             s.act = Some(g.alloc(cap * inter)?);
             s.q8 = Some(g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?);
             s.tokens = cap;
+        }
+        if let Some(m) = c.moe {
+            moved |= s.moe.grow(g, n, &m, c.hidden_size)?;
         }
         if s.logits.as_ref().is_none_or(|b| b.len < nl * c.vocab_size) {
             let rows = nl.next_power_of_two();

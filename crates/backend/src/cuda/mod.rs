@@ -49,6 +49,8 @@ pub mod gpu;
 #[cfg(feature = "cuda")]
 mod llama;
 #[cfg(feature = "cuda")]
+pub mod moe;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod profile;

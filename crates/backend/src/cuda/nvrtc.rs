@@ -46,6 +46,14 @@ pub const QUANT: KernelSource = KernelSource {
     name: "quant.cu",
     src: include_str!("kernels/quant.cu"),
 };
+/// The MoE kernels build on quant.cu's blocks and dot products, so the file is compiled after it.
+pub const MOE: KernelSource = KernelSource {
+    name: "moe.cu",
+    src: concat!(
+        include_str!("kernels/quant.cu"),
+        include_str!("kernels/moe.cu")
+    ),
+};
 /// Needs `HEAD_DIM` and `GQA` defined.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
@@ -54,7 +62,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 
 /// Every kernel family with the defines it is compiled with for the shapes quire supports.
 pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
-    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT]
+    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE]
         .into_iter()
         .map(|k| (k, vec![]))
         .collect();

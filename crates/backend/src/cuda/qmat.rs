@@ -53,7 +53,9 @@ impl WMat {
     pub fn bytes_for(&self, rows: usize, row_len: usize) -> usize {
         match self {
             WMat::F16(_) => 2 * rows * row_len,
-            WMat::Quant { dtype, .. } => rows * dtype.row_size(row_len as u64).unwrap_or(0) as usize,
+            WMat::Quant { dtype, .. } => {
+                rows * dtype.row_size(row_len as u64).unwrap_or(0) as usize
+            }
         }
     }
 }
@@ -197,7 +199,14 @@ impl QuantKernels {
     }
 
     /// Quantizes `x: [n, k]` f16 into `xq: [n, k / 32]` blocks.
-    pub fn quantize(&self, gpu: &Gpu, x: u64, xq: u64, n: usize, k: usize) -> Result<(), BackendError> {
+    pub fn quantize(
+        &self,
+        gpu: &Gpu,
+        x: u64,
+        xq: u64,
+        n: usize,
+        k: usize,
+    ) -> Result<(), BackendError> {
         let blocks = n * k / 32;
         gpu.launch(
             &self.quantize_f16,
@@ -222,7 +231,12 @@ impl QuantKernels {
             &self.embed[type_index(dtype)],
             (n as u32, 1, 1),
             (256, 1, 1),
-            &[KArg::P(ids), KArg::P(table), KArg::P(x), KArg::I(hidden as i32)],
+            &[
+                KArg::P(ids),
+                KArg::P(table),
+                KArg::P(x),
+                KArg::I(hidden as i32),
+            ],
         )
     }
 

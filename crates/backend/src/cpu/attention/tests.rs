@@ -15,6 +15,7 @@ struct Case {
     /// (context already cached, new tokens) per sequence.
     seqs: Vec<(usize, usize)>,
     f16_accum: bool,
+    sliding_window: Option<usize>,
 }
 
 fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
@@ -43,6 +44,7 @@ fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
         block_size: c.block_size,
         scale: 1.0 / (d as f32).sqrt(),
         f16_accum: c.f16_accum,
+        sliding_window: c.sliding_window,
     };
     let mut tables = Vec::new();
     let mut full_k = Vec::new();
@@ -62,7 +64,8 @@ fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
         // Round through the storage type so the reference sees what the cache holds.
         let k: Vec<f32> = k.iter().map(|&x| T::from_f32(x).to_f32()).collect();
         let v: Vec<f32> = v.iter().map(|&x| T::from_f32(x).to_f32()).collect();
-        for pos in 0..cached {
+        // With a sliding window, cached keys before every query's window stay NaN: never read.
+        for pos in p.first_key(cached)..cached {
             let slot = table[pos / c.block_size].as_usize() * c.block_size + pos % c.block_size;
             for i in 0..kv_row {
                 k_cache[slot * kv_row + i] = T::from_f32(k[pos * kv_row + i]);
@@ -145,6 +148,7 @@ fn paged_matches_dense_reference_f32() {
                     // decodes with odd contexts, a fresh odd prompt, a chunk after a cached prefix
                     seqs: vec![(0, 37), (100, 1), (1, 1), (63, 13), (0, 1), (129, 1)],
                     f16_accum: false,
+                    sliding_window: None,
                 };
                 let rel = run_case::<f32>(&c, seed);
                 assert!(
@@ -157,6 +161,61 @@ fn paged_matches_dense_reference_f32() {
 }
 
 #[test]
+fn sliding_window_matches_dense_reference() {
+    // Windows shorter than, equal to and longer than a block, and 1 (only the token itself), over
+    // prompts, chunks after cached prefixes and decodes; keys before the window are NaN.
+    let mut seed = 100;
+    for window in [1, 5, 8, 16, 17, 40, 1000] {
+        for (f16_accum, block_size) in [(false, 16), (false, 32), (true, 16)] {
+            seed += 1;
+            let c = Case {
+                num_heads: 8,
+                num_kv_heads: 2,
+                head_dim: 64,
+                block_size,
+                seqs: vec![(0, 37), (100, 1), (1, 1), (63, 13), (0, 1), (129, 1)],
+                f16_accum,
+                sliding_window: Some(window),
+            };
+            let rel = if f16_accum {
+                run_case::<f16>(&c, seed)
+            } else {
+                run_case::<f32>(&c, seed)
+            };
+            let tol = if f16_accum { 2e-2 } else { 1e-5 };
+            assert!(
+                rel < tol,
+                "window {window} bs{block_size} f16acc {f16_accum}: rel err {rel:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sliding_window_reference_attends_exactly_the_last_w_keys() {
+    // One query head, d = 1, q = 0 (uniform weights): the output is the mean of the attended
+    // values, so the window's edges are visible: position p with window w averages v[p-w+1..=p].
+    let p = AttnParams {
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 1,
+        block_size: 16,
+        scale: 1.0,
+        f16_accum: false,
+        sliding_window: Some(3),
+    };
+    let n = 6;
+    let q = vec![0f32; n];
+    let k = vec![1f32; n];
+    let v: Vec<f32> = (0..n).map(|i| (1u32 << i) as f32).collect();
+    let out = dense_reference(&p, &q, &k, &v, n);
+    let want = [1.0, 1.5, 7.0 / 3.0, 14.0 / 3.0, 28.0 / 3.0, 56.0 / 3.0];
+    for (o, w) in out.iter().zip(want) {
+        assert!((o - w).abs() < 1e-12, "{out:?}");
+    }
+}
+
+#[test]
 fn paged_matches_dense_reference_f16_storage() {
     let c = Case {
         num_heads: 16,
@@ -165,6 +224,7 @@ fn paged_matches_dense_reference_f16_storage() {
         block_size: 32,
         seqs: vec![(200, 1), (0, 45), (31, 2)],
         f16_accum: false,
+        sliding_window: None,
     };
     let rel = run_case::<f16>(&c, 99);
     assert!(rel < 1e-5, "rel err {rel:e}");
@@ -182,6 +242,7 @@ fn f16_accumulator_stays_within_f16_precision() {
             block_size: 16,
             seqs: vec![(0, 19), (150, 1), (33, 3)],
             f16_accum: true,
+            sliding_window: None,
         };
         let rel = run_case::<f16>(&c, 7);
         assert!(rel < 2e-2 && rel > 1e-6, "rel err {rel:e}");

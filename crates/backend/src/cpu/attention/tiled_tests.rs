@@ -71,6 +71,7 @@ impl Setup {
                 block_size,
                 scale: 1.0 / (head_dim as f32).sqrt(),
                 f16_accum: true,
+                sliding_window: None,
             },
             q,
             k_cache,

@@ -10,6 +10,8 @@
 // Keys of this step (positions >= seq_len - query_len) are read from the QKV rows, rounded to f16,
 // not from the cache: another CTA of this launch may not have written them yet.
 //
+// `window` > 0 limits each query to its last `window` keys (Mistral's sliding window).
+//
 // Compile-time: HEAD_DIM (64, 128 or 256), GQA (query heads per KV head).
 
 #define WARPS 4
@@ -65,7 +67,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
                 half_t* __restrict__ v_cache, const int* __restrict__ row_seq,
                 const SeqInfo* __restrict__ seqs, const int* __restrict__ block_tables,
                 const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
-                float scale, half_t* __restrict__ out,
+                float scale, int window, half_t* __restrict__ out,
                 float* __restrict__ part_acc, float2* __restrict__ part_ml) {
     __shared__ __align__(16) float q_s[GQA][HEAD_DIM];
     __shared__ float p_s[WARPS][GQA][32];
@@ -90,8 +92,10 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
     }
     // Each row divides its own keys into `splits` parts of whole warp chunks, so a launch's shape
     // depends only on the batch size (graph-friendly) and short rows leave their last splits empty.
-    const int keys_per_split = ((ctx + splits - 1) / splits + 31) & ~31;
-    const int start = split * keys_per_split;
+    // Sliding window (window > 0): keys p - window < j <= p, i.e. j >= ctx - window.
+    const int lo = window > 0 ? max(0, ctx - window) : 0;
+    const int keys_per_split = ((ctx - lo + splits - 1) / splits + 31) & ~31;
+    const int start = lo + split * keys_per_split;
     const int end = min(ctx, start + keys_per_split);
     const long part = ((long)row * num_heads + kvh * GQA) * splits + split;
     if (start >= end) {  // an empty split: nothing to merge

@@ -1,0 +1,238 @@
+// Mixture-of-experts FFN (Qwen3-MoE): the router's top-k, a counting sort of the (token, slot)
+// pairs by expert into tiles of up to MOE_TILE pairs, expert matmuls that read each expert's weights
+// once per tile, and the weighted combine into the residual stream. Everything stays on the device
+// (no host round trip), so a decode step can still be one CUDA graph.
+//
+// A "pair" p = t * top_k + s is token t's s-th chosen expert.
+
+#define MOE_TILE 8
+#define MOE_WARPS 4
+#define MOE_ROWS 2
+
+// Router: softmax over the experts, top-k (ties to the lower index, as torch.topk on CPU), weights
+// renormalized over the chosen k when `norm_topk`. One warp per token.
+// logits: [n, num_experts] f32; ids, weights: [n, top_k]
+extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_experts, int top_k,
+                                    int norm_topk, int n, int* __restrict__ ids,
+                                    float* __restrict__ weights) {
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (t >= n) return;
+    const float* l = logits + (long)t * num_experts;
+    float mx = -INFINITY;
+    for (int e = lane; e < num_experts; e += 32) mx = fmaxf(mx, l[e]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < num_experts; e += 32) sum += expf(l[e] - mx);
+    sum = warp_sum(sum);
+    // k rounds of a warp argmax over the logits not yet taken (softmax is monotonic).
+    unsigned long long taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // bit e % 64 of word e / 64 (<= 512)
+    float chosen_sum = 0.0f;
+    float w_mine = 0.0f;
+    int id_mine = 0;
+    for (int s = 0; s < top_k; s++) {
+        float best = -INFINITY;
+        int best_e = 0x7fffffff;
+        for (int e = lane; e < num_experts; e += 32) {
+            if ((taken[e >> 6] >> (e & 63)) & 1ull) continue;
+            const float v = l[e];
+            if (v > best || (v == best && e < best_e)) {
+                best = v;
+                best_e = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (ov > best || (ov == best && oe < best_e)) {
+                best = ov;
+                best_e = oe;
+            }
+        }
+        taken[best_e >> 6] |= 1ull << (best_e & 63);
+        const float p = expf(best - mx) / sum;
+        chosen_sum += p;
+        if (lane == s) {
+            w_mine = p;
+            id_mine = best_e;
+        }
+    }
+    if (lane < top_k) {
+        ids[(long)t * top_k + lane] = id_mine;
+        weights[(long)t * top_k + lane] = norm_topk ? w_mine / chosen_sum : w_mine;
+    }
+}
+
+// Counting sort of the pairs by expert, and the tile list: tile i covers `count` (<= MOE_TILE)
+// consecutive sorted pairs of one expert. One CTA (pairs <= any, experts <= 1024).
+// ids: [pairs]; sorted: [pairs] pair indices; tiles: [max_tiles] (expert, start, count, 0);
+// num_tiles: [1]
+extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int num_experts,
+                                    int* __restrict__ sorted, int4* __restrict__ tiles,
+                                    int* __restrict__ num_tiles) {
+    __shared__ int count[1024], offset[1024], cursor[1024];
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+        count[e] = 0;
+        cursor[e] = 0;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, nt = 0;
+        for (int e = 0; e < num_experts; e++) {
+            offset[e] = off;
+            for (int c = 0; c < count[e]; c += MOE_TILE) {
+                tiles[nt++] = make_int4(e, off + c, min(MOE_TILE, count[e] - c), 0);
+            }
+            off += count[e];
+        }
+        *num_tiles = nt;
+    }
+    __syncthreads();
+    // Within an expert the order follows the atomics; each pair's result is computed on its own,
+    // so the outputs do not depend on it.
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const int e = ids[p];
+        sorted[offset[e] + atomicAdd(&cursor[e], 1)] = p;
+    }
+}
+
+// y[p, r] = Σ_b dot(w[e][r, b], a[p / act_div, b]) for the pairs p of each tile (expert e): the
+// quantized weights (Q4_0/Q4_1/Q8_0 blocks, expert slabs of `rows` rows) against 8-bit activation
+// blocks. act_div = top_k reads the token's activations (gate/up), 1 the pair's own (down).
+// grid (rows / (MOE_WARPS * MOE_ROWS), max_tiles); block 32 * MOE_WARPS
+template <int TYPE>
+__device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, long expert_bytes,
+                                        const q8a_t* __restrict__ a, int act_div,
+                                        const int* __restrict__ sorted, const int4* __restrict__ tiles,
+                                        const int* __restrict__ num_tiles, float* __restrict__ y,
+                                        int rows, int nb) {
+    if (blockIdx.y >= *num_tiles) return;
+    const int4 tile = tiles[blockIdx.y];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * MOE_WARPS + warp) * MOE_ROWS;
+    if (r0 >= rows) return;
+    const unsigned char* we = w + tile.x * expert_bytes;
+    const int bytes = wblock<TYPE>::bytes;
+    int pair[MOE_TILE];
+#pragma unroll
+    for (int t = 0; t < MOE_TILE; t++) pair[t] = t < tile.z ? sorted[tile.y + t] : 0;
+    float acc[MOE_ROWS][MOE_TILE];
+#pragma unroll
+    for (int i = 0; i < MOE_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) acc[i][t] = 0.0f;
+    for (int b = lane; b < nb; b += 32) {
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) {
+            if (t < tile.z) {
+                const q8a_t* ab = a + (long)(pair[t] / act_div) * nb + b;
+#pragma unroll
+                for (int i = 0; i < MOE_ROWS; i++)
+                    if (r0 + i < rows)
+                        acc[i][t] += block_dot<TYPE>(we + ((long)(r0 + i) * nb + b) * bytes, ab);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MOE_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0 && t < tile.z && r0 + i < rows) y[(long)pair[t] * rows + r0 + i] = v;
+        }
+}
+
+#define MOE_MMQ_ENTRY(NAME, TYPE)                                                                 \
+    extern "C" __global__ void NAME(const unsigned char* __restrict__ w, long expert_bytes,      \
+                                    const q8a_t* __restrict__ a, int act_div,                    \
+                                    const int* __restrict__ sorted, const int4* __restrict__ tiles, \
+                                    const int* __restrict__ num_tiles, float* __restrict__ y,    \
+                                    int rows, int nb) {                                          \
+        moe_mmq<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
+    }
+
+MOE_MMQ_ENTRY(moe_mmq_q4_0, T_Q4_0)
+MOE_MMQ_ENTRY(moe_mmq_q4_1, T_Q4_1)
+MOE_MMQ_ENTRY(moe_mmq_q8_0, T_Q8_0)
+
+// The same for f16 expert weights and f16 activations. w: [experts, rows, cols] f16;
+// a: [*, cols] f16 (row p / act_div); y: [pairs, rows] f32
+extern "C" __global__ void moe_gemv_f16(const half_t* __restrict__ w, const half_t* __restrict__ a,
+                                        int act_div, const int* __restrict__ sorted,
+                                        const int4* __restrict__ tiles,
+                                        const int* __restrict__ num_tiles, float* __restrict__ y,
+                                        int rows, int cols) {
+    if (blockIdx.y >= *num_tiles) return;
+    const int4 tile = tiles[blockIdx.y];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * MOE_WARPS + warp) * MOE_ROWS;
+    if (r0 >= rows) return;
+    const half_t* we = w + (long)tile.x * rows * cols;
+    int pair[MOE_TILE];
+#pragma unroll
+    for (int t = 0; t < MOE_TILE; t++) pair[t] = t < tile.z ? sorted[tile.y + t] : 0;
+    float acc[MOE_ROWS][MOE_TILE];
+#pragma unroll
+    for (int i = 0; i < MOE_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) acc[i][t] = 0.0f;
+    // Eight columns per lane per step (16-byte loads; cols is a multiple of 8).
+    for (int c = lane * 8; c < cols; c += 256) {
+        float wv[MOE_ROWS][8];
+#pragma unroll
+        for (int i = 0; i < MOE_ROWS; i++) {
+            if (r0 + i < rows) {
+                const uint4 u = *reinterpret_cast<const uint4*>(we + (long)(r0 + i) * cols + c);
+                const unsigned int ws[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    wv[i][2 * j] = h2f((half_t)(ws[j] & 0xffff));
+                    wv[i][2 * j + 1] = h2f((half_t)(ws[j] >> 16));
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) wv[i][j] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) {
+            if (t < tile.z) {
+                const uint4 u =
+                    *reinterpret_cast<const uint4*>(a + (long)(pair[t] / act_div) * cols + c);
+                const unsigned int xs[4] = {u.x, u.y, u.z, u.w};
+                float xv[8];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    xv[2 * j] = h2f((half_t)(xs[j] & 0xffff));
+                    xv[2 * j + 1] = h2f((half_t)(xs[j] >> 16));
+                }
+#pragma unroll
+                for (int i = 0; i < MOE_ROWS; i++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[i][t] = fmaf(wv[i][j], xv[j], acc[i][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MOE_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0 && t < tile.z && r0 + i < rows) y[(long)pair[t] * rows + r0 + i] = v;
+        }
+}
+
+// x[t] += Σ_s weights[t, s] · y[t * top_k + s]. x: [n, hidden] f32; y: [n * top_k, hidden] f32
+extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ y,
+                                       const float* __restrict__ weights, int top_k, int hidden) {
+    const long t = blockIdx.x;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < top_k; s++)
+            acc += weights[t * top_k + s] * y[(t * top_k + s) * hidden + i];
+        x[t * hidden + i] += acc;
+    }
+}
