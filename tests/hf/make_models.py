@@ -290,6 +290,13 @@ def load_f32(transformers, torch, path):
     return transformers.AutoModelForCausalLM.from_pretrained(path).float().eval()
 
 
+def save(model, path):
+    try:
+        model.save_pretrained(path, safe_serialization=True)
+    except TypeError:  # releases where safetensors is the only format
+        model.save_pretrained(path)
+
+
 def build(arch, fixtures, out, torch, transformers):
     cls_name, cfg_kw, pre = arch_configs()[arch]
     cfg = getattr(transformers, cls_name)(**cfg_kw)
@@ -326,6 +333,25 @@ def build(arch, fixtures, out, torch, transformers):
     ids_t = torch.tensor([input_ids], dtype=torch.long)
     with torch.no_grad():
         logits = model(ids_t).logits[0].float()
+    # Qwen2 sets sliding_window with use_sliding_window=false: no window may apply. Some
+    # transformers releases applied it anyway; say so loudly (quire follows the config's meaning).
+    if arch == "qwen2":
+        no_win = transformers.Qwen2Config(**dict(cfg_kw, sliding_window=None))
+        try:
+            ref = transformers.AutoModelForCausalLM.from_config(no_win, attn_implementation="eager")
+        except TypeError:
+            no_win._attn_implementation = "eager"
+            ref = transformers.AutoModelForCausalLM.from_config(no_win)
+        ref = ref.float().eval()
+        ref.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            same = torch.equal(ref(ids_t).logits[0].float(), logits)
+        print(f"  qwen2: sliding_window ignored when use_sliding_window=false: {same}")
+        if not same:
+            print("  WARNING: this transformers applies Qwen2's sliding window although "
+                  "use_sliding_window=false; the qwen2 fixture will not match quire")
+    print(f"  {arch}: config.sliding_window = {getattr(model.config, 'sliding_window', None)}")
+
     # Greedy: full recomputation each step (no cache, no EOS stop), the plainest definition.
     greedy = []
     seq = list(prompt)
@@ -351,7 +377,7 @@ def build(arch, fixtures, out, torch, transformers):
         print(f"  {arch}: generate() cross-check skipped: {e!r}")
 
     # Save f32 and bf16 folders; config and generation config go to the fixture too.
-    model.save_pretrained(f32_dir, safe_serialization=True)
+    save(model, f32_dir)
     for name in ("config.json", "generation_config.json"):
         src = os.path.join(f32_dir, name)
         if os.path.exists(src):
@@ -360,7 +386,7 @@ def build(arch, fixtures, out, torch, transformers):
             with open(os.path.join(fx, name), "w", encoding="utf-8") as f:
                 f.write(data)
     model_bf16 = load_f32(transformers, torch, f32_dir).to(torch.bfloat16)
-    model_bf16.save_pretrained(bf16_dir, safe_serialization=True)
+    save(model_bf16, bf16_dir)
     with torch.no_grad():
         logits_bf16 = model_bf16(ids_t).logits[0].float()
     with open(os.path.join(bf16_dir, "reference_bf16_logits.f32.bin"), "wb") as f:

@@ -26,6 +26,7 @@ fn main() {
         block_size: bs,
         scale: 1.0 / (d as f32).sqrt(),
         f16_accum: true,
+        sliding_window: None,
     };
     let kv_row = kv_heads * d;
     let q_row = heads * d;

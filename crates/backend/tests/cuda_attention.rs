@@ -145,6 +145,7 @@ fn case(
         block_size: bs,
         scale: 1.0 / (d as f32).sqrt(),
         f16_accum: false,
+        sliding_window: None,
     };
     let (mut num, mut den) = (0f64, 0f64);
     for (i, &(ql, sl)) in seqs.iter().enumerate() {

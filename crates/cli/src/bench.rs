@@ -699,7 +699,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let info = ModelInfo {
             filename: model.meta.path.clone(),
             model_type: model.meta.model_type.clone(),
-            size: model.file.tensors().iter().map(|t| t.size_bytes()).sum(),
+            size: model.weight_bytes(),
             n_params: model.meta.n_params,
             weight_type: model.meta.weight_type.clone(),
             costs: ModelCosts::of(&model, &a.kv_dtype),

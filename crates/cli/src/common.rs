@@ -11,7 +11,8 @@ use quire_model::LoadedModel;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file [default: $QUIRE_MODEL, else SmolLM2-135M-Instruct Q4_1, fetched once]
+    /// GGUF model file or HF model folder (config.json, *.safetensors, tokenizer.json)
+    /// [default: $QUIRE_MODEL, else SmolLM2-135M-Instruct Q4_1, fetched once]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
     /// Compute backend
@@ -60,7 +61,8 @@ pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {
     if !path.exists() {
         bail!("model file {} does not exist", path.display());
     }
-    quire_model::load_gguf(&path).with_context(|| format!("cannot load {}", path.display()))
+    // A directory is an HF model folder, anything else a GGUF file.
+    quire_model::load(&path).with_context(|| format!("cannot load {}", path.display()))
 }
 
 pub fn cpu_options(args: &ModelArgs, kv_dtype: &str) -> CpuOptions {

@@ -1,4 +1,5 @@
-//! `quire info`: a GGUF file's metadata and tensor table, as text or JSON.
+//! `quire info`: a GGUF file's metadata and tensor table, or an HF folder's config.json, derived
+//! config and tensor table, as text or JSON.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -76,6 +77,9 @@ fn value_text(v: &Value, full: bool) -> String {
 pub fn run(a: InfoArgs) -> Result<()> {
     let path =
         quire_model::resolve_model_path(a.model.model.as_deref(), &mut |m| eprintln!("{m}"))?;
+    if path.is_dir() {
+        return hf_info(&path, a.json);
+    }
     let f = GgufFile::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
     if a.json {
         let meta: serde_json::Map<String, serde_json::Value> = f
@@ -133,5 +137,68 @@ pub fn run(a: InfoArgs) -> Result<()> {
         n,
         total as f64 / (1 << 20) as f64
     );
+    Ok(())
+}
+
+/// An HF model folder: config.json as written, the config quire derives from it (or why it cannot),
+/// and the tensors of all shards.
+fn hf_info(dir: &std::path::Path, as_json: bool) -> Result<()> {
+    let info =
+        quire_model::hf::inspect(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let derived = match &info.config {
+        Ok(c) => json!({"config": c.config, "rope_freqs": c.rope_freqs, "dtype": c.dtype}),
+        Err(e) => json!({"error": e.to_string()}),
+    };
+    if as_json {
+        let tensors: Vec<_> = info
+            .tensors
+            .iter()
+            .map(|(n, t, s, f)| json!({"name": n, "type": t, "shape": s, "file": f}))
+            .collect();
+        let j = json!({
+            "path": dir.display().to_string(),
+            "format": "hf",
+            "config_json": info.config_json,
+            "quire_config": derived,
+            "tensors": tensors,
+            "bytes": info.total_bytes,
+        });
+        println!("{j}");
+        return Ok(());
+    }
+    println!(
+        "{}: HF model folder, {} tensors, {:.2} MiB of safetensors",
+        dir.display(),
+        info.tensors.len(),
+        info.total_bytes as f64 / (1 << 20) as f64
+    );
+    println!("\nconfig.json:");
+    if let Some(o) = info.config_json.as_object() {
+        for (k, v) in o {
+            println!("  {k:<40} {v}");
+        }
+    }
+    println!("\nas quire runs it:");
+    match &info.config {
+        Ok(c) => {
+            if let Some(o) = serde_json::to_value(&c.config)?.as_object() {
+                for (k, v) in o {
+                    println!("  {k:<40} {v}");
+                }
+            }
+            if let Some(r) = &c.rope_freqs {
+                println!("  {:<40} {r:?}", "rope frequency divisors");
+            }
+        }
+        Err(e) => println!("  not runnable: {e}"),
+    }
+    println!();
+    println!("{:<52} {:<5} {:>16}  file", "tensor", "type", "shape");
+    let mut n = 0u64;
+    for (name, t, shape, file) in &info.tensors {
+        n += shape.iter().product::<usize>() as u64;
+        println!("{name:<52} {t:<5} {:>16}  {file}", format!("{shape:?}"));
+    }
+    println!("\n{n} parameters");
     Ok(())
 }

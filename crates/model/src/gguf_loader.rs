@@ -33,7 +33,18 @@ pub struct LoadedModel {
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: ChatTemplate,
     pub meta: ModelMeta,
-    pub file: Arc<GgufFile>,
+    /// The GGUF file (`None` for an HF folder).
+    pub file: Option<Arc<GgufFile>>,
+}
+
+impl LoadedModel {
+    /// Bytes of all weights as stored (GGUF tensor data, or the safetensors files).
+    pub fn weight_bytes(&self) -> u64 {
+        match &self.file {
+            Some(f) => f.tensors().iter().map(|t| t.size_bytes()).sum(),
+            None => self.meta.file_size,
+        }
+    }
 }
 
 fn req_u32(f: &GgufFile, key: &str) -> Result<u32, ModelError> {
@@ -285,7 +296,7 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
         tokenizer: Arc::new(tokenizer),
         chat_template,
         meta,
-        file,
+        file: Some(file),
     })
 }
 
@@ -328,7 +339,7 @@ fn meta(path: &Path, f: &GgufFile, cfg: &ModelConfig) -> Result<ModelMeta, Model
     })
 }
 
-fn human_params(n: u64) -> String {
+pub(crate) fn human_params(n: u64) -> String {
     if n >= 1_000_000_000 {
         format!("{:.1}B", n as f64 / 1e9)
     } else {

@@ -1,0 +1,233 @@
+//! HF model folders on the CPU backend in f32: (1) against transformers, from the fixtures that
+//! tests/hf/make_models.py wrote (transformers' logits of every position and 32 greedy tokens; the
+//! weights are re-created here from the portable generator); (2) against a plain f64 forward pass
+//! of the same tiny models (f32 and bf16 files, one file or shards), which also shows that
+//! Mistral's sliding window is applied and matters.
+
+use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
+use quire_backend::{Executor, KvCacheSpec};
+use quire_core::SamplingParams;
+use quire_engine::runner::forward_single;
+use quire_engine::{Engine, EngineConfig};
+use quire_model::hf_fixture::Dtype;
+use serde_json::Value;
+
+mod hf_common;
+use hf_common::*;
+
+fn executor(m: &quire_model::LoadedModel) -> Box<dyn Executor> {
+    Box::new(
+        CpuExecutor::new(
+            &m.weights,
+            KvCacheSpec {
+                num_blocks: 16,
+                block_size: 16,
+            },
+            CpuOptions {
+                kv_dtype: KvDtype::F32,
+                ..CpuOptions::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+fn all_logits(m: &quire_model::LoadedModel, tokens: &[u32]) -> Vec<f32> {
+    let rows: Vec<u32> = (0..tokens.len() as u32).collect();
+    forward_single(executor(m).as_mut(), tokens, &rows).unwrap()
+}
+
+/// `n` greedy tokens after `prompt` through the engine (EOS ignored, as the script's loop).
+fn greedy(m: &quire_model::LoadedModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut engine = Engine::new(executor(m), m.tokenizer.clone(), EngineConfig::default());
+    let id = engine
+        .add_request(
+            prompt.iter().map(|&t| quire_core::TokenId(t)).collect(),
+            SamplingParams {
+                max_tokens: n,
+                ignore_eos: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut out = Vec::new();
+    while engine.has_unfinished() {
+        for o in engine.step().unwrap() {
+            assert_eq!(o.id, id);
+            out.extend(o.tokens.iter().map(|t| t.token.0));
+        }
+    }
+    out
+}
+
+/// The token sequence the f64 tests use: the fixture text's ids (quire's tokenizer), BOS first.
+fn test_tokens(m: &quire_model::LoadedModel) -> Vec<u32> {
+    let text = "The quick brown fox jumps over the lazy dog, and the theory said: it's 2024!\n\
+                Hello  world\t<|im_end|> model token quire 12345.";
+    let mut t = vec![317];
+    t.extend(
+        m.tokenizer
+            .encode(text, false, true)
+            .unwrap()
+            .iter()
+            .map(|t| t.0),
+    );
+    t
+}
+
+#[test]
+fn tiny_models_match_the_f64_reference() {
+    for arch in ARCHS {
+        let cfg = tiny_config(arch);
+        let tensors = tiny_manifest(arch, &cfg);
+        for (dtype, shards) in [(Dtype::F32, 1), (Dtype::BF16, 1), (Dtype::F32, 3)] {
+            let dir = TempDir::new(arch);
+            write_folder(&dir.0, arch, &cfg, &tensors, dtype, shards);
+            let m = quire_model::load(&dir.0).unwrap();
+            assert_eq!(m.weights.tok_embd.dtype.name(), format!("{dtype:?}"));
+            let tokens = test_tokens(&m);
+            assert!(tokens.len() > 30, "{}", tokens.len());
+            let got = all_logits(&m, &tokens);
+            let round: &dyn Fn(f32) -> f32 = if dtype == Dtype::BF16 {
+                &bf16_round
+            } else {
+                &|v| v
+            };
+            let want = reference_logits(&cfg, &tensors, &tokens, round);
+            let rel = rel_err(&got, &want);
+            eprintln!(
+                "{arch} {dtype:?} x{shards}: rel err {rel:.2e} over {} positions",
+                tokens.len()
+            );
+            assert!(rel < 1e-4, "{arch} {dtype:?} x{shards}: rel err {rel:e}");
+            if dtype == Dtype::F32 && shards == 1 {
+                // Greedy: the engine's 32 tokens equal the reference's argmax chain.
+                let prompt = &tokens[..8];
+                let mut seq = prompt.to_vec();
+                for _ in 0..32 {
+                    let l = reference_logits(&cfg, &tensors, &seq, &|v| v);
+                    seq.push(argmax(l.last().unwrap()));
+                }
+                assert_eq!(greedy(&m, prompt, 32), seq[8..], "{arch} greedy");
+            }
+        }
+    }
+}
+
+#[test]
+fn sharded_equals_single_file_bit_for_bit() {
+    let arch = "qwen2";
+    let cfg = tiny_config(arch);
+    let tensors = tiny_manifest(arch, &cfg);
+    let one = TempDir::new("one");
+    let two = TempDir::new("two");
+    write_folder(&one.0, arch, &cfg, &tensors, Dtype::F32, 1);
+    write_folder(&two.0, arch, &cfg, &tensors, Dtype::F32, 2);
+    assert!(two.0.join("model-00002-of-00002.safetensors").exists());
+    assert!(!two.0.join("model.safetensors").exists());
+    let (a, b) = (
+        quire_model::load(&one.0).unwrap(),
+        quire_model::load(&two.0).unwrap(),
+    );
+    let tokens = test_tokens(&a);
+    assert_eq!(all_logits(&a, &tokens), all_logits(&b, &tokens));
+}
+
+#[test]
+fn mistral_sliding_window_is_applied_and_matters() {
+    let arch = "mistral";
+    let cfg = tiny_config(arch);
+    let tensors = tiny_manifest(arch, &cfg);
+    let dir = TempDir::new(arch);
+    write_folder(&dir.0, arch, &cfg, &tensors, Dtype::F32, 1);
+    let m = quire_model::load(&dir.0).unwrap();
+    assert_eq!(m.weights.config.sliding_window, Some(8));
+    let tokens = test_tokens(&m);
+    let got = all_logits(&m, &tokens);
+    let mut no_window = cfg.clone();
+    no_window["sliding_window"] = Value::Null;
+    let dense = reference_logits(&no_window, &tensors, &tokens, &|v| v);
+    let windowed = reference_logits(&cfg, &tensors, &tokens, &|v| v);
+    // Up to the window the two agree; beyond it they part, and quire follows the windowed one.
+    assert!(rel_err(&got[..8 * 320], &dense[..8]) < 1e-4);
+    assert!(rel_err(&got, &dense) > 1e-2, "the window changes nothing?");
+    assert!(rel_err(&got, &windowed) < 1e-4);
+}
+
+/// transformers' outputs (tests/hf/fixtures, written by make_models.py with transformers 5.17 /
+/// torch 2.11): tokenization, logits of all 61 positions (relative error < 1e-4), 32 greedy tokens,
+/// the chat template's rendering.
+#[test]
+fn matches_transformers_fixtures() {
+    for arch in ARCHS {
+        let fx = fixture_dir(arch);
+        let reference: Value = serde_json::from_str(
+            &std::fs::read_to_string(fx.join("reference.json"))
+                .unwrap_or_else(|e| panic!("{arch}: reference.json: {e}")),
+        )
+        .unwrap();
+        let ids = |k: &str| -> Vec<u32> {
+            reference[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let tensors = quire_model::hf_fixture::read_manifest(&fx.join("manifest.json")).unwrap();
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(fx.join("config.json")).unwrap())
+                .unwrap();
+        let dir = TempDir::new(arch);
+        write_folder(&dir.0, arch, &config, &tensors, Dtype::F32, 1);
+        let m = quire_model::load(&dir.0).unwrap();
+
+        // Tokenizer: the text's ids as the `tokenizers` library gave them.
+        let text = reference["text"].as_str().unwrap();
+        let ours: Vec<u32> = m
+            .tokenizer
+            .encode(text, false, true)
+            .unwrap()
+            .iter()
+            .map(|t| t.0)
+            .collect();
+        assert_eq!(ours, ids("text_ids"), "{arch}: tokenization");
+
+        // Logits of every position.
+        let input = ids("input_ids");
+        let bytes = std::fs::read(fx.join("logits.f32.bin")).unwrap();
+        let theirs: Vec<f64> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect();
+        let vocab = m.weights.config.vocab_size;
+        assert_eq!(theirs.len(), input.len() * vocab, "{arch}: logits size");
+        let want: Vec<Vec<f64>> = theirs.chunks(vocab).map(<[f64]>::to_vec).collect();
+        let got = all_logits(&m, &input);
+        let rel = rel_err(&got, &want);
+        eprintln!(
+            "{arch}: rel err vs transformers {rel:.2e} over {} positions",
+            input.len()
+        );
+        assert!(rel < 1e-4, "{arch}: rel err {rel:e}");
+        // The f64 reference of the other tests agrees with transformers too.
+        let f64_ref = reference_logits(&config, &tensors, &input, &|v| v);
+        let flat: Vec<f32> = f64_ref.iter().flatten().map(|&v| v as f32).collect();
+        let rel_ref = rel_err(&flat, &want);
+        eprintln!("{arch}: f64 reference vs transformers {rel_ref:.2e}");
+        assert!(rel_ref < 1e-5, "{arch}: f64 reference rel err {rel_ref:e}");
+
+        // 32 greedy tokens.
+        let g = greedy(&m, &ids("prompt_ids"), 32);
+        assert_eq!(g, ids("greedy_ids"), "{arch}: greedy tokens");
+
+        // The chat template renders as transformers rendered it.
+        if let Some(want) = reference["chat_template_render"].as_str() {
+            let msgs = [
+                quire_tokenizer::ChatMessage::new("system", "Be brief."),
+                quire_tokenizer::ChatMessage::new("user", "Hello"),
+            ];
+            assert_eq!(m.chat_template.render(&msgs, true).unwrap(), want, "{arch}");
+        }
+    }
+}
