@@ -57,6 +57,7 @@ fn tensors() -> Vec<ManifestTensor> {
         attention_bias: true,
         qk_norm: false,
         sliding_window: None,
+        moe: None,
     };
     hf_fixture::manifest_for(&c)
 }
@@ -91,7 +92,10 @@ fn loads_with_ggml_dims_and_generator_values() {
     let l0 = &m.weights.layers[0];
     // HF [out, in] = ggml [in, out].
     assert_eq!(l0.wk.dims, vec![64, 32]);
-    assert_eq!(l0.w_down.dims, vec![128, 64]);
+    let quire_backend::FfnWeights::Dense { w_down, .. } = &l0.ffn else {
+        panic!("dense FFN expected");
+    };
+    assert_eq!(w_down.dims, vec![128, 64]);
     assert_eq!(m.weights.tok_embd.dims, vec![64, 320]);
     let want = t
         .iter()

@@ -112,6 +112,7 @@ pub fn tiny_manifest(arch: &str, config: &Value) -> Vec<ManifestTensor> {
         attention_bias: arch == "qwen2",
         qk_norm: arch == "qwen3",
         sliding_window: None,
+        moe: None,
     };
     quire_model::hf_fixture::manifest_for(&cfg)
 }

@@ -164,7 +164,7 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
     let sliding_window = match arch {
         Architecture::Llama => None,
         Architecture::Mistral => window,
-        Architecture::Qwen2 | Architecture::Qwen3 => {
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
             if f.bool_opt("use_sliding_window")? == Some(true) && window.is_some() {
                 let first = f.usize_opt("max_window_layers")?.unwrap_or(num_layers);
                 if first >= num_layers {
@@ -220,6 +220,8 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         attention_bias: has_tensor("model.layers.0.self_attn.q_proj.bias"),
         qk_norm: has_tensor("model.layers.0.self_attn.q_norm.weight"),
         sliding_window,
+        // Qwen3MoeForCausalLM is not read from HF folders yet (GGUF only).
+        moe: None,
     };
     config.validate().map_err(bad)?;
     if config.num_layers > 4096 || config.hidden_size > 1 << 20 || config.vocab_size > 1 << 24 {
