@@ -138,6 +138,7 @@ impl TestSpec {
 /// Per-model constants of the cost model (bytes moved, FLOPs done).
 #[derive(Debug, Clone, Copy)]
 pub struct ModelCosts {
+    /// Parameters one token multiplies with (a MoE token: the router and its top-k experts).
     pub n_params: u64,
     /// Weight bytes one forward reads (all layers and the output projection).
     pub weight_bytes: u64,
@@ -170,8 +171,25 @@ impl ModelCosts {
             })
             .sum();
         let elem = if kv_dtype == "f16" { 2 } else { 4 };
+        let idle_experts: u64 = match &c.moe {
+            Some(m) => w
+                .layers
+                .iter()
+                .map(|l| match &l.ffn {
+                    quire_backend::FfnWeights::Moe(e) => {
+                        let n: usize = [&e.gate_exps, &e.up_exps, &e.down_exps]
+                            .iter()
+                            .map(|t| t.n_elements())
+                            .sum();
+                        (n / m.num_experts * (m.num_experts - m.num_experts_per_tok)) as u64
+                    }
+                    _ => 0,
+                })
+                .sum(),
+            None => 0,
+        };
         ModelCosts {
-            n_params: model.meta.n_params,
+            n_params: model.meta.n_params - idle_experts,
             weight_bytes: layers + len(w.output.as_ref().unwrap_or(&w.tok_embd)),
             kv_bytes_per_token: (2 * c.num_layers * c.kv_size() * elem) as u64,
             attn_flops_per_pair: (4 * c.num_layers * c.q_size()) as u64,

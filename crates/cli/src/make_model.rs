@@ -662,8 +662,7 @@ mod tests {
         assert_eq!(params(Preset::Llama32_1b), 1_235_814_400);
         assert_eq!(params(Preset::Smollm2_135m), 134_515_008);
         assert_eq!(params(Preset::Qwen3_8b), 8_190_735_360);
-        // Qwen3-30B-A3B: "30.5B" (48 x (18.87M attention + 0.26M router + 603.98M experts)
-        // + 2 x 311.16M embeddings).
+        // Qwen3-30B-A3B "30.5B": 48 x (18.87M attn + 0.26M router + 603.98M experts) + 622.33M.
         assert_eq!(params(Preset::Qwen3_30bA3b), 30_532_122_624);
         let smol = tensor_specs(&Preset::Smollm2_135m.shape());
         // 134_479_872 matrix weights in 34-byte blocks of 32, 35_136 f32 norm weights.
@@ -691,7 +690,6 @@ mod tests {
         })
         .unwrap();
         let model = quire_model::load_gguf(&path).unwrap();
-        std::fs::remove_dir_all(&dir).ok();
         let c = &model.weights.config;
         assert_eq!(c.arch, quire_core::Architecture::Qwen3Moe);
         assert_eq!(c.num_layers, 3);
@@ -712,8 +710,7 @@ mod tests {
             threads: 2,
             ..Default::default()
         };
-        let tokens: Vec<u32> = (0..11).map(|i| (i * 97 + 5) % 1024).collect();
-        let n = tokens.len();
+        let (tokens, n): (Vec<u32>, _) = ((0..11).map(|i| (i * 97 + 5) % 1024).collect(), 11);
         let table = [quire_core::BlockId(0), quire_core::BlockId(1)];
         let positions: Vec<u32> = (0..n as u32).collect();
         // One prefill of all tokens, logits of every row.
@@ -765,6 +762,7 @@ mod tests {
             worst = worst.max(err / scale);
         }
         assert!(worst < 1e-3, "prefill vs decode rel err {worst:.2e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -210,6 +210,12 @@ fn matches_transformers_fixtures() {
             input.len()
         );
         assert!(rel < 1e-4, "{arch}: rel err {rel:e}");
+        // The f64 reference of the other tests agrees with transformers too.
+        let f64_ref = reference_logits(&config, &tensors, &input, &|v| v);
+        let flat: Vec<f32> = f64_ref.iter().flatten().map(|&v| v as f32).collect();
+        let rel_ref = rel_err(&flat, &want);
+        eprintln!("{arch}: f64 reference vs transformers {rel_ref:.2e}");
+        assert!(rel_ref < 1e-5, "{arch}: f64 reference rel err {rel_ref:e}");
 
         // 32 greedy tokens.
         let g = greedy(&m, &ids("prompt_ids"), 32);

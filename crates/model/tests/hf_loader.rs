@@ -93,7 +93,7 @@ fn loads_with_ggml_dims_and_generator_values() {
     // HF [out, in] = ggml [in, out].
     assert_eq!(l0.wk.dims, vec![64, 32]);
     let quire_backend::FfnWeights::Dense { w_down, .. } = &l0.ffn else {
-        panic!("a dense layer")
+        panic!("dense FFN expected");
     };
     assert_eq!(w_down.dims, vec![128, 64]);
     assert_eq!(m.weights.tok_embd.dims, vec![64, 320]);

@@ -175,7 +175,17 @@ pub fn reference_logits(
     );
     let d = config["head_dim"].as_u64().map_or(hd / nh, |v| v as usize);
     let eps = config["rms_norm_eps"].as_f64().unwrap();
-    let theta = config["rope_theta"].as_f64().unwrap();
+    // transformers 5 keeps theta and the scaling in `rope_parameters`.
+    let rope = &config["rope_parameters"];
+    let theta = config["rope_theta"]
+        .as_f64()
+        .or(rope["rope_theta"].as_f64())
+        .unwrap();
+    let scaling = if config["rope_scaling"].is_object() {
+        &config["rope_scaling"]
+    } else {
+        rope
+    };
     let arch = config["architectures"][0].as_str().unwrap();
     let window = match arch {
         "MistralForCausalLM" => config["sliding_window"].as_u64().map(|v| v as usize),
@@ -188,7 +198,7 @@ pub fn reference_logits(
     let inv_freq: Vec<f64> = (0..d / 2)
         .map(|i| {
             let f = theta.powf(-((2 * i) as f64) / d as f64);
-            let s = &config["rope_scaling"];
+            let s = scaling;
             if s["rope_type"].as_str() != Some("llama3") {
                 return f;
             }

@@ -220,7 +220,7 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         attention_bias: has_tensor("model.layers.0.self_attn.q_proj.bias"),
         qk_norm: has_tensor("model.layers.0.self_attn.q_norm.weight"),
         sliding_window,
-        // Qwen3-MoE folders are read by the GGUF path for now.
+        // Qwen3MoeForCausalLM is not read from HF folders yet (GGUF only).
         moe: None,
     };
     config.validate().map_err(bad)?;

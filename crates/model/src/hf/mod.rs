@@ -14,7 +14,7 @@ mod shards;
 use std::path::Path;
 use std::sync::Arc;
 
-use quire_backend::{LayerWeights, ModelWeights};
+use quire_backend::{FfnWeights, LayerWeights, ModelWeights};
 use quire_core::ModelConfig;
 use quire_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -131,7 +131,7 @@ fn weights(
             q_norm: norm("self_attn.q_norm.weight")?,
             k_norm: norm("self_attn.k_norm.weight")?,
             ffn_norm: t("post_attention_layernorm.weight", &[hd])?,
-            ffn: quire_backend::FfnWeights::Dense {
+            ffn: FfnWeights::Dense {
                 w_gate: t("mlp.gate_proj.weight", &[hd, inter])?,
                 w_up: t("mlp.up_proj.weight", &[hd, inter])?,
                 w_down: t("mlp.down_proj.weight", &[inter, hd])?,
