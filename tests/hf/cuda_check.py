@@ -26,10 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_models as mm  # noqa: E402
 
 
+BASE_CONFIGS = mm.arch_configs
+
+
 def cuda_configs():
     """make_models' configs with wider heads (head_dim 64) and a wider model around them."""
     out = {}
-    for arch, (cls, kw, pre) in mm.arch_configs().items():
+    for arch, (cls, kw, pre) in BASE_CONFIGS().items():
         kw = dict(kw, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
         if "head_dim" in kw:
             kw["head_dim"] = 64
