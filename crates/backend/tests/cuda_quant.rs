@@ -99,11 +99,18 @@ fn activation_quantization_is_the_cpus_bit_for_bit() {
         x[QK + 3] = f16::from_f32(1000.0);
         let dx = g.upload(&x).unwrap();
         let dq = g.upload(&vec![0xFFu8; n * k / QK * Q8A_BYTES]).unwrap();
-        q.quantize(&g, dx.ptr, dq.ptr, n, k).unwrap();
+        q.quantize(&g, dx.ptr, false, dq.ptr, n, k).unwrap();
         let mut got = vec![0u8; dq.len];
         g.dtoh(&dq, &mut got).unwrap();
         let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
         assert_eq!(got, q8_bytes(&cpu_q8(&xf)), "n={n} k={k}");
+        // From f32 rows (the attention output before the o-projection): no f16 rounding first.
+        let mut x32 = rnd(&mut rng, n * k, 4.0);
+        x32[QK + 5] = -777.25;
+        let dx = g.upload(&x32).unwrap();
+        q.quantize(&g, dx.ptr, true, dq.ptr, n, k).unwrap();
+        g.dtoh(&dq, &mut got).unwrap();
+        assert_eq!(got, q8_bytes(&cpu_q8(&x32)), "f32 n={n} k={k}");
     }
 }
 

@@ -1,11 +1,17 @@
 //! The CUDA backend against the CPU backend on the default model (or QUIRE_PARITY_MODEL).
 //!
-//! Held to the bounds: the weights dequantized to f16 on both backends (CUDA: cuBLAS; CPU: f32
-//! activations): teacher-forced logits within 1e-2 and greedy continuations that part only at
-//! near-ties of the CPU's own log-probabilities. Reported beside it: the stored Q4_1/Q8_0 weights,
-//! which both backends multiply with 8-bit activation blocks (CUDA's dp4a kernels, every prompt
-//! on that path), and the default options. Open (PERF.md, 2026-11-24): every quantized kernel
-//! matches the CPU's in `cuda_quant`, yet the stored pairing stays ~3.6e-2 apart end to end.
+//! Held to the bounds (teacher-forced logits within 1e-2; greedy continuations that part only at
+//! near-ties of the CPU's own log-probabilities), with the CPU's attention accumulating in f32 as
+//! the CUDA kernel does (`CpuOptions::attn_f16_accum = false`):
+//! - the stored Q4_1/Q8_0 weights, which both backends multiply with 8-bit activation blocks
+//!   (CUDA's dp4a kernels, every prompt on that path);
+//! - the weights dequantized to f16 (CUDA: cuBLAS on f16 rows; CPU: f32 activations).
+//!
+//! Reported beside them: the CPU's default attention (Q and the V accumulator rounded to f16, as
+//! llama.cpp's CPU flash attention) and CUDA's default options (64+ token prompts through f16
+//! cuBLAS). With 8-bit activations a small difference upstream moves some values across a
+//! rounding step, so those pairings sit near the distance between 8-bit and f32 activations
+//! (~3.5e-2 on this model) by design.
 //! Needs a GPU; skipped without one unless QUIRE_REQUIRE_GPU is set.
 #![cfg(feature = "cuda")]
 
@@ -51,12 +57,21 @@ fn cuda(m: &quire_model::LoadedModel, blocks: usize, quantized: bool) -> Box<dyn
     CudaExecutor::new(&m.weights, opts).unwrap()
 }
 
+/// The CPU backend with f32 attention accumulation (the CUDA kernel's numerics).
 fn cpu(w: &ModelWeights, blocks: usize) -> Box<dyn Executor> {
+    cpu_with(w, blocks, false)
+}
+
+fn cpu_with(w: &ModelWeights, blocks: usize, attn_f16_accum: bool) -> Box<dyn Executor> {
     let kv = KvCacheSpec {
         num_blocks: blocks,
         block_size: 16,
     };
-    Box::new(CpuExecutor::new(w, kv, CpuOptions::default()).unwrap())
+    let opts = CpuOptions {
+        attn_f16_accum,
+        ..CpuOptions::default()
+    };
+    Box::new(CpuExecutor::new(w, kv, opts).unwrap())
 }
 
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
@@ -83,15 +98,16 @@ fn teacher_forced_logits_match_the_cpu_backend() {
         ..Default::default()
     };
     let mut pairs = [
-        (
-            "stored weights (report only)",
-            cuda(&m, 64, true),
-            cpu(&m.weights, 64),
-        ),
+        ("stored weights", cuda(&m, 64, true), cpu(&m.weights, 64)),
         (
             "f16-dequantized weights",
             cuda(&m, 64, false),
             cpu(&w16, 64),
+        ),
+        (
+            "stored weights, the CPU's f16 attention accumulation (report only)",
+            cuda(&m, 64, true),
+            cpu_with(&m.weights, 64, true),
         ),
         (
             "stored weights, default options (report only)",
@@ -199,9 +215,7 @@ fn greedy_continuations_part_only_at_near_ties() {
                     let lse = log_sum_exp(&l[..vocab]);
                     let gap = (l[want[i][agree] as usize] - lse) - (l[got[agree] as usize] - lse);
                     eprintln!("{name} weights, {run} prompt {i}: parts at {agree}, the reference's two choices {gap:.4} apart");
-                    if gap > 0.05 && quantized {
-                        eprintln!("  (stored weights: reported, not held; see the module header)");
-                    } else if gap > 0.05 {
+                    if gap > 0.05 {
                         failures.push(format!(
                             "{name} weights, {run} prompt {i}: parts at {agree} where the choices are {gap:.4} apart"
                         ));

@@ -303,6 +303,7 @@ fn qwen3_moe_matches_transformers() {
     let opts = CpuOptions {
         threads: 2,
         kv_dtype: KvDtype::F32,
+        ..CpuOptions::default()
     };
     let table: Vec<quire_core::BlockId> = (0..8).map(quire_core::BlockId).collect();
     let mut exec = CpuExecutor::new(&model.weights, kv, opts).unwrap();

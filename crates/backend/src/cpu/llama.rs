@@ -24,6 +24,10 @@ pub enum KvDtype {
 pub struct CpuOptions {
     pub threads: usize,
     pub kv_dtype: KvDtype,
+    /// With an f16 cache: round Q and the attention's V accumulator to f16 as llama.cpp's CPU
+    /// flash attention does (the default: its logits). `false` accumulates in f32, the CUDA
+    /// kernels' numerics (what the CUDA parity test compares against).
+    pub attn_f16_accum: bool,
 }
 
 impl Default for CpuOptions {
@@ -33,6 +37,7 @@ impl Default for CpuOptions {
                 .map(|n| n.get())
                 .unwrap_or(1),
             kv_dtype: KvDtype::F16,
+            attn_f16_accum: true,
         }
     }
 }
@@ -82,6 +87,7 @@ pub struct CpuExecutor {
     rope: ops::RopeTable,
     kv: KvCacheSpec,
     store: KvStore,
+    attn_f16_accum: bool,
     scratch: Scratch,
     prof: Profiler,
 }
@@ -189,6 +195,7 @@ impl CpuExecutor {
             layers,
             kv,
             store,
+            attn_f16_accum: opts.attn_f16_accum,
             scratch: Scratch::default(),
             prof: Profiler::default(),
         })
@@ -275,7 +282,7 @@ impl CpuExecutor {
             head_dim: c.head_dim,
             block_size: self.kv.block_size,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
-            f16_accum: matches!(self.store, KvStore::F16(..)),
+            f16_accum: self.attn_f16_accum && matches!(self.store, KvStore::F16(..)),
             sliding_window: c.sliding_window,
         };
         let pairs = c.rope_dim / 2;

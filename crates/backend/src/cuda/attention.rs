@@ -95,7 +95,9 @@ pub struct AttnBuffers {
     /// Base of the metadata upload and its layout.
     pub meta: u64,
     pub layout: Meta,
+    /// `[n, num_heads * head_dim]`: f16, or f32 when `out_f32`.
     pub out: u64,
+    pub out_f32: bool,
     pub part_acc: u64,
     pub part_ml: u64,
 }
@@ -156,7 +158,7 @@ impl PagedAttention {
         Plan { splits }
     }
 
-    /// Writes the step's K/V into the cache and attends every row. `out`: [n, num_heads * head_dim] f16.
+    /// Writes the step's K/V into the cache and attends every row into `b.out`.
     pub fn launch(
         &self,
         gpu: &Gpu,
@@ -185,6 +187,7 @@ impl PagedAttention {
                 F(1.0 / (self.head_dim as f32).sqrt()),
                 I(self.window as i32),
                 P(b.out),
+                I(b.out_f32 as i32),
                 P(b.part_acc),
                 P(b.part_ml),
             ],
@@ -194,7 +197,13 @@ impl PagedAttention {
                 &self.reduce,
                 (n as u32, self.num_heads as u32, 1),
                 (self.head_dim as u32, 1, 1),
-                &[P(b.part_acc), P(b.part_ml), I(plan.splits as i32), P(b.out)],
+                &[
+                    P(b.part_acc),
+                    P(b.part_ml),
+                    I(plan.splits as i32),
+                    P(b.out),
+                    I(b.out_f32 as i32),
+                ],
             )?;
         }
         Ok(())
@@ -274,6 +283,7 @@ impl HostRun {
                 meta: self.meta.ptr,
                 layout: self.layout,
                 out: self.out.ptr,
+                out_f32: false,
                 part_acc: self.part_acc.ptr,
                 part_ml: self.part_ml.ptr,
             },

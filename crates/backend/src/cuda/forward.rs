@@ -114,6 +114,8 @@ impl CudaExecutor {
                 ],
             )?;
             prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
+            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
+            let q8w = q8_in(&l.wo, n);
             k.attention.launch(
                 g,
                 n,
@@ -127,6 +129,7 @@ impl CudaExecutor {
                     meta: meta_base,
                     layout: meta,
                     out: attn,
+                    out_f32: q8w,
                     part_acc,
                     part_ml,
                 },
@@ -139,9 +142,8 @@ impl CudaExecutor {
                 kv_read + n * (qkv_dim * 4 + qs * 2),
                 4 * st.pairs * qs,
             )?;
-            let q8w = q8_in(&l.wo, n);
             if q8w {
-                k.q.quantize(g, attn, q8, n, qs)?;
+                k.q.quantize(g, attn, true, q8, n, qs)?;
             }
             let mm = MatMul { n, wdq, q8_in: q8w };
             mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;

@@ -64,7 +64,7 @@ pub(super) struct Scratch {
     pub(super) x: Option<DBuf<f32>>,      // [n, hidden]
     pub(super) h: Option<DBuf<f16>>,      // [n, hidden]
     pub(super) qkv: Option<DBuf<f32>>,    // [n, q + 2kv]
-    pub(super) attn: Option<DBuf<f16>>,   // [n, q]
+    pub(super) attn: Option<DBuf<f32>>,   // [n, q] f16 or f32 (see AttnBuffers::out_f32)
     pub(super) gu: Option<DBuf<f32>>,     // [n, 2 inter]
     pub(super) act: Option<DBuf<f16>>,    // [n, inter]
     pub(super) logits: Option<DBuf<f32>>, // [n, vocab]

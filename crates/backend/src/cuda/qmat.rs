@@ -122,6 +122,7 @@ pub struct QuantKernels {
     pub rms_norm_q8: CudaFunction,
     pub swiglu_q8: CudaFunction,
     pub quantize_f16: CudaFunction,
+    pub quantize_f32: CudaFunction,
     /// By type (Q4_0, Q4_1, Q8_0): the one-token and the eight-token matmul.
     mmq: [[CudaFunction; 2]; 3],
     embed: [CudaFunction; 3],
@@ -144,6 +145,7 @@ impl QuantKernels {
             rms_norm_q8: f("rms_norm_q8")?,
             swiglu_q8: f("swiglu_q8")?,
             quantize_f16: f("quantize_q8_f16")?,
+            quantize_f32: f("quantize_q8_f32")?,
             mmq: [
                 [f("mmq_q4_0_t1")?, f("mmq_q4_0_t8")?],
                 [f("mmq_q4_1_t1")?, f("mmq_q4_1_t8")?],
@@ -198,18 +200,23 @@ impl QuantKernels {
         )
     }
 
-    /// Quantizes `x: [n, k]` f16 into `xq: [n, k / 32]` blocks.
+    /// Quantizes `x: [n, k]` (f32 when `x_f32`, else f16) into `xq: [n, k / 32]` blocks.
     pub fn quantize(
         &self,
         gpu: &Gpu,
         x: u64,
+        x_f32: bool,
         xq: u64,
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
         let blocks = n * k / 32;
         gpu.launch(
-            &self.quantize_f16,
+            if x_f32 {
+                &self.quantize_f32
+            } else {
+                &self.quantize_f16
+            },
             (blocks.div_ceil(8) as u32, 1, 1),
             (256, 1, 1),
             &[KArg::P(x), KArg::P(xq), KArg::L(blocks as i64)],

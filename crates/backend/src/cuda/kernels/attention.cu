@@ -38,6 +38,13 @@ __device__ __forceinline__ void load8(const half_t* __restrict__ p, float* v) {
     }
 }
 
+// The output row: f16 for cuBLAS, or f32 when the next matmul quantizes it to 8-bit blocks (the
+// CPU quantizes its f32 attention output; rounding to f16 first would move a few % of them by a step).
+__device__ __forceinline__ void store_out(void* out, int out_f32, long i, float v) {
+    if (out_f32) reinterpret_cast<float*>(out)[i] = v;
+    else reinterpret_cast<half_t*>(out)[i] = f2h(v);
+}
+
 // sc[g] += q_s[g] · key, the key row read (and rounded to f16) 8 elements at a time: from the
 // cache (half_t) or from this step's QKV rows (float).
 template <typename T>
@@ -59,7 +66,7 @@ __device__ __forceinline__ void score_key(const T* __restrict__ kp, const float 
 
 // qkv: [n, qkv_stride] (q | k | v, after RoPE); k_cache, v_cache: [num_slots, num_kv_heads, HEAD_DIM]
 // row_seq: [n]; seqs: [num_seqs]; block_tables: flat, seq i's at seqs[i].bt_offset; slot_mapping: [n]
-// out: [n, num_heads * HEAD_DIM] f16 (one split); part_acc: [n, num_heads, splits, HEAD_DIM];
+// out: [n, num_heads * HEAD_DIM] f16, or f32 when out_f32 (one split); part_acc: [n, num_heads, splits, HEAD_DIM];
 // part_ml: [n, num_heads, splits] (max, sum)
 // grid: (n, num_kv_heads, splits); block: 32 * WARPS
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
@@ -67,7 +74,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
                 half_t* __restrict__ v_cache, const int* __restrict__ row_seq,
                 const SeqInfo* __restrict__ seqs, const int* __restrict__ block_tables,
                 const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
-                float scale, int window, half_t* __restrict__ out,
+                float scale, int window, void* __restrict__ out, int out_f32,
                 float* __restrict__ part_acc, float2* __restrict__ part_ml) {
     __shared__ __align__(16) float q_s[GQA][HEAD_DIM];
     __shared__ float p_s[WARPS][GQA][32];
@@ -201,7 +208,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
             a += acc_s[w][g][d] * f;
         }
         if (splits == 1) {
-            out[(long)row * q_size + (kvh * GQA + g) * HEAD_DIM + d] = f2h(a / sum);
+            store_out(out, out_f32, (long)row * q_size + (kvh * GQA + g) * HEAD_DIM + d, a / sum);
         } else {
             part_acc[(part + (long)g * splits) * HEAD_DIM + d] = a;
             if (d == 0) part_ml[part + (long)g * splits] = make_float2(mx, sum);
@@ -212,7 +219,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
 // Merges the splits of each (row, head). grid: (n, num_heads); block: HEAD_DIM
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc,
                                             const float2* __restrict__ part_ml, int splits,
-                                            half_t* __restrict__ out) {
+                                            void* __restrict__ out, int out_f32) {
     const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     const long base = ((long)row * gridDim.y + head) * splits;
     float mx = -INFINITY;
@@ -225,5 +232,5 @@ extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc,
         sum += ml.y * f;
         a += part_acc[(base + s) * HEAD_DIM + d] * f;
     }
-    out[((long)row * gridDim.y + head) * HEAD_DIM + d] = f2h(a / sum);
+    store_out(out, out_f32, ((long)row * gridDim.y + head) * HEAD_DIM + d, a / sum);
 }

@@ -46,6 +46,14 @@ extern "C" __global__ void quantize_q8_f16(const half_t* __restrict__ x, q8a_t* 
     quant_block_warp(h2f(x[b * 32 + (threadIdx.x & 31)]), out + b);
 }
 
+// x: [n, k] f32; out: [n, k / 32] q8 blocks. One warp per block.
+extern "C" __global__ void quantize_q8_f32(const float* __restrict__ x, q8a_t* __restrict__ out,
+                                           long blocks) {
+    const long b = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= blocks) return;
+    quant_block_warp(x[b * 32 + (threadIdx.x & 31)], out + b);
+}
+
 // RMSNorm straight into q8 blocks (the f32 normed row never leaves registers).
 // x: [rows, dim] f32 (row r read from x[rows_idx ? rows_idx[r] : r]); w: [dim]; out: [rows, dim/32]
 extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, const int* __restrict__ rows_idx,
