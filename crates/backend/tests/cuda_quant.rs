@@ -1,18 +1,30 @@
 //! The quantized-weight kernels of `kernels/quant.cu` against the CPU backend: activation
-//! quantization (bit for bit), RMSNorm and SwiGLU straight into 8-bit blocks, the Q4_0/Q4_1/Q8_0
-//! matmuls (one-token and many-token kernels, odd row counts, beta 0 and 1), the quantized
-//! embedding gather and the whole-matrix dequantization to f16 (both bit for bit). Outputs are poisoned with NaN first. Needs a GPU; skipped without
-//! one unless QUIRE_REQUIRE_GPU is set. Timing: `cargo run --release -p quire-backend --features cuda
+//! quantization (bit for bit, from f16 and f32 rows), RMSNorm and SwiGLU straight into 8-bit
+//! blocks, the Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matmuls (one-token and many-token kernels, odd row
+//! counts, beta 0 and 1), the quantized embedding gather and the whole-matrix dequantization to
+//! f16 (both bit for bit). Outputs are poisoned with NaN first. Needs a GPU; skipped without one
+//! unless QUIRE_REQUIRE_GPU is set. Timing: `cargo run --release -p quire-backend --features cuda
 //! --example cuda_matmul_bench`.
 #![cfg(feature = "cuda")]
 
 use half::f16;
+use quire_backend::cpu::kquant::{self, is_kquant};
 use quire_backend::cpu::ops;
 use quire_backend::cpu::quant::{dot_row, quantize_row_q8a_scalar, BlockQ8A, QK};
 use quire_backend::cuda::gpu::{Gpu, KArg};
 use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
 use quire_gguf::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// Every stored type the quantized kernels read.
+const ALL: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 fn gpu() -> Option<Gpu> {
     match Gpu::new(0) {
@@ -192,8 +204,13 @@ fn quantized_matmuls_match_the_cpu_dot_products() {
     let Some(g) = gpu() else { return };
     let q = QuantKernels::new(&g).unwrap();
     let mut rng = StdRng::seed_from_u64(13);
-    for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        for (rows, k) in [(37usize, 96usize), (203, 576), (64, 4096)] {
+    for dtype in ALL {
+        let shapes: &[(usize, usize)] = if is_kquant(dtype) {
+            &[(37, 256), (203, 768), (64, 4096)]
+        } else {
+            &[(37, 96), (203, 576), (64, 4096)]
+        };
+        for &(rows, k) in shapes {
             let wf = rnd(&mut rng, rows * k, 1.0);
             let mut wb = vec![];
             quire_gguf::quantize_row(dtype, &wf, &mut wb).unwrap();
@@ -220,7 +237,12 @@ fn quantized_matmuls_match_the_cpu_dot_products() {
                         for r in 0..rows {
                             let w_row = &wb[r * row_bytes..(r + 1) * row_bytes];
                             let xt = &x[t * k..(t + 1) * k];
-                            let mut want = dot_row(dtype, w_row, xt, &xq[t * nb..(t + 1) * nb]);
+                            let xqt = &xq[t * nb..(t + 1) * nb];
+                            let mut want = if is_kquant(dtype) {
+                                kquant::dot_row(dtype, w_row, xqt)
+                            } else {
+                                dot_row(dtype, w_row, xt, xqt)
+                            };
                             if beta != 0.0 {
                                 want += beta * y0[t * rows + r];
                             }
@@ -247,8 +269,8 @@ fn quantized_embedding_is_the_dequantized_row() {
     let Some(g) = gpu() else { return };
     let q = QuantKernels::new(&g).unwrap();
     let mut rng = StdRng::seed_from_u64(14);
-    let (vocab, hidden) = (50usize, 576usize);
-    for dtype in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for dtype in ALL {
+        let (vocab, hidden) = (50usize, if is_kquant(dtype) { 768 } else { 576 });
         let table = rnd(&mut rng, vocab * hidden, 1.0);
         let mut tb = vec![];
         quire_gguf::quantize_row(dtype, &table, &mut tb).unwrap();

@@ -16,9 +16,9 @@ pub struct CudaOptions {
     /// Run decode steps through CUDA graphs (one per batch-size bucket). `QUIRE_CUDA_GRAPHS=0`
     /// turns the default off.
     pub graphs: bool,
-    /// Keep Q4_0/Q4_1/Q8_0 weights as stored and multiply them with 8-bit activations (the CPU
-    /// backend's numerics, fewer bytes per step); `false` dequantizes every weight to f16 for
-    /// cuBLAS.
+    /// Keep Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights as stored and multiply them with 8-bit
+    /// activations (the CPU backend's numerics, fewer bytes per step); `false` dequantizes every
+    /// weight to f16 for cuBLAS. MoE experts stay stored only in the 32-element types.
     pub quantized_weights: bool,
     /// With `quantized_weights`: matmuls of at least this many tokens (prefill) dequantize the
     /// weight to f16 and use cuBLAS instead of the 8-bit kernels (much faster at large batches;

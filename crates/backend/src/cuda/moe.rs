@@ -10,7 +10,7 @@ use quire_core::MoeConfig;
 
 use super::gpu::{DBuf, Gpu, KArg};
 use super::nvrtc;
-use super::qmat::{is_native_quant, to_f16, WMat, Q8A_BYTES};
+use super::qmat::{is_block32_quant, to_f16, WMat, Q8A_BYTES};
 use crate::{BackendError, HostTensor, MoeWeights};
 
 /// Pairs per tile (`MOE_TILE` in moe.cu) and weight rows per CTA (`MOE_WARPS × MOE_ROWS`).
@@ -60,7 +60,7 @@ fn stack_experts(
     keep_quant: bool,
 ) -> Result<WMat, BackendError> {
     let dtype = parts[0].dtype;
-    if keep_quant && is_native_quant(dtype) && parts.iter().all(|t| t.dtype == dtype) {
+    if keep_quant && is_block32_quant(dtype) && parts.iter().all(|t| t.dtype == dtype) {
         let slabs: Vec<&[u8]> = parts.iter().map(|t| t.bytes.as_slice()).collect();
         let mut bytes = Vec::with_capacity(slabs.iter().map(|s| s.len()).sum());
         for e in 0..experts {
@@ -115,7 +115,8 @@ impl MoeLayer {
                 expected: vec![hidden, e],
             });
         }
-        if keep_quant && is_native_quant(w.down_exps.dtype) != is_native_quant(w.gate_exps.dtype) {
+        if keep_quant && is_block32_quant(w.down_exps.dtype) != is_block32_quant(w.gate_exps.dtype)
+        {
             return Err(BackendError::Config(
                 "expert gate/up and down weights must be both quantized or both float".into(),
             ));

@@ -1,4 +1,5 @@
 //! Weight matrices on the GPU, in one of two forms: f16 for cuBLAS, or ggml Q4_0/Q4_1/Q8_0 blocks
+//! (and Q4_K/Q5_K/Q6_K super-blocks, whose 32-element sub-blocks line up with activation blocks)
 //! kept exactly as stored, multiplied by the dp4a kernels of `kernels/quant.cu` against
 //! activations quantized to 8 bits per block of 32. The quantized form reads 3.5× (Q4) or 1.9×
 //! (Q8_0) fewer bytes per decode step than f16, and it is the CPU backend's (and llama.cpp's)
@@ -22,8 +23,13 @@ const MMQ_TOK: usize = 8;
 /// Weight rows per CTA (4 warps × 2 rows, `MMQ_WARPS × MMQ_ROWS` in quant.cu).
 const MMQ_ROWS_PER_CTA: usize = 8;
 
-/// The stored types the quantized kernels read.
+/// The stored types the quantized matmul kernels read.
 pub fn is_native_quant(dtype: GgmlType) -> bool {
+    is_block32_quant(dtype) || matches!(dtype, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// The legacy 32-element block types (the MoE expert kernels read only these).
+pub fn is_block32_quant(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
 }
 
@@ -85,7 +91,7 @@ pub fn to_f16(t: &HostTensor) -> Result<Vec<f16>, BackendError> {
 }
 
 /// Uploads `parts` (each `[rows_i, row_len]`) stacked by rows into one matrix: kept quantized when
-/// `keep_quant` and every part is stored in the same Q4_0/Q4_1/Q8_0 type, f16 otherwise.
+/// `keep_quant` and every part is stored in the same native quantized type, f16 otherwise.
 pub fn upload_stacked(
     gpu: &Gpu,
     parts: &[&HostTensor],
@@ -123,36 +129,54 @@ pub struct QuantKernels {
     pub swiglu_q8: CudaFunction,
     pub quantize_f16: CudaFunction,
     pub quantize_f32: CudaFunction,
-    /// By type (Q4_0, Q4_1, Q8_0): the one-token and the eight-token matmul.
-    mmq: [[CudaFunction; 2]; 3],
-    embed: [CudaFunction; 3],
-    dequant: [CudaFunction; 3],
+    /// By type (`NATIVE` order): the one-token and the eight-token matmul.
+    mmq: [[CudaFunction; 2]; 6],
+    embed: [CudaFunction; 6],
+    dequant: [CudaFunction; 6],
+}
+
+/// The kernels' types, in their array order, with the suffix of their kernel names.
+const NATIVE: [(GgmlType, &str); 6] = [
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+];
+
+fn six<T>(v: Vec<T>) -> [T; 6] {
+    v.try_into()
+        .unwrap_or_else(|_| unreachable!("one per NATIVE type"))
 }
 
 fn type_index(dtype: GgmlType) -> usize {
-    match dtype {
-        GgmlType::Q4_0 => 0,
-        GgmlType::Q4_1 => 1,
-        _ => 2,
-    }
+    NATIVE
+        .iter()
+        .position(|(t, _)| *t == dtype)
+        .expect("callers hold a native quantized type")
 }
 
 impl QuantKernels {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         let m: Arc<CudaModule> = gpu.module(&nvrtc::QUANT, &[])?;
         let f = |name: &str| Gpu::function(&m, name);
+        let by_type = |prefix: &str| -> Result<Vec<CudaFunction>, BackendError> {
+            NATIVE
+                .iter()
+                .map(|(_, t)| f(&prefix.replace("{}", t)))
+                .collect()
+        };
+        let t1 = by_type("mmq_{}_t1")?;
+        let t8 = by_type("mmq_{}_t8")?;
         Ok(Self {
             rms_norm_q8: f("rms_norm_q8")?,
             swiglu_q8: f("swiglu_q8")?,
             quantize_f16: f("quantize_q8_f16")?,
             quantize_f32: f("quantize_q8_f32")?,
-            mmq: [
-                [f("mmq_q4_0_t1")?, f("mmq_q4_0_t8")?],
-                [f("mmq_q4_1_t1")?, f("mmq_q4_1_t8")?],
-                [f("mmq_q8_0_t1")?, f("mmq_q8_0_t8")?],
-            ],
-            embed: [f("embed_q4_0")?, f("embed_q4_1")?, f("embed_q8_0")?],
-            dequant: [f("dequant_q4_0")?, f("dequant_q4_1")?, f("dequant_q8_0")?],
+            mmq: six(t1.into_iter().zip(t8).map(|(a, b)| [a, b]).collect()),
+            embed: six(by_type("embed_{}")?),
+            dequant: six(by_type("dequant_{}")?),
         })
     }
 

@@ -132,7 +132,7 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
 #pragma unroll
                 for (int i = 0; i < MOE_ROWS; i++)
                     if (r0 + i < rows)
-                        acc[i][t] += block_dot<TYPE>(we + ((long)(r0 + i) * nb + b) * bytes, ab);
+                        acc[i][t] += block_dot<TYPE>(we + ((long)(r0 + i) * nb + b) * bytes, 0, ab);
             }
         }
     }

@@ -1,4 +1,5 @@
-// Quantized weights kept as stored (ggml Q4_0, Q4_1, Q8_0 blocks of 32) times activations
+// Quantized weights kept as stored (ggml Q4_0, Q4_1, Q8_0 blocks of 32; Q4_K, Q5_K, Q6_K
+// super-blocks of 256) times activations
 // quantized to 8 bits per block of 32: the CPU backend's numerics (and llama.cpp's), with dp4a.
 // The activation block is the CPU's `BlockQ8A`: d = amax / 127 and s = d * sum(q), both rounded to
 // f16 precision, q = round-to-nearest-even(x * 127 / amax).
@@ -92,24 +93,52 @@ extern "C" __global__ void swiglu_q8(const float* __restrict__ gu, q8a_t* __rest
 #define T_Q4_0 0
 #define T_Q4_1 1
 #define T_Q8_0 2
+#define T_Q4_K 3
+#define T_Q5_K 4
+#define T_Q6_K 5
 
+// Bytes and elements of one stored block: 32 elements for the legacy types, 256-element
+// super-blocks (eight sub-blocks of 32, each lining up with one activation block) for K-quants.
 template <int TYPE> struct wblock;
-template <> struct wblock<T_Q4_0> { static const int bytes = 18; };
-template <> struct wblock<T_Q4_1> { static const int bytes = 20; };
-template <> struct wblock<T_Q8_0> { static const int bytes = 34; };
+template <> struct wblock<T_Q4_0> { static const int bytes = 18, elems = 32; };
+template <> struct wblock<T_Q4_1> { static const int bytes = 20, elems = 32; };
+template <> struct wblock<T_Q8_0> { static const int bytes = 34, elems = 32; };
+template <> struct wblock<T_Q4_K> { static const int bytes = 144, elems = 256; };
+template <> struct wblock<T_Q5_K> { static const int bytes = 176, elems = 256; };
+template <> struct wblock<T_Q6_K> { static const int bytes = 210, elems = 256; };
 
-// Two bytes apart: Q4_0 and Q8_0 blocks are only 2-byte aligned.
+// The stored block holding 32-element block `b` of a row, and `b`'s index inside it.
+template <int TYPE>
+__device__ __forceinline__ const unsigned char* block_of(const unsigned char* row, int b, int* sub) {
+    const int per = wblock<TYPE>::elems / 32;
+    *sub = b % per;
+    return row + (long)(b / per) * wblock<TYPE>::bytes;
+}
+
+// Two bytes apart: Q4_0, Q8_0 and Q6_K blocks are only 2-byte aligned.
 __device__ __forceinline__ int load_int_b2(const unsigned short* p) {
     return (int)((unsigned)p[0] | ((unsigned)p[1] << 16));
 }
 
-// The f32 contribution of one weight block against one activation block, as the CPU's scalar
-// reference computes it (integer sum exact, then the same float expression).
+// Q4_K/Q5_K: the 6-bit scale and min of sub-block j (ggml's packing of 12 bytes).
+__device__ __forceinline__ void scale_min_k4(int j, const unsigned char* q, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// The f32 contribution of one weight block (sub-block `j` of a K-quant super-block) against one
+// activation block, as the CPU's scalar reference computes it (integer sum exact, then the same
+// float expression, unfused).
 template <int TYPE>
-__device__ __forceinline__ float block_dot(const unsigned char* wb, const q8a_t* a);
+__device__ __forceinline__ float block_dot(const unsigned char* wb, int j, const q8a_t* a);
 
 template <>
-__device__ __forceinline__ float block_dot<T_Q4_0>(const unsigned char* wb, const q8a_t* a) {
+__device__ __forceinline__ float block_dot<T_Q4_0>(const unsigned char* wb, int, const q8a_t* a) {
     const unsigned short* p = (const unsigned short*)wb;
     int isum = 0, asum = 0;
 #pragma unroll
@@ -125,7 +154,7 @@ __device__ __forceinline__ float block_dot<T_Q4_0>(const unsigned char* wb, cons
 }
 
 template <>
-__device__ __forceinline__ float block_dot<T_Q4_1>(const unsigned char* wb, const q8a_t* a) {
+__device__ __forceinline__ float block_dot<T_Q4_1>(const unsigned char* wb, int, const q8a_t* a) {
     const int* p = (const int*)wb;
     const unsigned dm = (unsigned)p[0];
     int isum = 0;
@@ -139,7 +168,7 @@ __device__ __forceinline__ float block_dot<T_Q4_1>(const unsigned char* wb, cons
 }
 
 template <>
-__device__ __forceinline__ float block_dot<T_Q8_0>(const unsigned char* wb, const q8a_t* a) {
+__device__ __forceinline__ float block_dot<T_Q8_0>(const unsigned char* wb, int, const q8a_t* a) {
     const unsigned short* p = (const unsigned short*)wb;
     int isum = 0;
 #pragma unroll
@@ -147,12 +176,71 @@ __device__ __forceinline__ float block_dot<T_Q8_0>(const unsigned char* wb, cons
     return h2f(p[0]) * a->d * (float)isum;
 }
 
+// Q4_K/Q5_K: ((d·sc)·a.d)·isum − (dmin·m)·a.s, the CPU's `add_affine`.
+__device__ __forceinline__ float affine_k(const unsigned char* wb, int j, const q8a_t* a, int isum) {
+    const half_t* dm = (const half_t*)wb;
+    int sc, m;
+    scale_min_k4(j, wb + 4, &sc, &m);
+    const float x = __fmul_rn(__fmul_rn(__fmul_rn(h2f(dm[0]), (float)sc), a->d), (float)isum);
+    return __fsub_rn(x, __fmul_rn(__fmul_rn(h2f(dm[1]), (float)m), a->s));
+}
+
+// Q4_K: d, dmin, scales[12], qs[128] (elements 64c + l: low nibbles of qs[32c + l], 64c + 32 + l:
+// high nibbles). Sub-block j = 2c + hi.
+template <>
+__device__ __forceinline__ float block_dot<T_Q4_K>(const unsigned char* wb, int j, const q8a_t* a) {
+    const int* qs = (const int*)(wb + 16 + 32 * (j >> 1));
+    const int shift = 4 * (j & 1);
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) isum = dp4a((qs[i] >> shift) & 0x0F0F0F0F, a->qs[i], isum);
+    return affine_k(wb, j, a, isum);
+}
+
+// Q5_K: d, dmin, scales[12], qh[32], qs[128]: Q4_K's nibbles plus bit j of qh[l] as the fifth bit.
+template <>
+__device__ __forceinline__ float block_dot<T_Q5_K>(const unsigned char* wb, int j, const q8a_t* a) {
+    const int* qh = (const int*)(wb + 16);
+    const int* qs = (const int*)(wb + 48 + 32 * (j >> 1));
+    const int shift = 4 * (j & 1);
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int code = ((qs[i] >> shift) & 0x0F0F0F0F) | (((qh[i] >> j) & 0x01010101) << 4);
+        isum = dp4a(code, a->qs[i], isum);
+    }
+    return affine_k(wb, j, a, isum);
+}
+
+// Q6_K: ql[128], qh[64], scales[16] (i8, one per 16 elements), d. Element 128h + 32k + l: low
+// nibble (k < 2) or high nibble (k >= 2) of ql[64h + 32(k & 1) + l], bits 2k..2k+1 of qh[32h + l]
+// on top, minus 32. Sub-block j = 4h + k; its two halves of 16 take scales 2j and 2j + 1.
+template <>
+__device__ __forceinline__ float block_dot<T_Q6_K>(const unsigned char* wb, int j, const q8a_t* a) {
+    const int h = j >> 2, k = j & 3;
+    const unsigned short* ql = (const unsigned short*)(wb + 64 * h + 32 * (k & 1));
+    const unsigned short* qh = (const unsigned short*)(wb + 128 + 32 * h);
+    const signed char* sc = (const signed char*)(wb + 192);
+    const int lshift = k < 2 ? 0 : 4;
+    int half_sum[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int lo = (load_int_b2(ql + 2 * i) >> lshift) & 0x0F0F0F0F;
+        const int hi = ((load_int_b2(qh + 2 * i) >> (2 * k)) & 0x03030303) << 4;
+        // (code - 32) · a, as code · a − 32 · Σa (codes are 0..63).
+        half_sum[i >> 2] += dp4a(lo | hi, a->qs[i], 0) - 32 * dp4a(0x01010101, a->qs[i], 0);
+    }
+    const int isum = (int)sc[2 * j] * half_sum[0] + (int)sc[2 * j + 1] * half_sum[1];
+    const float d = h2f(*(const half_t*)(wb + 208));
+    return __fmul_rn(__fmul_rn(d, a->d), (float)isum);
+}
+
 #define MMQ_WARPS 4
 #define MMQ_ROWS 2
 
 // y[t, r] = Σ_b dot(w[r, b], a[t, b]) + beta * y[t, r]: each warp owns MMQ_ROWS weight rows and the
 // CTA's TOK tokens; lanes stride over the row's blocks, then a warp reduction.
-// w: [rows, nb] blocks; a: [n, nb] q8 blocks; y: [n, rows] f32. grid (rows / (WARPS*ROWS), n / TOK)
+// w: [rows, nb * 32 / elems] stored blocks; a: [n, nb] q8 blocks; y: [n, rows] f32. grid (rows / (WARPS*ROWS), n / TOK)
 template <int TYPE, int TOK>
 __device__ __forceinline__ void mmq(const unsigned char* __restrict__ w, const q8a_t* __restrict__ a,
                                     float* __restrict__ y, int rows, int nb, int n, float beta) {
@@ -161,7 +249,7 @@ __device__ __forceinline__ void mmq(const unsigned char* __restrict__ w, const q
     const int t0 = blockIdx.y * TOK;
     if (r0 >= rows) return;
     const int ntok = min(TOK, n - t0);
-    const int bytes = wblock<TYPE>::bytes;
+    const long row_bytes = (long)(nb / (wblock<TYPE>::elems / 32)) * wblock<TYPE>::bytes;
     float acc[MMQ_ROWS][TOK];
 #pragma unroll
     for (int i = 0; i < MMQ_ROWS; i++)
@@ -174,8 +262,11 @@ __device__ __forceinline__ void mmq(const unsigned char* __restrict__ w, const q
                 const q8a_t* ab = a + (long)(t0 + t) * nb + b;
 #pragma unroll
                 for (int i = 0; i < MMQ_ROWS; i++) {
-                    if (r0 + i < rows)
-                        acc[i][t] += block_dot<TYPE>(w + ((long)(r0 + i) * nb + b) * bytes, ab);
+                    if (r0 + i < rows) {
+                        int sub;
+                        const unsigned char* wb = block_of<TYPE>(w + (r0 + i) * row_bytes, b, &sub);
+                        acc[i][t] += block_dot<TYPE>(wb, sub, ab);
+                    }
                 }
             }
         }
@@ -205,9 +296,16 @@ MMQ_ENTRY(mmq_q4_1_t1, T_Q4_1, 1)
 MMQ_ENTRY(mmq_q4_1_t8, T_Q4_1, 8)
 MMQ_ENTRY(mmq_q8_0_t1, T_Q8_0, 1)
 MMQ_ENTRY(mmq_q8_0_t8, T_Q8_0, 8)
+MMQ_ENTRY(mmq_q4_k_t1, T_Q4_K, 1)
+MMQ_ENTRY(mmq_q4_k_t8, T_Q4_K, 8)
+MMQ_ENTRY(mmq_q5_k_t1, T_Q5_K, 1)
+MMQ_ENTRY(mmq_q5_k_t8, T_Q5_K, 8)
+MMQ_ENTRY(mmq_q6_k_t1, T_Q6_K, 1)
+MMQ_ENTRY(mmq_q6_k_t8, T_Q6_K, 8)
 
 // Token embedding lookup from a quantized table (values as the CPU dequantizes them: d * q (- m)).
-// ids: [n]; table: [vocab, hidden / 32] blocks; x: [n, hidden] f32
+// ids: [n]; table: [vocab, hidden / elems] stored blocks; x: [n, hidden] f32
+// Element i (0..elems) of one stored block.
 template <int TYPE>
 __device__ __forceinline__ float dequant(const unsigned char* wb, int i);
 template <>
@@ -227,31 +325,68 @@ __device__ __forceinline__ float dequant<T_Q4_1>(const unsigned char* wb, int i)
     return __fadd_rn(__fmul_rn((float)(i < 16 ? (q & 15) : (q >> 4)), h2f(dm[0])), h2f(dm[1]));
 }
 
+// K-quants: dj * code - mj with dj = d * sc, mj = dmin * m (the CPU's order, unfused).
+__device__ __forceinline__ float dequant_affine_k(const unsigned char* wb, int i, int code) {
+    const half_t* dm = (const half_t*)wb;
+    int sc, m;
+    scale_min_k4(i / 32, wb + 4, &sc, &m);
+    return __fsub_rn(__fmul_rn(__fmul_rn(h2f(dm[0]), (float)sc), (float)code),
+                     __fmul_rn(h2f(dm[1]), (float)m));
+}
+template <>
+__device__ __forceinline__ float dequant<T_Q4_K>(const unsigned char* wb, int i) {
+    const unsigned char q = wb[16 + 32 * (i / 64) + i % 32];
+    return dequant_affine_k(wb, i, i % 64 < 32 ? (q & 15) : (q >> 4));
+}
+template <>
+__device__ __forceinline__ float dequant<T_Q5_K>(const unsigned char* wb, int i) {
+    const unsigned char q = wb[48 + 32 * (i / 64) + i % 32];
+    const int lo = i % 64 < 32 ? (q & 15) : (q >> 4);
+    return dequant_affine_k(wb, i, lo | (((wb[16 + i % 32] >> (i / 32)) & 1) << 4));
+}
+template <>
+__device__ __forceinline__ float dequant<T_Q6_K>(const unsigned char* wb, int i) {
+    const int h = i / 128, k = (i % 128) / 32, l = i % 32;
+    const unsigned char b = wb[64 * h + l + 32 * (k & 1)];
+    const int lo = k < 2 ? (b & 15) : (b >> 4);
+    const int hi = (wb[128 + 32 * h + l] >> (2 * k)) & 3;
+    const float d = h2f(*(const half_t*)(wb + 208));
+    const float sc = (float)((const signed char*)(wb + 192))[i / 16];
+    return __fmul_rn(__fmul_rn(d, sc), (float)((lo | (hi << 4)) - 32));
+}
+
 #define EMBED_ENTRY(NAME, TYPE)                                                                 \
     extern "C" __global__ void NAME(const int* __restrict__ ids, const unsigned char* __restrict__ table, \
                                     float* __restrict__ x, int hidden) {                        \
         const long t = blockIdx.x;                                                              \
-        const int nb = hidden / 32;                                                             \
-        const unsigned char* row = table + (long)ids[t] * nb * wblock<TYPE>::bytes;             \
+        const int E = wblock<TYPE>::elems;                                                      \
+        const unsigned char* row = table + (long)ids[t] * (hidden / E) * wblock<TYPE>::bytes;   \
         for (int i = threadIdx.x; i < hidden; i += blockDim.x)                                  \
-            x[t * hidden + i] = dequant<TYPE>(row + (i / 32) * wblock<TYPE>::bytes, i % 32);    \
+            x[t * hidden + i] = dequant<TYPE>(row + (i / E) * wblock<TYPE>::bytes, i % E);      \
     }
 
 EMBED_ENTRY(embed_q4_0, T_Q4_0)
 EMBED_ENTRY(embed_q4_1, T_Q4_1)
 EMBED_ENTRY(embed_q8_0, T_Q8_0)
+EMBED_ENTRY(embed_q4_k, T_Q4_K)
+EMBED_ENTRY(embed_q5_k, T_Q5_K)
+EMBED_ENTRY(embed_q6_k, T_Q6_K)
 
 // Whole-matrix dequantization to f16, for many-token matmuls through cuBLAS: one thread per value
 // (the CPU's value, then rounded to f16); a warp covers one block.
-// w: [elems / 32] stored blocks; out: [elems] f16
+// w: [elems / block elems] stored blocks; out: [elems] f16
 #define DEQUANT_ENTRY(NAME, TYPE)                                                               \
     extern "C" __global__ void NAME(const unsigned char* __restrict__ w, half_t* __restrict__ out, \
                                     long elems) {                                               \
         const long e = blockIdx.x * (long)blockDim.x + threadIdx.x;                             \
         if (e >= elems) return;                                                                 \
-        out[e] = f2h(dequant<TYPE>(w + (e >> 5) * wblock<TYPE>::bytes, (int)(e & 31)));         \
+        const int E = wblock<TYPE>::elems;                                                      \
+        out[e] = f2h(dequant<TYPE>(w + (e / E) * wblock<TYPE>::bytes, (int)(e % E)));           \
     }
 
 DEQUANT_ENTRY(dequant_q4_0, T_Q4_0)
 DEQUANT_ENTRY(dequant_q4_1, T_Q4_1)
 DEQUANT_ENTRY(dequant_q8_0, T_Q8_0)
+DEQUANT_ENTRY(dequant_q4_k, T_Q4_K)
+DEQUANT_ENTRY(dequant_q5_k, T_Q5_K)
+DEQUANT_ENTRY(dequant_q6_k, T_Q6_K)
