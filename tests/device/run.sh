@@ -98,6 +98,21 @@ sbs)  # side by side with llama.cpp's CUDA build (stage llamacpp first)
     "$LB"/llama-batched-bench -m "$W/llama3-8b-f16.gguf" -ngl 99 -fa 1 -c 50000 -npp 512 -ntg 128 -npl 64 2>&1 | grep -E "^\|" | tail -2
     "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
     ;;
+kq)  # stored-weights parity (default model, carried in two parts) and K-quants on CUDA
+    cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_quant --test-threads 1 2>&1 | grep -E "^test |test result|panicked|rror" | head -30
+    QUIRE_PARITY_MODEL="$W/smollm2-q4_1.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|test result|panicked" | head -40
+    "$Q" generate -m "$W/smollm2-q4_1.gguf" --backend cuda --prompt "The capital of France is" --max-tokens 16 2>&1 | tail -2
+    for t in q4_k q6_k; do
+        "$Q" quantize "$W/smollm2-q4_1.gguf" "$W/smollm2-$t.gguf" --type $t 2>&1 | tail -1
+        QUIRE_PARITY_MODEL="$W/smollm2-$t.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture teacher 2>&1 | grep -E "CUDA vs|test result|panicked"
+    done
+    "$Q" make-model --preset llama3.2-1b --dtype f16 "$W/llama3.2-1b-f16.gguf" 2>&1 | tail -1
+    for t in q4_k q5_k q6_k; do
+        "$Q" quantize "$W/llama3.2-1b-f16.gguf" "$W/llama3.2-1b-$t.gguf" --type $t 2>&1 | tail -1
+        "$Q" bench -m "$W/llama3.2-1b-$t.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama"
+    done
+    ;;
 parity)
     cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
     QUIRE_PARITY_MODEL="$W/smollm2-q4_1.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|test result|panicked" | head -40
