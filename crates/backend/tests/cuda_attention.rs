@@ -1,7 +1,9 @@
 //! CUDA paged attention against the f64 dense reference on random paged batches: every block size,
-//! GQA ratios 1 to 8, head dims 64 and 128, decode rows, prompt chunks on top of a cache and fresh
-//! prompts in one launch, non-contiguous block tables, unused cache slots NaN-poisoned, long
-//! contexts that split the keys. Needs a GPU; skipped without one unless QUIRE_REQUIRE_GPU is set.
+//! GQA ratios 1 to 8, head dims 64, 128 and 256, decode rows, prompt chunks on top of a cache and
+//! fresh prompts in one launch, non-contiguous block tables, unused cache slots NaN-poisoned, long
+//! contexts that split the keys, f16 and f32 output rows. Mixed batches run `paged_attention`,
+//! all-decode batches `paged_decode` (checked per case). Needs a GPU; skipped without one unless
+//! QUIRE_REQUIRE_GPU is set.
 #![cfg(feature = "cuda")]
 
 use half::f16;
@@ -117,7 +119,13 @@ fn case(
     let a = PagedAttention::new(g, nh, nkv, d)
         .unwrap()
         .with_window(window);
-    let run = HostRun::new(g, &a, &qkv, stride, &batch, bs, &k_cache, &v_cache).unwrap();
+    let mut run = HostRun::new(g, &a, &qkv, stride, &batch, bs, &k_cache, &v_cache).unwrap();
+    assert_eq!(
+        run.plan.decode,
+        seqs.iter().all(|s| s.0 == 1),
+        "all-decode batches (only they) take the decode kernel"
+    );
+    run.out_f32 = rng.random_bool(0.5);
     run.launch(g, &a).unwrap();
     let (out, kc, vc) = run.read(g).unwrap();
 
@@ -160,7 +168,11 @@ fn case(
         let r = dense_reference(&p, &q, &dense_k[i], &dense_v[i], sl);
         for (j, &x) in r.iter().enumerate() {
             let got = out[s0 * q_size + j] as f64;
-            assert!(got.is_finite(), "non-finite output at seq {i} elem {j}");
+            assert!(
+                got.is_finite(),
+                "non-finite output at seq {i} elem {j} ({:?}; NaN: a poisoned slot was read)",
+                run.plan
+            );
             num += (got - x) * (got - x);
             den += x * x;
         }
@@ -203,7 +215,14 @@ fn long_contexts_split_the_keys_and_still_match() {
         let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
         let max = seqs.iter().map(|s| s.1).max().unwrap();
         assert!(
-            a.plan(g.sms, seqs.iter().map(|s| s.0).sum(), max).splits > 1,
+            a.plan(
+                g.sms,
+                seqs.iter().map(|s| s.0).sum(),
+                max,
+                seqs.iter().all(|s| s.0 == 1)
+            )
+            .splits
+                > 1,
             "this case should split"
         );
         let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, None);
@@ -232,5 +251,70 @@ fn sliding_windows_match_the_windowed_dense_reference() {
             err < 2e-3,
             "window {window} block {bs} (GQA 3, D 64): rel err {err:.2e}"
         );
+    }
+}
+
+/// The decode kernel: all-decode batches over every block size, GQA 1, 2, 3, 4 and 8, head dims
+/// 64, 128 and 256, contexts of one key, one tile's worth ± 1 (tiles are 4096 / head_dim keys),
+/// odd and long lengths, with and without windows.
+#[test]
+fn decode_batches_match_the_dense_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut worst = 0f64;
+    for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
+        for d in [64, 128, 256] {
+            let tile = 4096 / d;
+            for bs in [16, 32, 64, 128] {
+                let seqs = [
+                    (1, 1),
+                    (1, rng.random_range(2..tile)),
+                    (1, tile),
+                    (1, tile + 1),
+                    (1, 4 * tile - 1),
+                    (1, rng.random_range(300..900) | 1),
+                    (1, rng.random_range(1500..2600)),
+                ];
+                let window = (bs == 32 || bs == 128).then(|| rng.random_range(1..3 * tile));
+                let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
+                assert!(
+                    err < 2e-3,
+                    "decode Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
+                );
+                worst = worst.max(err);
+            }
+        }
+    }
+    eprintln!("paged decode: worst relative error {worst:.2e}");
+}
+
+/// The decode kernel's split choices: one row with a long context (many splits, B1), a batch
+/// large enough for one split per row (the output written directly), windows over split contexts.
+#[test]
+fn decode_splits_and_windows_match() {
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(29);
+    let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
+    let many: Vec<(usize, usize)> = (0..80).map(|_| (1, rng.random_range(1..700))).collect();
+    let one_split = a.plan(g.sms, many.len(), 700, true);
+    assert_eq!(one_split.splits, 1, "{} rows: {one_split:?}", many.len());
+    let err = case(&g, &mut rng, 32, 8, 128, 16, &many, None);
+    assert!(err < 2e-3, "80 decode rows: rel err {err:.2e}");
+    for &(seqs, bs, window) in &[
+        (&[(1usize, 20001usize)][..], 64, None),
+        (&[(1, 4096)][..], 16, None),
+        (&[(1, 5000), (1, 3), (1, 777)][..], 32, Some(1000)),
+        (&[(1, 2500), (1, 2049)][..], 128, Some(300)),
+    ] {
+        let max = seqs.iter().map(|s| s.1).max().unwrap();
+        let a = PagedAttention::new(&g, 32, 8, 128)
+            .unwrap()
+            .with_window(window);
+        assert!(
+            a.plan(g.sms, seqs.len(), max, true).splits > 1,
+            "{seqs:?} should split"
+        );
+        let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, window);
+        assert!(err < 2e-3, "{seqs:?} window {window:?}: rel err {err:.2e}");
     }
 }

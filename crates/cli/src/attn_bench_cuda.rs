@@ -2,6 +2,8 @@
 //! random scattered-block batches as the CPU path (shuffled block ids, unused slots NaN), parity
 //! against the dense f64 reference, and every dispatch timed with CUDA events. "dense" is the same
 //! kernel over each sequence's blocks laid out contiguously, so paged / dense is the cost of paging.
+//! The launch is planned as the engine plans it: decode mode (query_len 1) times `paged_decode`,
+//! prefill mode `paged_attention`, with the engine's splits for this batch and context.
 
 use anyhow::{bail, Context, Result};
 use half::f16;
@@ -201,6 +203,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
                 ("head_dim", d.to_string()),
                 ("block_size", bs.to_string()),
                 ("splits", plan.splits.to_string()),
+                ("kernel", kernel_name(plan.decode).to_string()),
             ],
             &times,
             bytes,
@@ -212,7 +215,8 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
             "stamp": stamp, "device": g.name,
             "settings": {"batch": b, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": d, "block_size": bs,
                 "max_blocks": a.max_blocks, "active_blocks": a.active_blocks, "repeats": a.repeats, "dtype": "float16",
-                "mode": a.mode, "query_len": qlen, "seed": a.seed, "backend": "cuda", "splits": plan.splits},
+                "mode": a.mode, "query_len": qlen, "seed": a.seed, "backend": "cuda", "splits": plan.splits,
+                "kernel": kernel_name(plan.decode)},
             "parity": parity.iter().map(|(n, rel, _)| serde_json::json!({"kernel": n, "rel_err": rel})).collect::<Vec<_>>(),
         });
         std::fs::write(&meta, serde_json::to_string_pretty(&info)? + "\n")
@@ -220,8 +224,17 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     }
     println!(
         "\n{} mode on {}: {b} seqs × {qlen} new tokens, context {seq_len} ({} blocks of {bs}), {} q / {} kv heads × {d}, f16 KV, \
-         {} key splits per row, {} dispatches per kernel",
-        a.mode, g.name, a.active_blocks, a.q_heads, a.kv_heads, plan.splits, a.repeats
+         {} key splits per row ({}, {} CTAs; paged_decode fits {} per SM), {} dispatches per kernel",
+        a.mode,
+        g.name,
+        a.active_blocks,
+        a.q_heads,
+        a.kv_heads,
+        plan.splits,
+        kernel_name(plan.decode),
+        tokens * a.kv_heads * plan.splits,
+        attn.decode_ctas_per_sm(),
+        a.repeats
     );
     println!(
         "per dispatch: {:.2} MiB moved ({:.2} MiB of KV), {:.3} GFLOP\n",
@@ -261,4 +274,12 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     );
     println!("{}", stamp.line());
     Ok(())
+}
+
+fn kernel_name(decode: bool) -> &'static str {
+    if decode {
+        "paged_decode"
+    } else {
+        "paged_attention"
+    }
 }

@@ -1,7 +1,15 @@
-//! Paged attention on the GPU (kernels/attention.cu): the launch plan (how many key splits), the
-//! per-step metadata layout, and a host-data entry point for parity tests and `attn-bench`.
+//! Paged attention on the GPU (kernels/attention.cu): the launch plan (which kernel, how many key
+//! splits), the per-step metadata layout, and a host-data entry point for parity tests and
+//! `attn-bench`.
+//!
+//! Two kernels share one launch contract: `paged_attention` for any batch, and `paged_decode` for
+//! batches whose rows are all decodes (every query_len 1), which streams the keys through shared
+//! memory with cp.async at memory bandwidth. The choice is made per launch on the host (`Plan`);
+//! CUDA graphs only capture decode steps, so a captured launch always takes the decode kernel, its
+//! splits fixed by the batch-size bucket and the cache's maximum context.
 
-use cudarc::driver::CudaFunction;
+use cudarc::driver::sys::CUfunction_attribute as FuncAttr;
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use half::f16;
 
 use super::gpu::{DBuf, Gpu, KArg};
@@ -69,15 +77,32 @@ pub fn pack_meta(b: &ForwardBatch, m: &mut Vec<i32>) -> Meta {
 }
 
 /// How a launch divides the keys: `splits` CTAs per (row, KV head); each row cuts its own
-/// context into that many parts (whole 32-key chunks).
+/// context into that many parts (whole 32-key chunks, or whole tiles for the decode kernel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     pub splits: usize,
+    /// `paged_decode` (every row a decode) rather than `paged_attention`.
+    pub decode: bool,
+}
+
+/// Keys of one `paged_decode` tile (16 KB of K and V at any head_dim); see attention.cu.
+fn decode_tile(head_dim: usize) -> usize {
+    4096 / head_dim
+}
+
+/// Dynamic shared memory of `paged_decode` (attention.cu's DEC_SMEM): 3 stages of 16 KB of K and
+/// V tiles, then the group's queries, 40 floats per 32 dims.
+fn decode_smem(head_dim: usize, gqa: usize) -> usize {
+    3 * 2 * decode_tile(head_dim) * head_dim * 2 + gqa * head_dim / 32 * 40 * 4
 }
 
 pub struct PagedAttention {
     attention: CudaFunction,
+    decode: CudaFunction,
     reduce: CudaFunction,
+    /// `paged_decode`'s dynamic shared memory and how many of its CTAs fit on one SM.
+    decode_smem: u32,
+    decode_ctas_per_sm: usize,
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
@@ -122,16 +147,51 @@ impl PagedAttention {
                 "CUDA attention supports 1 to 8 query heads per KV head (got {num_heads} / {num_kv_heads})"
             )));
         }
+        let gqa = num_heads / num_kv_heads;
         let m = gpu.module(
             &nvrtc::ATTENTION,
-            &[
-                ("HEAD_DIM", head_dim.to_string()),
-                ("GQA", (num_heads / num_kv_heads).to_string()),
-            ],
+            &[("HEAD_DIM", head_dim.to_string()), ("GQA", gqa.to_string())],
         )?;
+        let decode = Gpu::function(&m, "paged_decode")?;
+        let smem = decode_smem(head_dim, gqa);
+        let err = |what: &'static str| {
+            move |e| {
+                BackendError::Cuda(format!(
+                    "paged_decode ({smem} bytes of shared memory): {what}: {e}"
+                ))
+            }
+        };
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(super::gpu::cuda_err("binding the context"))?;
+        // Over 48 KB of dynamic shared memory needs the opt-in; the carveout preference asks for
+        // the SM's whole shared memory so that several CTAs fit (the kernel bypasses L1).
+        decode
+            .set_attribute(
+                FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(err("setting the dynamic shared memory size"))?;
+        decode
+            .set_attribute(
+                FuncAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )
+            .map_err(err("setting the shared memory carveout"))?;
+        let per_sm = decode
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem, None)
+            .map_err(err("occupancy"))? as usize;
+        if per_sm == 0 {
+            return Err(BackendError::Cuda(format!(
+                "paged_decode does not fit on one multiprocessor ({smem} bytes of shared memory)"
+            )));
+        }
         Ok(Self {
             attention: Gpu::function(&m, "paged_attention")?,
+            decode,
             reduce: Gpu::function(&m, "attention_reduce")?,
+            decode_smem: smem as u32,
+            decode_ctas_per_sm: per_sm,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -145,17 +205,43 @@ impl PagedAttention {
         self
     }
 
-    /// Splits the keys (flash-decoding) until about eight CTAs per multiprocessor are in flight
-    /// (a memory-bound kernel needs many warps waiting on loads), at least 128 keys per split.
-    pub fn plan(&self, sms: u32, num_tokens: usize, max_seq_len: usize) -> Plan {
+    /// How many of `paged_decode`'s CTAs fit on one multiprocessor (the occupancy it is planned for).
+    pub fn decode_ctas_per_sm(&self) -> usize {
+        self.decode_ctas_per_sm
+    }
+
+    /// The launch for `num_tokens` rows whose longest context is `max_seq_len` (under a CUDA graph:
+    /// the longest the cache holds); `decode`: every row is a decode (query_len 1).
+    ///
+    /// Decode: as many splits as fill the GPU's CTA slots in one wave (slots = SMs × CTAs per SM,
+    /// splits = slots / (rows × KV heads), rounded down so no second partial wave trails), with at
+    /// least 4 tiles (64 KB of K and V) per split, so every CTA overlaps copies with compute. Every
+    /// resident CTA keeps two 16 KB tiles in flight. Otherwise: splits until about eight CTAs per
+    /// multiprocessor are in flight, at least 128 keys per split.
+    pub fn plan(&self, sms: u32, num_tokens: usize, max_seq_len: usize, decode: bool) -> Plan {
         let ctas = (num_tokens * self.num_kv_heads).max(1);
+        if decode {
+            let slots = self.decode_ctas_per_sm * sms as usize;
+            let keys = match self.window {
+                0 => max_seq_len,
+                w => max_seq_len.min(w),
+            };
+            let max_splits = keys.div_ceil(4 * decode_tile(self.head_dim)).max(1);
+            return Plan {
+                splits: (slots / ctas).clamp(1, max_splits),
+                decode: true,
+            };
+        }
         let target = 8 * sms as usize;
         let splits = if ctas < target {
             target.div_ceil(ctas).min(max_seq_len.div_ceil(128)).max(1)
         } else {
             1
         };
-        Plan { splits }
+        Plan {
+            splits,
+            decode: false,
+        }
     }
 
     /// Writes the step's K/V into the cache and attends every row into `b.out`.
@@ -169,10 +255,17 @@ impl PagedAttention {
     ) -> Result<(), BackendError> {
         use KArg::{F, I, P};
         let mp = |off: usize| P(b.meta + 4 * off as u64);
-        gpu.launch(
-            &self.attention,
+        let (f, smem) = if plan.decode {
+            (&self.decode, self.decode_smem)
+        } else {
+            (&self.attention, 0)
+        };
+        launch_smem(
+            gpu,
+            f,
             (n as u32, self.num_kv_heads as u32, plan.splits as u32),
-            (128, 1, 1),
+            (THREADS, 1, 1),
+            smem,
             &[
                 P(b.qkv),
                 I(b.qkv_stride as i32),
@@ -210,6 +303,39 @@ impl PagedAttention {
     }
 }
 
+/// Threads per CTA of both attention kernels (4 warps).
+const THREADS: u32 = 128;
+
+/// `Gpu::launch` with `smem` bytes of dynamic shared memory.
+fn launch_smem(
+    gpu: &Gpu,
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem: u32,
+    args: &[KArg],
+) -> Result<(), BackendError> {
+    let cfg = LaunchConfig {
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: smem,
+    };
+    let mut b = gpu.stream.launch_builder(f);
+    for a in args {
+        match a {
+            KArg::P(v) => b.arg(v),
+            KArg::I(v) => b.arg(v),
+            KArg::L(v) => b.arg(v),
+            KArg::F(v) => b.arg(v),
+        };
+    }
+    // SAFETY: the caller matches `args` to the kernel's signature; buffers are live device
+    // allocations of the sizes the kernel indexes.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(super::gpu::cuda_err("attention kernel launch"))
+}
+
 /// What `HostRun::read` returns: the output rows, then the K and V caches.
 pub type HostResult = (Vec<f32>, Vec<f16>, Vec<f16>);
 
@@ -220,7 +346,10 @@ pub struct HostRun {
     pub v_cache: DBuf<f16>,
     pub meta: DBuf<i32>,
     pub layout: Meta,
-    pub out: DBuf<f16>,
+    /// The output rows: f16 packed two to a word, or f32 when `out_f32`.
+    pub out: DBuf<f32>,
+    /// Whether the kernel writes f32 output rows (as when the o-projection quantizes them).
+    pub out_f32: bool,
     pub part_acc: DBuf<f32>,
     pub part_ml: DBuf<f32>,
     pub plan: Plan,
@@ -251,7 +380,8 @@ impl HostRun {
         let mut m = vec![];
         let layout = pack_meta(batch, &mut m);
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
-        let plan = a.plan(gpu.sms, n, max_ctx);
+        let decode = batch.seqs.iter().all(|s| s.query_len == 1);
+        let plan = a.plan(gpu.sms, n, max_ctx, decode);
         let part = n * a.num_heads * plan.splits;
         Ok(Self {
             qkv: gpu.upload(qkv)?,
@@ -260,6 +390,7 @@ impl HostRun {
             meta: gpu.upload(&m)?,
             layout,
             out: gpu.alloc(n * a.num_heads * a.head_dim)?,
+            out_f32: false,
             part_acc: gpu.alloc(part * a.head_dim)?,
             part_ml: gpu.alloc(part * 2)?,
             plan,
@@ -283,7 +414,7 @@ impl HostRun {
                 meta: self.meta.ptr,
                 layout: self.layout,
                 out: self.out.ptr,
-                out_f32: false,
+                out_f32: self.out_f32,
                 part_acc: self.part_acc.ptr,
                 part_ml: self.part_ml.ptr,
             },
@@ -292,12 +423,25 @@ impl HostRun {
 
     /// The output `[n, num_heads * head_dim]` and the K and V caches after the fused write.
     pub fn read(&self, gpu: &Gpu) -> Result<HostResult, BackendError> {
-        let mut out = vec![f16::ZERO; self.out.len];
-        gpu.dtoh(&self.out, &mut out)?;
+        let out = if self.out_f32 {
+            let mut out = vec![0f32; self.out.len];
+            gpu.dtoh(&self.out, &mut out)?;
+            out
+        } else {
+            let mut words = vec![0f32; self.out.len / 2];
+            gpu.dtoh(&self.out, &mut words)?;
+            words
+                .iter()
+                .flat_map(|w| {
+                    let b = w.to_bits();
+                    [b as u16, (b >> 16) as u16].map(|h| f16::from_bits(h).to_f32())
+                })
+                .collect()
+        };
         let mut k = vec![f16::ZERO; self.k_cache.len];
         gpu.dtoh(&self.k_cache, &mut k)?;
         let mut v = vec![f16::ZERO; self.v_cache.len];
         gpu.dtoh(&self.v_cache, &mut v)?;
-        Ok((out.into_iter().map(f16::to_f32).collect(), k, v))
+        Ok((out, k, v))
     }
 }

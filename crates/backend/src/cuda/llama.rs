@@ -489,7 +489,7 @@ impl CudaExecutor {
         }
         let c = &self.cfg;
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
-        let plan = self.k.attention.plan(self.gpu.sms, n, max_ctx);
+        let plan = self.k.attention.plan(self.gpu.sms, n, max_ctx, decode_only);
         let layout = pack_meta(batch, &mut self.meta_host);
         let nl = batch.logits_indices.len();
         if self.grow(n, nl, n * c.num_heads * plan.splits, self.meta_host.len())? {
@@ -518,7 +518,7 @@ impl CudaExecutor {
         let c = &self.cfg;
         let bs = self.kv.block_size;
         let layout = pack_meta_padded(batch, b, self.kv.num_blocks, bs, &mut self.meta_host);
-        let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos);
+        let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos, true);
         if self.grow(b, b, b * c.num_heads * plan.splits, self.meta_host.len())? {
             self.graphs.clear();
         }
