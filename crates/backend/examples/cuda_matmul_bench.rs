@@ -1,27 +1,17 @@
-//! Microbenchmark of the GPU matmuls a decode step runs: f16 weights through cuBLAS and through
-//! quire's GEMV kernel (`kernels/gemv.cu`, 1, 2, 4 and 8 tokens) against the quantized kernels
-//! (Q8_0, Q4_0, Q4_1 with 8-bit activations, 1 and 8 tokens) on the weight shapes of Llama-3-8B,
-//! Llama-3.2-1B and SmolLM2-135M. Every case is timed with CUDA events over many launches after a
-//! warm-up; it prints the median and spread per launch and the weight bytes read per second, beside
-//! the copy ceiling (`--ceiling-gbs`, default 3000: a device-to-device copy on the H100 measured in
-//! ../shared/notes).
-//!
-//! Matrices under the 50 MB L2 stay cached from one launch to the next, unlike in a real decode
-//! step; `--flush-l2` reads a 256 MiB matrix before every timed launch (outside the timing).
-//! `--f16-only` skips the quantized types; `--gemv-warps N` fixes the GEMV's warps per CTA.
+//! Microbenchmark of the GPU matmuls a decode step runs: cuBLAS on f16 weights against the
+//! quantized kernels (Q8_0, Q4_0, Q4_1 with 8-bit activations) on the weight shapes of Llama-3-8B,
+//! Llama-3.2-1B and SmolLM2-135M, for 1 and 8 tokens. Every case is timed with CUDA events over
+//! many launches after a warm-up; it prints the median and spread per launch and the weight bytes
+//! read per second, beside the copy ceiling (`--ceiling-gbs`, default 3000: a device-to-device copy
+//! on the H100 measured in ../shared/notes).
 //!
 //! `cargo run --release -p quire-backend --features cuda --example cuda_matmul_bench [-- --reps 200]`
 
 use half::f16;
 use quire_backend::cpu::quant::{quantize_row_q8a, BlockQ8A, QK};
-use quire_backend::cuda::gemv::Gemv;
 use quire_backend::cuda::gpu::{EventFlags, Gpu};
 use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
 use quire_gguf::GgmlType;
-
-/// The L2 flush: a 256 MiB f16 matrix `[SCRUB_ROWS, SCRUB_K]` read by the GEMV.
-const SCRUB_ROWS: usize = 32768;
-const SCRUB_K: usize = 4096;
 
 fn median_spread(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -41,38 +31,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let reps = arg("--reps", 100.0) as usize;
     let ceiling = arg("--ceiling-gbs", 3000.0);
-    let flag = |name: &str| args.iter().any(|a| a == name);
-    let (flush, f16_only) = (flag("--flush-l2"), flag("--f16-only"));
-    let fixed_warps = arg("--gemv-warps", 0.0) as u32;
     let g = Gpu::new(0)?;
     let q = QuantKernels::new(&g)?;
-    let gemv = Gemv::new(&g)?;
-    let scrub = if flush {
-        Some((
-            g.alloc::<f16>(SCRUB_ROWS * SCRUB_K)?,
-            g.alloc::<f16>(SCRUB_K)?,
-            g.alloc::<f32>(SCRUB_ROWS)?,
-        ))
-    } else {
-        None
-    };
     println!(
-        "device: {} ({}), {reps} timed launches per case, L2 {}",
-        g.name,
-        g.arch,
-        if flush {
-            "flushed before each launch"
-        } else {
-            "warm"
-        }
+        "device: {} ({}), {reps} timed launches per case",
+        g.name, g.arch
     );
     println!(
-        "| shape | k x out | kernel | tokens | median us | +/- | weight GB/s | % of {ceiling:.0} |"
+        "| shape | k x out | dtype | tokens | median us | +/- | weight GB/s | % of {ceiling:.0} |"
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|");
     let shapes = [
         ("8B qkv", 4096usize, 6144usize),
-        ("8B o", 4096, 4096),
         ("8B gate_up", 4096, 28672),
         ("8B down", 14336, 4096),
         ("8B output", 4096, 128256),
@@ -100,17 +70,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let dxq = g.upload(&xq_bytes)?;
         let dx16 = g.upload(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?;
         let dy = g.alloc::<f32>(8 * out)?;
-        let dtypes: &[GgmlType] = if f16_only {
-            &[GgmlType::F16]
-        } else {
-            &[
-                GgmlType::F16,
-                GgmlType::Q8_0,
-                GgmlType::Q4_0,
-                GgmlType::Q4_1,
-            ]
-        };
-        for &dtype in dtypes {
+        for dtype in [
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+        ] {
             let mut row = vec![];
             quire_gguf::quantize_row(dtype, &pattern, &mut row)?;
             let mut bytes = Vec::with_capacity(row.len() * out);
@@ -118,61 +83,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bytes.extend_from_slice(&row);
             }
             let dw = g.upload(&bytes)?;
-            // (kernel, label, token counts): f16 through cuBLAS and the GEMV.
-            let kinds: &[(u8, &str, &[usize])] = if dtype == GgmlType::F16 {
-                &[
-                    (0, "F16 cuBLAS", &[1, 2, 4, 8]),
-                    (1, "F16 gemv", &[1, 2, 4, 8]),
-                ]
-            } else {
-                &[(2, dtype.name(), &[1, 8])]
-            };
-            for &(kind, label, tokens) in kinds {
-                for &n in tokens {
-                    let warps = if fixed_warps > 0 {
-                        fixed_warps
+            for n in [1usize, 8] {
+                let launch = || -> Result<(), Box<dyn std::error::Error>> {
+                    if dtype == GgmlType::F16 {
+                        g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?;
                     } else {
-                        gemv.warps_for(k, out)
-                    };
-                    let launch = || -> Result<(), Box<dyn std::error::Error>> {
-                        match kind {
-                            0 => g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?,
-                            1 => gemv
-                                .matmul_with(&g, warps, dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?,
-                            _ => q.matmul(&g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0)?,
-                        }
-                        Ok(())
-                    };
-                    for _ in 0..10 {
-                        launch()?;
+                        q.matmul(&g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0)?;
                     }
-                    let mut times = Vec::with_capacity(reps);
-                    let e0 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
-                    let e1 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
-                    for _ in 0..reps {
-                        if let Some((sw, sx, sy)) = &scrub {
-                            // Reads only, so the lines it leaves in L2 are clean and nothing is
-                            // written back during the timed launch.
-                            gemv.matmul(&g, sx.ptr, sw.ptr, sy.ptr, 1, SCRUB_K, SCRUB_ROWS, 0.0)?;
-                        }
-                        e0.record(&g.stream)?;
-                        launch()?;
-                        e1.record(&g.stream)?;
-                        e1.synchronize()?;
-                        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
-                    }
-                    let (med, spread) = median_spread(times);
-                    let gbs = bytes.len() as f64 / (med * 1e-6) / 1e9;
-                    let label = if kind == 1 {
-                        format!("{label} ({warps}w)")
-                    } else {
-                        label.to_string()
-                    };
-                    println!(
-                        "| {name} | {k} x {out} | {label} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
-                        100.0 * gbs / ceiling
-                    );
+                    Ok(())
+                };
+                for _ in 0..10 {
+                    launch()?;
                 }
+                let mut times = Vec::with_capacity(reps);
+                let e0 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
+                let e1 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
+                for _ in 0..reps {
+                    e0.record(&g.stream)?;
+                    launch()?;
+                    e1.record(&g.stream)?;
+                    e1.synchronize()?;
+                    times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+                }
+                let (med, spread) = median_spread(times);
+                let gbs = bytes.len() as f64 / (med * 1e-6) / 1e9;
+                println!(
+                    "| {name} | {k} x {out} | {} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
+                    dtype.name(),
+                    100.0 * gbs / ceiling
+                );
             }
         }
     }

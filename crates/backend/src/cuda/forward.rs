@@ -2,7 +2,6 @@
 //! so the same code runs eagerly and under CUDA-graph capture.
 
 use super::attention::{AttnBuffers, Meta, Plan};
-use super::gemv::matmul_f16;
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, CudaFfn, Kernels};
 use super::moe::{self, MoeInputs};
@@ -280,8 +279,7 @@ fn norm_for(
 }
 
 /// One matmul of a step: `n` tokens; `q8_in`: the input comes as 8-bit blocks (quantized weight,
-/// 8-bit kernels), else as f16 rows (the GEMV kernel up to 8 tokens, else cuBLAS; a quantized
-/// weight is first dequantized into `wdq`).
+/// 8-bit kernels), else as f16 rows (cuBLAS; a quantized weight is first dequantized into `wdq`).
 struct MatMul {
     n: usize,
     wdq: u64,
@@ -303,15 +301,14 @@ impl MatMul {
         beta: f32,
     ) -> Result<(), BackendError> {
         let n = self.n;
-        let gv = k.gemv.as_ref();
         match w {
-            WMat::F16(b) => matmul_f16(g, gv, inputs.0, b.ptr, y, n, k_in, out, beta),
+            WMat::F16(b) => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
             WMat::Quant { dtype, data } if self.q8_in => {
                 k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
             }
             WMat::Quant { dtype, data } => {
                 k.q.dequantize(g, *dtype, data.ptr, self.wdq, k_in * out)?;
-                matmul_f16(g, gv, inputs.0, self.wdq, y, n, k_in, out, beta)
+                g.gemm_f16(inputs.0, self.wdq, y, n, k_in, out, beta)
             }
         }
     }

@@ -12,7 +12,6 @@ use quire_core::ModelConfig;
 
 use super::attention::{pack_meta, Meta, PagedAttention};
 use super::forward::Step;
-use super::gemv::Gemv;
 use super::gpu::{DBuf, Gpu, KArg};
 use super::moe::{MoeKernels, MoeLayer, MoeScratch};
 use super::nvrtc;
@@ -54,8 +53,6 @@ pub(super) struct Kernels {
     pub(super) argmax: CudaFunction,
     pub(super) attention: PagedAttention,
     pub(super) q: QuantKernels,
-    /// f16 matmuls of up to 8 tokens (`None`: cuBLAS for all).
-    pub(super) gemv: Option<Gemv>,
     /// Compiled only for MoE models.
     pub(super) moe: Option<MoeKernels>,
 }
@@ -209,7 +206,6 @@ impl CudaExecutor {
             attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
                 .with_window(c.sliding_window),
             q: QuantKernels::new(&gpu)?,
-            gemv: Gemv::for_device(&gpu)?,
             moe: c.moe.map(|_| MoeKernels::new(&gpu)).transpose()?,
         };
 

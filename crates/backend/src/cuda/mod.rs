@@ -1,6 +1,5 @@
-//! The CUDA backend (cargo feature `cuda`): f16 weights with cuBLAS GEMMs (a hand-written GEMV for
-//! steps of up to 8 tokens), hand-written kernels in `kernels/*.cu` compiled by NVRTC at first
-//! use, paged attention with the KV write fused in.
+//! The CUDA backend (cargo feature `cuda`): f16 weights with cuBLAS GEMMs, hand-written kernels in
+//! `kernels/*.cu` compiled by NVRTC at first use, paged attention with the KV write fused in.
 //! Libraries are loaded at run time, so the crate builds without CUDA; without the feature,
 //! `CudaExecutor::new` says the backend was not built in.
 
@@ -45,8 +44,6 @@ impl Default for CudaOptions {
 pub mod attention;
 #[cfg(feature = "cuda")]
 mod forward;
-#[cfg(feature = "cuda")]
-pub mod gemv;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]

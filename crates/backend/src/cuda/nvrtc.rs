@@ -54,10 +54,6 @@ pub const MOE: KernelSource = KernelSource {
         include_str!("kernels/moe.cu")
     ),
 };
-pub const GEMV: KernelSource = KernelSource {
-    name: "gemv.cu",
-    src: include_str!("kernels/gemv.cu"),
-};
 /// Needs `HEAD_DIM` and `GQA` defined.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
@@ -66,7 +62,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 
 /// Every kernel family with the defines it is compiled with for the shapes quire supports.
 pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
-    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV]
+    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE]
         .into_iter()
         .map(|k| (k, vec![]))
         .collect();

@@ -248,7 +248,6 @@ impl QuantKernels {
     }
 
     /// `x[t] = table[ids[t]]` from a quantized `[vocab, hidden]` table.
-    #[allow(clippy::too_many_arguments)]
     pub fn embed(
         &self,
         gpu: &Gpu,
