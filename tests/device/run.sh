@@ -98,6 +98,32 @@ sbs)  # side by side with llama.cpp's CUDA build (stage llamacpp first)
     "$LB"/llama-batched-bench -m "$W/llama3-8b-f16.gguf" -ngl 99 -fa 1 -c 50000 -npp 512 -ntg 128 -npl 64 2>&1 | grep -E "^\|" | tail -2
     "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
     ;;
+kern)  # the decode attention kernel and the f16 GEMV: parity tests, microbenchmarks, SDPA beside
+    for t in cuda_attention cuda_gemv; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|worst" | head -12
+    done
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged|^\| dense|splits"
+    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged|splits"
+        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
+    done
+    "$W"/cuda_matmul_bench --f16-only --reps 200 --flush-l2 2>&1 | tail -30
+    for w in 4 8 16; do "$W"/cuda_matmul_bench --f16-only --reps 100 --flush-l2 --gemv-warps $w 2>&1 | grep -i gemv | head -8; done
+    ;;
+e2e)  # end to end, f16 shapes, GEMV on and off
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+        "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)"
+        QUIRE_CUDA_GEMV=0 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)" | sed 's/$/  (GEMV off)/'
+    done
+    "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
+    ;;
+diag)  # CUDA vs CPU on a truncated default model (.dev/smol-2l.gguf: its first 2 layers)
+    QUIRE_PARITY_MODEL=.dev/smol-2l.gguf QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture teacher 2>&1 | grep -E "CUDA|CPU|test result"
+    ;;
 kq)  # stored-weights parity (default model, carried in two parts) and K-quants on CUDA
     cat "$W"/model.part* > "$W/smollm2-q4_1.gguf"
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_quant --test-threads 1 2>&1 | grep -E "^test |test result|panicked|rror" | head -30

@@ -232,4 +232,35 @@ impl ModelWeights {
         }
         Ok(w)
     }
+
+    /// The model with every RMSNorm weight scaled by `1 ± rel` (a fixed pattern of magnitudes in
+    /// [0.5, 1.5] × `rel`, alternating signs): a perturbation the size of float summation-order
+    /// differences, for measuring how sensitive a numeric path is to them (tests, examples).
+    pub fn with_norms_nudged(&self, rel: f32) -> Result<ModelWeights, crate::BackendError> {
+        let nudge = |t: &HostTensor| -> Result<HostTensor, crate::BackendError> {
+            let bytes = t
+                .to_f32()?
+                .iter()
+                .enumerate()
+                .flat_map(|(i, v)| {
+                    let e = (0.5 + (i * 7919 % 1000) as f32 / 1000.0) * rel;
+                    let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+                    (v * (1.0 + sign * e)).to_le_bytes()
+                })
+                .collect();
+            Ok(HostTensor {
+                name: t.name.clone(),
+                dtype: GgmlType::F32,
+                dims: t.dims.clone(),
+                bytes: TensorBytes::owned(bytes),
+            })
+        };
+        let mut w = self.clone();
+        w.output_norm = nudge(&w.output_norm)?;
+        for l in &mut w.layers {
+            l.attn_norm = nudge(&l.attn_norm)?;
+            l.ffn_norm = nudge(&l.ffn_norm)?;
+        }
+        Ok(w)
+    }
 }

@@ -1,17 +1,17 @@
-//! The CUDA backend against the CPU backend on the default model (or QUIRE_PARITY_MODEL).
+//! The CUDA backend against the CPU backend on the default model (or QUIRE_PARITY_MODEL), with
+//! the CPU's attention accumulating in f32 as the CUDA kernel does
+//! (`CpuOptions::attn_f16_accum = false`).
 //!
-//! Held to the bounds (teacher-forced logits within 1e-2; greedy continuations that part only at
-//! near-ties of the CPU's own log-probabilities), with the CPU's attention accumulating in f32 as
-//! the CUDA kernel does (`CpuOptions::attn_f16_accum = false`):
-//! - the stored Q4_1/Q8_0 weights, which both backends multiply with 8-bit activation blocks
-//!   (CUDA's dp4a kernels, every prompt on that path);
-//! - the weights dequantized to f16 (CUDA: cuBLAS on f16 rows; CPU: f32 activations).
+//! - Weights dequantized to f16 (CUDA: cuBLAS on f16 rows; CPU: f32 activations): teacher-forced
+//!   logits within 1e-2; greedy continuations part only at near-ties (0.05) of the CPU's own
+//!   log-probabilities.
+//! - Stored Q4_0/Q4_1/Q8_0/K-quant weights, which both backends multiply with 8-bit activation
+//!   blocks: this path is chaotic at the 1e-6 level (a value near a rounding step, or a block
+//!   scale near an f16 rounding, moves by a whole step), so two correct backends that sum floats
+//!   in different orders differ by about as much as the CPU differs from itself when every norm
+//!   weight is nudged by 1e-6 (`examples/act_quant_effect.rs`). Held to twice that sensitivity;
+//!   greedy continuations part only where the CPU's two choices are within 0.25.
 //!
-//! Reported beside them: the CPU's default attention (Q and the V accumulator rounded to f16, as
-//! llama.cpp's CPU flash attention) and CUDA's default options (64+ token prompts through f16
-//! cuBLAS). With 8-bit activations a small difference upstream moves some values across a
-//! rounding step, so those pairings sit near the distance between 8-bit and f32 activations
-//! (~3.5e-2 on this model) by design.
 //! Needs a GPU; skipped without one unless QUIRE_REQUIRE_GPU is set.
 #![cfg(feature = "cuda")]
 
@@ -83,65 +83,101 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     (num / den).sqrt()
 }
 
+/// Teacher-forced distance between two executors over the reference sequences: (mean, worst)
+/// relative error of the logit rows.
+fn distance(a: &mut dyn Executor, b: &mut dyn Executor, vocab: usize) -> (f64, f64) {
+    let (mut worst, mut sum, mut rows_total) = (0f64, 0f64, 0usize);
+    for r in reference() {
+        let seq: Vec<u32> = ids(&r["prompt_tokens"])
+            .into_iter()
+            .chain(ids(&r["completion_tokens"]))
+            .collect();
+        let rows: Vec<u32> = (0..seq.len() as u32).collect();
+        let want = forward_single(b, &seq, &rows).unwrap();
+        let got = forward_single(a, &seq, &rows).unwrap();
+        for (x, y) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
+            let e = rel_err(x, y);
+            worst = worst.max(e);
+            sum += e;
+            rows_total += 1;
+        }
+    }
+    (sum / rows_total as f64, worst)
+}
+
 #[test]
 fn teacher_forced_logits_match_the_cpu_backend() {
     if !gpu_present() {
         return;
     }
     let m = model();
-    // Stored (quantized) weights on both backends, and both on the weights dequantized to f16.
+    let vocab = m.weights.config.vocab_size;
     let w16 = m.weights.dequantized_f16().unwrap();
-    // The default options too: prompts of 64+ tokens then go through f16 cuBLAS GEMMs (reported,
-    // not held to the bound: unquantized activations differ from the CPU's by design).
+    let mut failures = vec![];
+
+    // f16-dequantized weights (f32/f16 activations on both sides): held to 1e-2.
+    let (mean, worst) = distance(cuda(&m, 64, false).as_mut(), cpu(&w16, 64).as_mut(), vocab);
+    eprintln!(
+        "CUDA vs CPU on f16-dequantized weights: mean relative error {mean:.2e}, worst {worst:.2e}"
+    );
+    if worst >= 1e-2 {
+        failures.push(format!("f16-dequantized weights: worst row {worst:.2e}"));
+    }
+
+    // Stored weights with 8-bit activations: a difference of ~1e-6 upstream moves some values
+    // across a rounding step (and some block scales across an f16 rounding), so the bound is the
+    // CPU's own sensitivity: the CPU against itself with every norm weight nudged by ~1e-6.
+    let nudged = m.weights.with_norms_nudged(1e-6).unwrap();
+    let (s_mean, s_worst) = distance(
+        cpu(&nudged, 64).as_mut(),
+        cpu(&m.weights, 64).as_mut(),
+        vocab,
+    );
+    eprintln!("CPU stored vs CPU stored with norms x (1 ± 1e-6) (the bound's yardstick): mean {s_mean:.2e}, worst {s_worst:.2e}");
+    let (mean, worst) = distance(
+        cuda(&m, 64, true).as_mut(),
+        cpu(&m.weights, 64).as_mut(),
+        vocab,
+    );
+    eprintln!("CUDA vs CPU on stored weights: mean relative error {mean:.2e}, worst {worst:.2e}");
+    if mean > 2.0 * s_mean.max(1e-4) || worst > 2.0 * s_worst.max(1e-3) {
+        failures.push(format!(
+            "stored weights: mean {mean:.2e} / worst {worst:.2e} against a sensitivity of {s_mean:.2e} / {s_worst:.2e}"
+        ));
+    }
+
+    // Reported: the CPU's default attention numerics (f16 accumulation, as llama.cpp's CPU flash
+    // attention), CUDA's default options (64+ token prompts through f16 cuBLAS), and what 8-bit
+    // activations move on either backend.
     let default_opts = CudaOptions {
         num_blocks: Some(64),
         ..Default::default()
     };
-    let mut pairs = [
-        ("stored weights", cuda(&m, 64, true), cpu(&m.weights, 64)),
+    let mut reported = [
         (
-            "f16-dequantized weights",
-            cuda(&m, 64, false),
-            cpu(&w16, 64),
-        ),
-        (
-            "stored weights, the CPU's f16 attention accumulation (report only)",
+            "CUDA stored vs CPU stored with f16 attention accumulation",
             cuda(&m, 64, true),
             cpu_with(&m.weights, 64, true),
         ),
         (
-            "stored weights, default options (report only)",
+            "CUDA default options vs CPU stored",
             CudaExecutor::new(&m.weights, default_opts).unwrap(),
             cpu(&m.weights, 64),
         ),
+        (
+            "CUDA stored vs CUDA f16-dequantized",
+            cuda(&m, 64, true),
+            cuda(&m, 64, false),
+        ),
+        (
+            "CPU stored vs CPU f16-dequantized",
+            cpu(&m.weights, 64),
+            cpu(&w16, 64),
+        ),
     ];
-    let vocab = m.weights.config.vocab_size;
-    let mut failures = vec![];
-    for (name, gpu, cpu) in pairs.iter_mut() {
-        let (mut worst, mut sum, mut rows_total) = (0f64, 0f64, 0usize);
-        for r in reference() {
-            let seq: Vec<u32> = ids(&r["prompt_tokens"])
-                .into_iter()
-                .chain(ids(&r["completion_tokens"]))
-                .collect();
-            let rows: Vec<u32> = (0..seq.len() as u32).collect();
-            let want = forward_single(cpu.as_mut(), &seq, &rows).unwrap();
-            let got = forward_single(gpu.as_mut(), &seq, &rows).unwrap();
-            for i in 0..seq.len() {
-                let row = i * vocab..(i + 1) * vocab;
-                let e = rel_err(&got[row.clone()], &want[row]);
-                worst = worst.max(e);
-                sum += e;
-                rows_total += 1;
-            }
-        }
-        eprintln!(
-            "CUDA vs CPU on {name}: mean relative error {:.2e}, worst {worst:.2e} over {rows_total} rows",
-            sum / rows_total as f64
-        );
-        if worst >= 1e-2 && !name.contains("report only") {
-            failures.push(format!("{name}: worst row relative error {worst:.2e}"));
-        }
+    for (name, a, b) in reported.iter_mut() {
+        let (mean, worst) = distance(a.as_mut(), b.as_mut(), vocab);
+        eprintln!("(report) {name}: mean relative error {mean:.2e}, worst {worst:.2e}");
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -215,7 +251,8 @@ fn greedy_continuations_part_only_at_near_ties() {
                     let lse = log_sum_exp(&l[..vocab]);
                     let gap = (l[want[i][agree] as usize] - lse) - (l[got[agree] as usize] - lse);
                     eprintln!("{name} weights, {run} prompt {i}: parts at {agree}, the reference's two choices {gap:.4} apart");
-                    if gap > 0.05 {
+                    let near_tie = if quantized { 0.25 } else { 0.05 };
+                    if gap > near_tie {
                         failures.push(format!(
                             "{name} weights, {run} prompt {i}: parts at {agree} where the choices are {gap:.4} apart"
                         ));
