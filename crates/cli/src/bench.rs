@@ -429,24 +429,37 @@ struct ModelInfo {
     costs: ModelCosts,
 }
 
-/// Where a run sits under the roofs: (percent of the attainable rate, which roof bounds it).
-pub fn pct_of_ceiling(
-    c: &Ceilings,
-    weight_type: &str,
-    bytes: f64,
-    flops: f64,
-    ns: f64,
-) -> (f64, String) {
-    let (peak, label) = c.compute_gflops(weight_type);
-    let mem = c.mem_bw_gbps * flops / bytes;
-    let achieved = flops / ns;
-    if mem < peak {
-        (
-            100.0 * achieved / mem,
-            format!("memory {:.1} GB/s", c.mem_bw_gbps),
-        )
-    } else {
-        (100.0 * achieved / peak, format!("{label} {peak:.1} GOP/s"))
+/// The roofs one model's runs are placed under: the device's memory bandwidth and, when known,
+/// its compute peak for the model's weight type (GOP/s, with the roof's name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Roofs {
+    pub mem_bw_gbps: f64,
+    pub compute: Option<(f64, String)>,
+}
+
+impl Roofs {
+    /// The CPU's: measured bandwidth and the roof `Ceilings::compute_gflops` picks.
+    pub fn cpu(c: &Ceilings, weight_type: &str) -> Roofs {
+        Roofs {
+            mem_bw_gbps: c.mem_bw_gbps,
+            compute: Some(c.compute_gflops(weight_type)),
+        }
+    }
+
+    /// Where a run sits under the roofs: (percent of the attainable rate, which roof bounds it).
+    /// With no compute peak known, the memory roof is the only one.
+    pub fn pct_of_ceiling(&self, bytes: f64, flops: f64, ns: f64) -> (f64, String) {
+        let mem = self.mem_bw_gbps * flops / bytes;
+        let achieved = flops / ns;
+        match &self.compute {
+            Some((peak, label)) if *peak <= mem => {
+                (100.0 * achieved / peak, format!("{label} {peak:.1} GOP/s"))
+            }
+            _ => (
+                100.0 * achieved / mem,
+                format!("memory {:.1} GB/s", self.mem_bw_gbps),
+            ),
+        }
     }
 }
 
@@ -457,7 +470,8 @@ fn record(
     threads: usize,
     a: &BenchArgs,
     stamp: &RunStamp,
-    ceil: &Ceilings,
+    roofs: &Roofs,
+    gpu_info: &str,
     test_time: String,
     samples_ns: &[u64],
 ) -> Map<String, Value> {
@@ -466,11 +480,11 @@ fn record(
     let (sn, st) = (Summary::of(&ns), Summary::of(&ts));
     let (bytes, flops) = m.costs.run_cost(t);
     let weights_per_run = (m.costs.weight_bytes * t.forwards() as u64) as f64;
-    let (pct, bound) = pct_of_ceiling(ceil, &m.weight_type, bytes as f64, flops as f64, sn.mean);
+    let (pct, bound) = roofs.pct_of_ceiling(bytes as f64, flops as f64, sn.mean);
     let v = json!({
         "build_commit": stamp.commit,
         "cpu_info": stamp.cpu,
-        "gpu_info": "",
+        "gpu_info": gpu_info,
         "backends": if a.backend == "cpu" { "CPU".to_string() } else { a.backend.to_uppercase() },
         "model_filename": m.filename,
         "model_type": m.model_type,
@@ -507,8 +521,8 @@ fn record(
         "intensity": flops as f64 / bytes as f64,
         "pct_of_ceiling": pct,
         "ceiling": bound,
-        "pct_of_bw": 100.0 * bytes as f64 / sn.mean / ceil.mem_bw_gbps,
-        "pct_of_peak": 100.0 * flops as f64 / sn.mean / ceil.compute_gflops(&m.weight_type).0,
+        "pct_of_bw": 100.0 * bytes as f64 / sn.mean / roofs.mem_bw_gbps,
+        "pct_of_peak": roofs.compute.as_ref().map(|(p, _)| 100.0 * flops as f64 / sn.mean / p),
         "device": stamp.cpu,
         "driver": stamp.os,
         "cpu_features": stamp.cpu_features,
@@ -683,6 +697,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(w) = stamp.busy_warning() {
         eprintln!("{w}");
     }
+    // The GPU's roofs, measured once; the CPU's are per thread count.
+    #[cfg(feature = "cuda")]
+    let gpu = match a.backend.as_str() {
+        "cuda" => {
+            let g = crate::gpu_ceilings::GpuCeilings::measure()?;
+            Some((g.roofs(), g.line(), g.device))
+        }
+        _ => None,
+    };
+    #[cfg(not(feature = "cuda"))]
+    let gpu: Option<(Roofs, String, String)> = None;
     let total = models.len() * threads_list.len() * tests.len() * (a.reps + 1);
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
@@ -718,12 +743,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             block_size: a.block_size,
         };
         for &th in &threads_list {
-            let ceil = bar.suspend(|| crate::roofline::ceilings_for(th))?;
-            let (peak, label) = ceil.compute_gflops(&info.weight_type);
-            let line = format!(
-                "ceilings ({th} threads): memory {:.2} GB/s, {label} {peak:.1} GOP/s, fp32 {:.1} GFLOP/s",
-                ceil.mem_bw_gbps, ceil.fp32_gflops
-            );
+            let (roofs, line, gpu_info) = match &gpu {
+                Some((roofs, line, device)) => (roofs.clone(), line.clone(), device.as_str()),
+                None => {
+                    let ceil = bar.suspend(|| crate::roofline::ceilings_for(th))?;
+                    let (peak, label) = ceil.compute_gflops(&info.weight_type);
+                    let line = format!(
+                        "ceilings ({th} threads): memory {:.2} GB/s, {label} {peak:.1} GOP/s, fp32 {:.1} GFLOP/s",
+                        ceil.mem_bw_gbps, ceil.fp32_gflops
+                    );
+                    (Roofs::cpu(&ceil, &info.weight_type), line, "")
+                }
+            };
             if !ceil_lines.contains(&line) {
                 ceil_lines.push(line);
             }
@@ -749,7 +780,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     samples.push(run_once(exec.as_mut(), &mut st, t, &mut rng)?);
                     bar.inc(1);
                 }
-                records.push(record(&info, t, th, &a, &stamp, &ceil, test_time, &samples));
+                records.push(record(
+                    &info, t, th, &a, &stamp, &roofs, gpu_info, test_time, &samples,
+                ));
             }
         }
     }
@@ -762,4 +795,30 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     print!("{out}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pct_of_ceiling_picks_the_lower_roof() {
+        let r = Roofs {
+            mem_bw_gbps: 100.0,
+            compute: Some((1000.0, "fp32 fma".into())),
+        };
+        // Intensity 1 FLOP/B: memory allows 100 GFLOP/s; 50 GFLOP/s achieved.
+        let (pct, bound) = r.pct_of_ceiling(1e9, 1e9, 2e7);
+        assert!((pct - 50.0).abs() < 1e-9, "{pct}");
+        assert_eq!(bound, "memory 100.0 GB/s");
+        // Intensity 100 FLOP/B: compute bounds at 1000 GFLOP/s; 500 achieved.
+        let (pct, bound) = r.pct_of_ceiling(1e9, 1e11, 2e8);
+        assert!((pct - 50.0).abs() < 1e-9, "{pct}");
+        assert_eq!(bound, "fp32 fma 1000.0 GOP/s");
+        // No compute peak known: always against memory.
+        let m = Roofs { compute: None, ..r };
+        let (pct, bound) = m.pct_of_ceiling(1e9, 1e11, 2e8);
+        assert!((pct - 5.0).abs() < 1e-9, "{pct}");
+        assert_eq!(bound, "memory 100.0 GB/s");
+    }
 }

@@ -8,6 +8,8 @@ mod bench;
 mod common;
 mod compare;
 mod generate;
+#[cfg(feature = "cuda")]
+mod gpu_ceilings;
 mod info;
 mod make_model;
 mod perplexity;

@@ -2,6 +2,7 @@
 //! and the rate of quire's own quantized dot-product kernels with operands in cache), caches them
 //! in `~/.cache/quire/ceilings-v2.json` for `bench` and `profile`, and places their JSON results on a
 //! roofline chart (SVG). `--chips` prints published ceilings of other hardware for comparison.
+//! `--backend cuda` measures the GPU's instead (copy bandwidth; tensor peak from the datasheet).
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -14,7 +15,7 @@ use quire_backend::cpu::quant::{dot_row, dot_row_x4, quantize_row_q8a, BlockQ8A,
 use quire_gguf::GgmlType;
 use quire_perf::chips::CHIPS;
 use quire_perf::output::parse_records;
-use quire_perf::{Ceilings, RoofPoint, Roofline, RunStamp, Table};
+use quire_perf::{Ceilings, Roof, RoofPoint, Roofline, RunStamp, Table};
 use serde_json::{Map, Value};
 
 #[derive(Args, Debug)]
@@ -36,6 +37,10 @@ pub struct RooflineArgs {
     /// Print the ceilings as JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// Whose ceilings: the CPU's, or the GPU's (copy bandwidth measured, f16 tensor-core peak
+    /// from the datasheet of a known chip)
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub backend: String,
 }
 
 /// `~/.cache/quire/ceilings-v2.json` (under `$XDG_CACHE_HOME` when set).
@@ -287,7 +292,62 @@ fn points_from(path: &Path) -> Result<Vec<RoofPoint>> {
     Ok(pts)
 }
 
+/// Places the results' points under a memory roof and compute roofs; writes the SVG.
+fn write_chart(a: &RooflineArgs, title: String, mem_bw_gbps: f64, roofs: Vec<Roof>) -> Result<()> {
+    let mut points = Vec::new();
+    for p in &a.results {
+        points.extend(points_from(p)?);
+    }
+    if points.is_empty() {
+        bail!("no bench or profile results with timings in the given files");
+    }
+    let chart = Roofline {
+        title,
+        mem_bw_gbps,
+        roofs,
+        points,
+    };
+    let svg = chart.svg(1000, 640)?;
+    std::fs::write(&a.svg, svg).with_context(|| format!("cannot write {}", a.svg.display()))?;
+    eprintln!("wrote {} ({} points)", a.svg.display(), chart.points.len());
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(a: &RooflineArgs) -> Result<()> {
+    let g = crate::gpu_ceilings::GpuCeilings::measure()?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        println!("{}", g.line());
+    }
+    if a.chips {
+        println!("\n## Published ceilings\n");
+        print!("{}", chips_table(None));
+    }
+    if !a.results.is_empty() {
+        let Some(peak) = g.tensor_gflops() else {
+            bail!("no tensor-core peak known for {}: no chart", g.device);
+        };
+        let roofs = vec![Roof {
+            label: "f16 tensor (datasheet)".into(),
+            gflops: peak,
+        }];
+        let title = format!("{} · quire {}", g.device, RunStamp::collect().commit);
+        write_chart(a, title, g.copy_gbps, roofs)?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(_: &RooflineArgs) -> Result<()> {
+    bail!("backend cuda was not built into this binary (build with `cargo build --release --features cuda`)")
+}
+
 pub fn run(a: RooflineArgs) -> Result<()> {
+    if a.backend == "cuda" {
+        return run_cuda(&a);
+    }
     let threads = a.threads.unwrap_or_else(all_cores).max(1);
     let stamp = RunStamp::collect();
     if let Some(w) = stamp.busy_warning() {
@@ -324,35 +384,21 @@ pub fn run(a: RooflineArgs) -> Result<()> {
         print!("{}", chips_table(Some(&c)));
     }
     if !a.results.is_empty() {
-        let mut points = Vec::new();
-        for p in &a.results {
-            points.extend(points_from(p)?);
-        }
-        if points.is_empty() {
-            bail!("no bench or profile results with timings in the given files");
-        }
-        let mut roofs = vec![quire_perf::Roof {
+        let mut roofs = vec![Roof {
             label: "FP32 FMA".into(),
             gflops: c.fp32_gflops,
         }];
         for (k, g) in &c.quant_gops {
-            roofs.push(quire_perf::Roof {
+            roofs.push(Roof {
                 label: format!("{k} kernel"),
                 gflops: *g,
             });
         }
-        let chart = Roofline {
-            title: format!(
-                "{} · {} threads · quire {}",
-                c.stamp.cpu, c.threads, c.stamp.commit
-            ),
-            mem_bw_gbps: c.mem_bw_gbps,
-            roofs,
-            points,
-        };
-        let svg = chart.svg(1000, 640)?;
-        std::fs::write(&a.svg, svg).with_context(|| format!("cannot write {}", a.svg.display()))?;
-        eprintln!("wrote {} ({} points)", a.svg.display(), chart.points.len());
+        let title = format!(
+            "{} · {} threads · quire {}",
+            c.stamp.cpu, c.threads, c.stamp.commit
+        );
+        write_chart(&a, title, c.mem_bw_gbps, roofs)?;
     }
     Ok(())
 }

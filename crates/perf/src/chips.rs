@@ -67,6 +67,29 @@ pub const CHIPS: &[Chip] = &[
     ),
 ];
 
+/// The table's entry for a CUDA device name (as `cuDeviceGetName` reports it), when the name
+/// identifies one of its chips: "NVIDIA H100 80GB HBM3" is the H100 SXM5, "NVIDIA H200" the H200
+/// SXM. Other parts (H100 PCIe and NVL, H200 NVL, GH200) have other clocks or memory and are not
+/// in the table, so they get `None` rather than a wrong figure.
+pub fn for_device(name: &str) -> Option<&'static Chip> {
+    let words: Vec<String> = name
+        .split_whitespace()
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    let has = |w: &str| words.iter().any(|x| x == w);
+    if has("NVL") || has("PCIE") {
+        return None;
+    }
+    let prefix = if has("H100") && has("HBM3") {
+        "NVIDIA H100 SXM5"
+    } else if has("H200") {
+        "NVIDIA H200 SXM"
+    } else {
+        return None;
+    };
+    CHIPS.iter().find(|c| c.name.starts_with(prefix))
+}
+
 const fn chip(name: &'static str, bw: f64, tf: f64, note: &'static str) -> Chip {
     Chip {
         name,
@@ -87,5 +110,28 @@ mod tests {
         let h200 = CHIPS.iter().find(|c| c.name.contains("H200")).unwrap();
         assert_eq!((h100.mem_bw_gbps, h200.mem_bw_gbps), (3350.0, 4800.0));
         assert!(CHIPS.iter().all(|c| c.ridge() > 1.0 && c.ridge() < 1000.0));
+    }
+
+    #[test]
+    fn device_names_find_their_chip_or_none() {
+        let tf = |n: &str| for_device(n).map(|c| c.half_tflops);
+        assert_eq!(tf("NVIDIA H100 80GB HBM3"), Some(989.4));
+        assert_eq!(tf("NVIDIA H200"), Some(989.4));
+        assert_eq!(
+            for_device("NVIDIA H200").unwrap().name,
+            "NVIDIA H200 SXM 141GB"
+        );
+        for other in [
+            "NVIDIA H100 PCIe",
+            "NVIDIA H100 NVL",
+            "NVIDIA H200 NVL",
+            "NVIDIA GH200 480GB",
+            "NVIDIA A100-SXM4-80GB",
+            "NVIDIA GeForce RTX 4090",
+            "CUDA device",
+            "",
+        ] {
+            assert_eq!(for_device(other), None, "{other}");
+        }
     }
 }

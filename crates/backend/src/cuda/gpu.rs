@@ -280,6 +280,88 @@ impl Gpu {
     }
 }
 
+/// Device-to-device copy bandwidth: what [`Gpu::copy_bandwidth`] measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyBandwidth {
+    /// Median of `samples`, GB/s (10^9 bytes per second).
+    pub gbps: f64,
+    /// One figure per timed copy, GB/s.
+    pub samples: Vec<f64>,
+    /// Size of the copied buffer, bytes.
+    pub bytes: usize,
+}
+
+impl Gpu {
+    /// Measures the device's memory bandwidth with device-to-device copies of one buffer of at
+    /// most `max_bytes` (less when free memory is short: both buffers together take at most half
+    /// of it): two untimed copies, then `runs` copies each timed with CUDA events, median.
+    ///
+    /// Convention: a copy of `S` bytes counts as `2·S` bytes moved (each byte is read once and
+    /// written once), as STREAM's "copy" counts; GB/s is 10^9 bytes per second. The buffers are
+    /// freed before it returns.
+    pub fn copy_bandwidth(
+        &self,
+        max_bytes: usize,
+        runs: usize,
+    ) -> Result<CopyBandwidth, BackendError> {
+        let (free, _) = self.mem_info()?;
+        let bytes = max_bytes.min(free / 4) & !((1 << 20) - 1);
+        if bytes == 0 {
+            return Err(BackendError::OutOfMemory(format!(
+                "{} MiB free on the GPU: too little to measure the copy bandwidth",
+                free >> 20
+            )));
+        }
+        let src = self.alloc::<u8>(bytes)?;
+        let dst = self.alloc::<u8>(bytes)?;
+        let event = || {
+            self.ctx
+                .new_event(Some(EventFlags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("cuEventCreate"))
+        };
+        let (start, end) = (event()?, event()?);
+        let copy = || {
+            // SAFETY: both buffers are live allocations of `bytes` bytes.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst.ptr,
+                    src.ptr,
+                    bytes,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(cuda_err("device-to-device copy"))
+        };
+        copy()?;
+        copy()?;
+        let mut samples = Vec::with_capacity(runs.max(1));
+        for _ in 0..runs.max(1) {
+            start
+                .record(&self.stream)
+                .map_err(cuda_err("cuEventRecord"))?;
+            copy()?;
+            end.record(&self.stream)
+                .map_err(cuda_err("cuEventRecord"))?;
+            // Waits for `end`.
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(cuda_err("cuEventElapsedTime"))?;
+            samples.push(2.0 * bytes as f64 / (f64::from(ms) * 1e-3) / 1e9);
+        }
+        drop((src, dst));
+        self.sync()?;
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let gbps = (sorted[(n - 1) / 2] + sorted[n / 2]) / 2.0;
+        Ok(CopyBandwidth {
+            gbps,
+            samples,
+            bytes,
+        })
+    }
+}
+
 /// One kernel argument: a device pointer, an `int`, a `long` or a `float`.
 #[derive(Debug, Clone, Copy)]
 pub enum KArg {
