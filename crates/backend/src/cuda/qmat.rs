@@ -248,6 +248,7 @@ impl QuantKernels {
     }
 
     /// `x[t] = table[ids[t]]` from a quantized `[vocab, hidden]` table.
+    #[allow(clippy::too_many_arguments)]
     pub fn embed(
         &self,
         gpu: &Gpu,
