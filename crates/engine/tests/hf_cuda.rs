@@ -1,10 +1,11 @@
 //! HF bf16 safetensors folders on the CUDA backend against transformers (issue 8, acceptance 1's
 //! CUDA half): the folders and references come from tests/hf/cuda_check.py, run on a GPU machine
-//! with torch (`QUIRE_HF_CUDA_DIR` points at its --out). For each architecture: every position's
-//! logits within 2e-2 (max |a - b| / max |b| per row) of transformers computing the same bf16
-//! weights in f32, and 32 greedy tokens identical (or parting only
-//! where quire's own logits of the two choices are within 0.05). The distance to transformers computing in bf16
-//! is printed beside it. Skipped without the directory or a GPU unless QUIRE_REQUIRE_GPU is set.
+//! with torch (`QUIRE_HF_CUDA_DIR` points at its --out). For each architecture (Llama, Mistral,
+//! Qwen2, Qwen3, Qwen3-MoE): every position's logits within 2e-2 (max |a - b| / max |b| per row)
+//! of transformers computing the same bf16 weights in f32, and 32 greedy tokens identical (or
+//! parting only where quire's own logits of the two choices are within 0.05). The distance to
+//! transformers computing in bf16 is printed beside it. Skipped without the directory or a GPU
+//! unless QUIRE_REQUIRE_GPU is set.
 #![cfg(feature = "cuda")]
 
 use quire_backend::cuda::{CudaExecutor, CudaOptions};
@@ -66,7 +67,9 @@ fn bf16_folders_on_cuda_match_transformers() {
     };
     let mut failures = vec![];
     let mut checked = 0;
-    for arch in ["llama", "mistral", "qwen2", "qwen3"] {
+    // qwen3_moe: the experts stacked by the HF loader go to the CUDA MoE FFN (bf16 → f16 slabs).
+    let archs = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+    for arch in archs {
         let folder = std::path::Path::new(&dir).join(format!("{arch}-bf16"));
         let Ok(text) = std::fs::read_to_string(folder.join("cuda_check.json")) else {
             failures.push(format!(
@@ -127,5 +130,5 @@ fn bf16_folders_on_cuda_match_transformers() {
         checked += 1;
     }
     assert!(failures.is_empty(), "{failures:#?}");
-    assert_eq!(checked, 4);
+    assert_eq!(checked, archs.len());
 }
