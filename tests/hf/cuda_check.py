@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The bf16-on-CUDA half of issue 8's acceptance 1: the same tiny architectures as make_models.py,
-scaled to head_dim 64 (the CUDA attention kernels take head_dim 64/128/256), saved as bf16
-safetensors folders with transformers' references, for crates/engine/tests/hf_cuda.rs.
+"""The bf16-on-CUDA half of issue 8's acceptance 1: the same tiny architectures as make_models.py
+and make_moe_model.py (Qwen3-MoE), scaled to head_dim 64 (the CUDA attention kernels take head_dim
+64/128/256), saved as bf16 safetensors folders with transformers' references, for
+crates/engine/tests/hf_cuda.rs.
 
 Per architecture, into OUT/ARCH-bf16/ (besides the folder itself):
   cuda_check.json           input ids, prompt, and 32 greedy tokens of the bf16 weights computed
@@ -24,18 +25,24 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_models as mm  # noqa: E402
+import make_moe_model as mmoe  # noqa: E402
 
 
 BASE_CONFIGS = mm.arch_configs
 
 
 def cuda_configs():
-    """make_models' configs with wider heads (head_dim 64) and a wider model around them."""
+    """make_models' and make_moe_model's configs with wider heads (head_dim 64) and a wider model
+    around them (the 8 experts 128 wide)."""
     out = {}
-    for arch, (cls, kw, pre) in BASE_CONFIGS().items():
+    bases = dict(BASE_CONFIGS())
+    bases[mmoe.ARCH] = mmoe.moe_config()
+    for arch, (cls, kw, pre) in bases.items():
         kw = dict(kw, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
         if "head_dim" in kw:
             kw["head_dim"] = 64
+        if "moe_intermediate_size" in kw:
+            kw["moe_intermediate_size"] = 128
         out[arch] = (cls, kw, pre)
     return out
 
@@ -49,6 +56,9 @@ def main():
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
     mm.arch_configs = cuda_configs  # build() reads the configs through this name
+    # The experts' values under their per-expert names also when transformers holds them fused
+    # (other names pass through to the plain generator).
+    mm.gen_values = mmoe.expert_gen_values
     fixtures = tempfile.mkdtemp()
     for arch in sorted(cuda_configs()):
         mm.build(arch, fixtures, args.out, torch, transformers)

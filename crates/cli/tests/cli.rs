@@ -1,6 +1,6 @@
 //! The `quire` binary as a user runs it: bad model files end in one error line and a non-zero exit
-//! (never a panic), `generate --json` prints its object on the last line, and perplexity matches
-//! llama.cpp's on the GPL-3 text.
+//! (never a panic), `generate --json` prints its object on the last line, `info` and `generate`
+//! take an HF Qwen3-MoE folder, and perplexity matches llama.cpp's on the GPL-3 text.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -138,6 +138,61 @@ fn generate_json_last_line() {
             "timings.{k} in {last}"
         );
     }
+}
+
+/// The tiny Qwen3MoeForCausalLM of tests/hf/fixtures/qwen3_moe as an HF folder (weights from the
+/// fixture's manifest, 2 shards): `info` shows the derived MoE config, `generate -m FOLDER` runs.
+#[test]
+fn info_and_generate_take_an_hf_moe_folder() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hf/fixtures/qwen3_moe");
+    let dir = tmpdir("hf-moe");
+    let folder = dir.join("qwen3_moe");
+    quire_model::hf_fixture::write_fixture_folder(
+        &fixture,
+        &folder,
+        quire_model::hf_fixture::Dtype::BF16,
+        2,
+    )
+    .unwrap();
+    let folder_arg = folder.to_str().unwrap();
+
+    let out = quire(&["info", "-m", folder_arg], None);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("HF model folder"), "{stdout}");
+    assert!(
+        stdout.contains("\"Qwen3Moe\"") && stdout.contains("\"num_experts\":8"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("model.layers.1.mlp.experts.7.down_proj.weight"));
+
+    let out = quire(
+        &[
+            "generate",
+            "-m",
+            folder_arg,
+            "--prompt",
+            "The quick brown fox",
+            "--max-tokens",
+            "8",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let j: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    eprintln!("{j}");
+    assert_eq!(j["completion_tokens"].as_array().unwrap().len(), 8, "{j}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// llama.cpp: PPL = 18.3914 over 14 chunks of 512 on GPL-3 (see tests/data/REFERENCE.md).

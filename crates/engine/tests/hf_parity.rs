@@ -1,8 +1,8 @@
 //! HF model folders on the CPU backend in f32: (1) against transformers, from the fixtures that
-//! tests/hf/make_models.py wrote (transformers' logits of every position and 32 greedy tokens; the
-//! weights are re-created here from the portable generator); (2) against a plain f64 forward pass
-//! of the same tiny models (f32 and bf16 files, one file or shards), which also shows that
-//! Mistral's sliding window is applied and matters.
+//! tests/hf/make_models.py and make_moe_model.py (Qwen3-MoE) wrote (transformers' logits of every
+//! position and 32 greedy tokens; the weights are re-created here from the portable generator);
+//! (2) against a plain f64 forward pass of the same tiny models (f32 and bf16 files, one file or
+//! shards), which also shows that Mistral's sliding window is applied and matters.
 
 use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
 use quire_backend::{Executor, KvCacheSpec};
@@ -116,21 +116,24 @@ fn tiny_models_match_the_f64_reference() {
 
 #[test]
 fn sharded_equals_single_file_bit_for_bit() {
-    let arch = "qwen2";
-    let cfg = tiny_config(arch);
-    let tensors = tiny_manifest(arch, &cfg);
-    let one = TempDir::new("one");
-    let two = TempDir::new("two");
-    write_folder(&one.0, arch, &cfg, &tensors, Dtype::F32, 1);
-    write_folder(&two.0, arch, &cfg, &tensors, Dtype::F32, 2);
-    assert!(two.0.join("model-00002-of-00002.safetensors").exists());
-    assert!(!two.0.join("model.safetensors").exists());
-    let (a, b) = (
-        quire_model::load(&one.0).unwrap(),
-        quire_model::load(&two.0).unwrap(),
-    );
-    let tokens = test_tokens(&a);
-    assert_eq!(all_logits(&a, &tokens), all_logits(&b, &tokens));
+    // Qwen3-MoE: a layer's experts spread over shards.
+    for (arch, shards) in [("qwen2", 2), ("qwen3_moe", 4)] {
+        let cfg = tiny_config(arch);
+        let tensors = tiny_manifest(arch, &cfg);
+        let one = TempDir::new("one");
+        let many = TempDir::new("many");
+        write_folder(&one.0, arch, &cfg, &tensors, Dtype::F32, 1);
+        write_folder(&many.0, arch, &cfg, &tensors, Dtype::F32, shards);
+        let last = format!("model-{shards:05}-of-{shards:05}.safetensors");
+        assert!(many.0.join(last).exists());
+        assert!(!many.0.join("model.safetensors").exists());
+        let (a, b) = (
+            quire_model::load(&one.0).unwrap(),
+            quire_model::load(&many.0).unwrap(),
+        );
+        let tokens = test_tokens(&a);
+        assert_eq!(all_logits(&a, &tokens), all_logits(&b, &tokens), "{arch}");
+    }
 }
 
 #[test]
@@ -154,8 +157,8 @@ fn mistral_sliding_window_is_applied_and_matters() {
     assert!(rel_err(&got, &windowed) < 1e-4);
 }
 
-/// transformers' outputs (tests/hf/fixtures, written by make_models.py with transformers 5.17 /
-/// torch 2.11): tokenization, logits of all 61 positions (relative error < 1e-4), 32 greedy tokens,
+/// transformers' outputs (tests/hf/fixtures, written by make_models.py and make_moe_model.py with
+/// transformers 5.17 / torch 2.11): tokenization, logits of all 61 positions (relative error < 1e-4), 32 greedy tokens,
 /// the chat template's rendering.
 #[test]
 fn matches_transformers_fixtures() {

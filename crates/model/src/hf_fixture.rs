@@ -121,7 +121,7 @@ pub fn read_manifest(path: &Path) -> Result<Vec<ManifestTensor>, ModelError> {
     Ok(m.tensors)
 }
 
-/// The tensors transformers saves for `c` (HF names and shapes).
+/// The tensors transformers saves for `c` (HF names and shapes; Qwen3-MoE experts per expert).
 pub fn manifest_for(c: &ModelConfig) -> Vec<ManifestTensor> {
     let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
     let mut t = vec![
@@ -153,9 +153,23 @@ pub fn manifest_for(c: &ModelConfig) -> Vec<ManifestTensor> {
             add("self_attn.q_norm.weight", vec![c.head_dim]);
             add("self_attn.k_norm.weight", vec![c.head_dim]);
         }
-        add("mlp.gate_proj.weight", vec![inter, hd]);
-        add("mlp.up_proj.weight", vec![inter, hd]);
-        add("mlp.down_proj.weight", vec![hd, inter]);
+        match &c.moe {
+            // Qwen3-MoE as checkpoints store it: a router and one tensor per expert.
+            Some(m) => {
+                let mi = m.expert_intermediate_size;
+                add("mlp.gate.weight", vec![m.num_experts, hd]);
+                for e in 0..m.num_experts {
+                    add(&format!("mlp.experts.{e}.gate_proj.weight"), vec![mi, hd]);
+                    add(&format!("mlp.experts.{e}.up_proj.weight"), vec![mi, hd]);
+                    add(&format!("mlp.experts.{e}.down_proj.weight"), vec![hd, mi]);
+                }
+            }
+            None => {
+                add("mlp.gate_proj.weight", vec![inter, hd]);
+                add("mlp.up_proj.weight", vec![inter, hd]);
+                add("mlp.down_proj.weight", vec![hd, inter]);
+            }
+        }
     }
     t
 }
@@ -234,6 +248,32 @@ pub fn write_weights(
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
     let path = dir.join("model.safetensors.index.json");
     std::fs::write(&path, index.to_string()).map_err(|e| io(&path, e))
+}
+
+/// A runnable HF folder in `out` from a fixture directory (tests/hf/fixtures/ARCH): its
+/// `config.json`, tokenizer and generation files copied, the weights regenerated from
+/// `manifest.json` as `dtype` (`shards` files when more than one). For trying `quire info` and
+/// `quire generate -m` on an architecture without torch.
+pub fn write_fixture_folder(
+    fixture: &Path,
+    out: &Path,
+    dtype: Dtype,
+    shards: usize,
+) -> Result<(), ModelError> {
+    let tensors = read_manifest(&fixture.join("manifest.json"))?;
+    std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        let src = fixture.join(f);
+        if src.exists() {
+            std::fs::copy(&src, out.join(f)).map_err(|e| io(&src, e))?;
+        }
+    }
+    write_weights(out, &tensors, dtype, shards)
 }
 
 #[cfg(test)]

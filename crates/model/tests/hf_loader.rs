@@ -1,5 +1,6 @@
 //! The HF folder loader's checks: every broken folder gives an error that names the problem (never
-//! a panic), tensors land with the right ggml dims and values, misaligned tensors are copied.
+//! a panic), tensors land with the right ggml dims and values, misaligned tensors are copied,
+//! Qwen3-MoE experts (per-expert or transformers 5's fused tensors) become the backends' stacks.
 
 use std::path::{Path, PathBuf};
 
@@ -309,4 +310,246 @@ fn sharded_index_errors() {
 fn a_directory_without_config_is_not_a_model() {
     let d = TempDir::new("empty");
     assert!(load_err(&d).contains("not an HF model folder"));
+}
+
+/// A tiny Qwen3-MoE (tests/hf/make_moe_model.py's shapes): 8 experts of 32, top 2.
+fn moe_config() -> Value {
+    json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 64,
+        "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+        "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false,
+        "eos_token_id": 319
+    })
+}
+
+fn moe_tensors() -> Vec<ManifestTensor> {
+    let c = quire_core::ModelConfig {
+        arch: quire_core::Architecture::Qwen3Moe,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        vocab_size: 320,
+        max_position_embeddings: 256,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e4,
+        rope_dim: 16,
+        rope_style: quire_core::RopeStyle::Neox,
+        tie_word_embeddings: false,
+        attention_bias: false,
+        qk_norm: true,
+        sliding_window: None,
+        moe: Some(quire_core::MoeConfig {
+            num_experts: 8,
+            num_experts_per_tok: 2,
+            expert_intermediate_size: 32,
+            norm_topk_prob: true,
+        }),
+    };
+    hf_fixture::manifest_for(&c)
+}
+
+fn values_of(t: &[ManifestTensor], name: &str) -> Vec<f32> {
+    t.iter()
+        .find(|x| x.name == name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .values()
+}
+
+#[test]
+fn moe_experts_are_stacked_per_expert() {
+    let t = moe_tensors();
+    let d = folder("moe", &moe_config(), &t);
+    let m = quire_model::load(&d.0).unwrap();
+    let c = &m.weights.config;
+    assert_eq!(c.arch, quire_core::Architecture::Qwen3Moe);
+    assert_eq!(c.moe.unwrap().num_experts, 8);
+    assert_eq!(m.meta.arch, "qwen3moe");
+    let quire_backend::FfnWeights::Moe(x) = &m.weights.layers[1].ffn else {
+        panic!("experts expected");
+    };
+    assert_eq!(x.gate_inp.dims, vec![64, 8]);
+    assert_eq!(x.gate_exps.dims, vec![64, 32, 8]);
+    assert_eq!(x.up_exps.dims, vec![64, 32, 8]);
+    assert_eq!(x.down_exps.dims, vec![32, 64, 8]);
+    assert!((x.gate_exps.bytes.as_slice().as_ptr() as usize).is_multiple_of(8));
+    let (gate, down) = (x.gate_exps.to_f32().unwrap(), x.down_exps.to_f32().unwrap());
+    for e in [0, 3, 7] {
+        let slab = |v: &[f32], n: usize| v[e * n..(e + 1) * n].to_vec();
+        let p = format!("model.layers.1.mlp.experts.{e}.");
+        assert_eq!(
+            slab(&gate, 2048),
+            values_of(&t, &format!("{p}gate_proj.weight"))
+        );
+        assert_eq!(
+            slab(&down, 2048),
+            values_of(&t, &format!("{p}down_proj.weight"))
+        );
+    }
+    assert_eq!(
+        x.gate_inp.to_f32().unwrap(),
+        values_of(&t, "model.layers.1.mlp.gate.weight")
+    );
+    // And the CPU backend takes it.
+    let exec = quire_backend::cpu::CpuExecutor::new(
+        &m.weights,
+        quire_backend::KvCacheSpec {
+            num_blocks: 4,
+            block_size: 16,
+        },
+        quire_backend::cpu::CpuOptions::default(),
+    );
+    assert!(exec.is_ok());
+}
+
+/// transformers 5's fused layout: `gate_up_proj` [E, 2I, H] (gate rows then up rows per expert)
+/// and `down_proj` [E, H, I] load to the same stacks as the per-expert tensors.
+#[test]
+fn moe_fused_v5_layout_loads_the_same_experts() {
+    let t = moe_tensors();
+    let per_expert = folder("moe-per", &moe_config(), &t);
+    let fused = folder("moe-fused", &moe_config(), &[]);
+    let mut all = Vec::new();
+    for x in t.iter().filter(|x| !x.name.contains(".experts.")) {
+        let b = hf_fixture::encode(&x.values(), Dtype::BF16).unwrap();
+        all.push((x.name.clone(), Dtype::BF16, x.shape.clone(), b));
+    }
+    for l in 0..2 {
+        let p = format!("model.layers.{l}.mlp.experts.");
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for e in 0..8 {
+            gu.extend(values_of(&t, &format!("{p}{e}.gate_proj.weight")));
+            gu.extend(values_of(&t, &format!("{p}{e}.up_proj.weight")));
+            down.extend(values_of(&t, &format!("{p}{e}.down_proj.weight")));
+        }
+        for (name, shape, v) in [
+            ("gate_up_proj", vec![8, 64, 64], gu),
+            ("down_proj", vec![8, 64, 32], down),
+        ] {
+            let b = hf_fixture::encode(&v, Dtype::BF16).unwrap();
+            all.push((format!("{p}{name}"), Dtype::BF16, shape, b));
+        }
+    }
+    hf_fixture::write_safetensors(&fused.0.join("model.safetensors"), &all).unwrap();
+    let _ = std::fs::remove_file(per_expert.0.join("model.safetensors"));
+    hf_fixture::write_weights(&per_expert.0, &t, Dtype::BF16, 1).unwrap();
+    let (a, b) = (
+        quire_model::load(&per_expert.0).unwrap(),
+        quire_model::load(&fused.0).unwrap(),
+    );
+    for l in 0..2 {
+        let (quire_backend::FfnWeights::Moe(x), quire_backend::FfnWeights::Moe(y)) =
+            (&a.weights.layers[l].ffn, &b.weights.layers[l].ffn)
+        else {
+            panic!("experts expected");
+        };
+        for (s, f) in [
+            (&x.gate_exps, &y.gate_exps),
+            (&x.up_exps, &y.up_exps),
+            (&x.down_exps, &y.down_exps),
+        ] {
+            assert_eq!((&s.dims, s.dtype), (&f.dims, f.dtype), "{}", f.name);
+            assert_eq!(s.bytes.as_slice(), f.bytes.as_slice(), "{}", f.name);
+        }
+    }
+
+    // The fused layout without its down_proj.
+    let broken: Vec<_> = all
+        .into_iter()
+        .filter(|x| x.0 != "model.layers.1.mlp.experts.down_proj")
+        .collect();
+    hf_fixture::write_safetensors(&fused.0.join("model.safetensors"), &broken).unwrap();
+    assert!(load_err(&fused).contains("missing tensor model.layers.1.mlp.experts.down_proj"));
+}
+
+#[test]
+fn moe_folders_give_clear_errors() {
+    let t = moe_tensors();
+    let cfg = moe_config();
+
+    let without = |name: &str| -> Vec<ManifestTensor> {
+        t.iter().filter(|x| x.name != name).cloned().collect()
+    };
+    let d = folder(
+        "moe-missing",
+        &cfg,
+        &without("model.layers.1.mlp.experts.5.up_proj.weight"),
+    );
+    let e = load_err(&d);
+    assert!(
+        e.contains("missing tensor model.layers.1.mlp.experts.5.up_proj.weight"),
+        "{e}"
+    );
+    let d = folder(
+        "moe-router",
+        &cfg,
+        &without("model.layers.0.mlp.gate.weight"),
+    );
+    assert!(load_err(&d).contains("missing tensor model.layers.0.mlp.gate.weight"));
+
+    // Dense layers among the sparse ones are refused by the key that asks for them.
+    let mut only = cfg.clone();
+    only["mlp_only_layers"] = json!([0]);
+    let d = folder("moe-only", &only, &t);
+    let e = load_err(&d);
+    assert!(
+        e.contains("mlp_only_layers [0]") && e.contains("not supported"),
+        "{e}"
+    );
+    let mut step = cfg.clone();
+    step["decoder_sparse_step"] = 2.into();
+    let d = folder("moe-step", &step, &t);
+    assert!(load_err(&d).contains("decoder_sparse_step 2"));
+
+    // More experts stored than the config counts (the router says 7 too).
+    let mut seven = cfg.clone();
+    seven["num_experts"] = 7.into();
+    let mut fewer_rows = t.clone();
+    for x in fewer_rows
+        .iter_mut()
+        .filter(|x| x.name.ends_with("mlp.gate.weight"))
+    {
+        x.shape = vec![7, 64];
+    }
+    let d = folder("moe-extra", &seven, &fewer_rows);
+    let e = load_err(&d);
+    assert!(
+        e.contains("experts.7.gate_proj.weight") && e.contains("more experts"),
+        "{e}"
+    );
+
+    // Experts of one layer in different types.
+    let d = folder("moe-types", &cfg, &[]);
+    let all: Vec<_> = t
+        .iter()
+        .map(|x| {
+            let dt = if x.name == "model.layers.0.mlp.experts.2.down_proj.weight" {
+                Dtype::F16
+            } else {
+                Dtype::F32
+            };
+            let b = hf_fixture::encode(&x.values(), dt).unwrap();
+            (x.name.clone(), dt, x.shape.clone(), b)
+        })
+        .collect();
+    hf_fixture::write_safetensors(&d.0.join("model.safetensors"), &all).unwrap();
+    let e = load_err(&d);
+    assert!(
+        e.contains("experts.2.down_proj.weight is stored as F16") && e.contains("share one type"),
+        "{e}"
+    );
+
+    let mut wrong = t.clone();
+    wrong
+        .iter_mut()
+        .find(|x| x.name == "model.layers.0.mlp.experts.0.down_proj.weight")
+        .unwrap()
+        .shape = vec![32, 64];
+    let d = folder("moe-shape", &cfg, &wrong);
+    assert!(load_err(&d).contains("experts.0.down_proj.weight has shape [32, 64]"));
 }

@@ -1,7 +1,7 @@
 //! Helpers of the HF tests: tiny model folders in temporary directories (config, fixture tokenizer,
 //! generated weights) and a plain f64 forward pass of the HF decoder (written from the
-//! transformers modeling code's equations, not from quire's backend), used where transformers'
-//! own numbers are not at hand.
+//! transformers modeling code's equations, not from quire's backend; Qwen3-MoE's sparse block as
+//! `Qwen3MoeSparseMoeBlock` defines it), used where transformers' own numbers are not at hand.
 
 #![allow(dead_code)]
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use quire_model::hf_fixture::ManifestTensor;
 use serde_json::{json, Value};
 
-pub const ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "mistral"];
+pub const ARCHS: [&str; 5] = ["llama", "qwen2", "qwen3", "mistral", "qwen3_moe"];
 
 pub fn fixture_dir(arch: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/hf/fixtures/{arch}"))
@@ -82,6 +82,23 @@ pub fn tiny_config(arch: &str) -> Value {
             o.insert("tie_word_embeddings".into(), json!(false));
             o.insert("sliding_window".into(), json!(8));
         }
+        // tests/hf/make_moe_model.py's model as transformers 4.x writes it (`num_experts`; the
+        // fixture's v5 config says `num_local_experts`), with norm_topk_prob off (the fixture has
+        // it on), so both routings are checked.
+        "qwen3_moe" => {
+            o.insert("architectures".into(), json!(["Qwen3MoeForCausalLM"]));
+            o.insert("model_type".into(), json!("qwen3_moe"));
+            o.insert("head_dim".into(), json!(16));
+            o.insert("tie_word_embeddings".into(), json!(false));
+            o.insert("attention_bias".into(), json!(false));
+            o.insert("use_sliding_window".into(), json!(false));
+            o.insert("moe_intermediate_size".into(), json!(32));
+            o.insert("num_experts".into(), json!(8));
+            o.insert("num_experts_per_tok".into(), json!(2));
+            o.insert("norm_topk_prob".into(), json!(false));
+            o.insert("decoder_sparse_step".into(), json!(1));
+            o.insert("mlp_only_layers".into(), json!([]));
+        }
         other => panic!("unknown arch {other}"),
     }
     c
@@ -110,11 +127,24 @@ pub fn tiny_manifest(arch: &str, config: &Value) -> Vec<ManifestTensor> {
         rope_style: quire_core::RopeStyle::Neox,
         tie_word_embeddings: config["tie_word_embeddings"].as_bool().unwrap(),
         attention_bias: arch == "qwen2",
-        qk_norm: arch == "qwen3",
+        qk_norm: arch == "qwen3" || arch == "qwen3_moe",
         sliding_window: None,
-        moe: None,
+        moe: (arch == "qwen3_moe").then(|| quire_core::MoeConfig {
+            num_experts: num_experts(config),
+            num_experts_per_tok: g("num_experts_per_tok"),
+            expert_intermediate_size: g("moe_intermediate_size"),
+            norm_topk_prob: config["norm_topk_prob"].as_bool().unwrap_or(false),
+        }),
     };
     quire_model::hf_fixture::manifest_for(&cfg)
+}
+
+/// `num_experts`, or transformers 5's `num_local_experts`.
+pub fn num_experts(config: &Value) -> usize {
+    config["num_experts"]
+        .as_u64()
+        .or(config["num_local_experts"].as_u64())
+        .expect("num_experts") as usize
 }
 
 /// Writes config, tokenizer files (from the fixture) and weights into `dir`.
@@ -226,18 +256,6 @@ pub fn reference_logits(
         let r = 1.0 / (ms + eps).sqrt();
         x.iter().zip(wt).map(|(v, g)| v * r * g).collect()
     };
-    // y = W x with W stored [out, in].
-    let lin = |wt: &[f64], x: &[f64], out: usize| -> Vec<f64> {
-        (0..out)
-            .map(|o| {
-                wt[o * x.len()..(o + 1) * x.len()]
-                    .iter()
-                    .zip(x)
-                    .map(|(a, b)| a * b)
-                    .sum()
-            })
-            .collect()
-    };
     let rope = |x: &mut [f64], pos: usize| {
         for head in x.chunks_mut(d) {
             for i in 0..d / 2 {
@@ -302,11 +320,25 @@ pub fn reference_logits(
             vs.push(v);
         }
         let ln2 = w(&p("post_attention_layernorm.weight"));
-        let (wg, wu, wd) = (
-            w(&p("mlp.gate_proj.weight")),
-            w(&p("mlp.up_proj.weight")),
-            w(&p("mlp.down_proj.weight")),
-        );
+        let ffn = if has(&p("mlp.gate.weight")) {
+            let e = num_experts(config);
+            let expert = |i: usize, s: &str| w(&p(&format!("mlp.experts.{i}.{s}_proj.weight")));
+            RefFfn::Moe {
+                router: w(&p("mlp.gate.weight")),
+                experts: (0..e)
+                    .map(|i| [expert(i, "gate"), expert(i, "up"), expert(i, "down")])
+                    .collect(),
+                inter: g("moe_intermediate_size"),
+                top_k: g("num_experts_per_tok"),
+                norm: config["norm_topk_prob"].as_bool().unwrap_or(false),
+            }
+        } else {
+            RefFfn::Dense([
+                w(&p("mlp.gate_proj.weight")),
+                w(&p("mlp.up_proj.weight")),
+                w(&p("mlp.down_proj.weight")),
+            ])
+        };
         for t in 0..n {
             let lo = window.map_or(0, |w| (t + 1).saturating_sub(w));
             let mut att = vec![0.0; nh * d];
@@ -332,14 +364,7 @@ pub fn reference_logits(
             let x = &mut xs[t];
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h = rms(x, &ln2);
-            let gate = lin(&wg, &h, inter);
-            let up = lin(&wu, &h, inter);
-            let act: Vec<f64> = gate
-                .iter()
-                .zip(&up)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            let down = lin(&wd, &act, hd);
+            let down = ffn.forward(&h, inter);
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
     }
@@ -352,6 +377,77 @@ pub fn reference_logits(
     xs.iter()
         .map(|x| lin(&head, &rms(x, &norm), vocab))
         .collect()
+}
+
+/// y = W x with W stored [out, in].
+fn lin(wt: &[f64], x: &[f64], out: usize) -> Vec<f64> {
+    (0..out)
+        .map(|o| {
+            wt[o * x.len()..(o + 1) * x.len()]
+                .iter()
+                .zip(x)
+                .map(|(a, b)| a * b)
+                .sum()
+        })
+        .collect()
+}
+
+/// `down(silu(gate x) * up x)` with the three matrices stored [out, in].
+fn swiglu([wg, wu, wd]: &[Vec<f64>; 3], x: &[f64], inter: usize) -> Vec<f64> {
+    let gate = lin(wg, x, inter);
+    let up = lin(wu, x, inter);
+    let act: Vec<f64> = gate
+        .iter()
+        .zip(&up)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect();
+    lin(wd, &act, x.len())
+}
+
+/// A layer's MLP in the reference.
+enum RefFfn {
+    Dense([Vec<f64>; 3]),
+    /// transformers' `Qwen3MoeSparseMoeBlock`: softmax over the router logits, the `top_k` largest
+    /// probabilities (ties: lower expert first), divided by their sum when `norm`, weighting
+    /// those experts' SwiGLU outputs.
+    Moe {
+        router: Vec<f64>,
+        experts: Vec<[Vec<f64>; 3]>,
+        inter: usize,
+        top_k: usize,
+        norm: bool,
+    },
+}
+
+impl RefFfn {
+    fn forward(&self, h: &[f64], dense_inter: usize) -> Vec<f64> {
+        match self {
+            RefFfn::Dense(m) => swiglu(m, h, dense_inter),
+            RefFfn::Moe {
+                router,
+                experts,
+                inter,
+                top_k,
+                norm,
+            } => {
+                let logits = lin(router, h, experts.len());
+                let mx = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
+                let z: f64 = e.iter().sum();
+                let mut order: Vec<usize> = (0..experts.len()).collect();
+                order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+                let chosen = &order[..*top_k];
+                let sum: f64 = chosen.iter().map(|&i| e[i] / z).sum();
+                let mut out = vec![0.0; h.len()];
+                for &i in chosen {
+                    let wt = e[i] / z / if *norm { sum } else { 1.0 };
+                    let y = swiglu(&experts[i], h, *inter);
+                    out.iter_mut().zip(&y).for_each(|(o, v)| *o += wt * v);
+                }
+                out
+            }
+        }
+    }
 }
 
 /// max over rows of max|a - b| / max|b|.

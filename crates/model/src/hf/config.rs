@@ -1,11 +1,12 @@
 //! HF `config.json` → [`ModelConfig`] (and Llama 3 RoPE frequency divisors). Field names and
-//! defaults follow transformers' `LlamaConfig`, `MistralConfig`, `Qwen2Config` and `Qwen3Config`;
-//! both the older `rope_theta` / `rope_scaling` fields and transformers 5's `rope_parameters` are
-//! read.
+//! defaults follow transformers' `LlamaConfig`, `MistralConfig`, `Qwen2Config`, `Qwen3Config` and
+//! `Qwen3MoeConfig`; both the older `rope_theta` / `rope_scaling` fields and transformers 5's
+//! `rope_parameters` are read (and both names of the expert count, `num_experts` and v5's
+//! `num_local_experts`).
 
 use serde_json::{Map, Value};
 
-use quire_core::{Architecture, ModelConfig, RopeStyle};
+use quire_core::{Architecture, ModelConfig, MoeConfig, RopeStyle};
 
 use crate::ModelError;
 
@@ -112,9 +113,11 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         "MistralForCausalLM" | "mistral" => Architecture::Mistral,
         "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
         "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
+        "Qwen3MoeForCausalLM" | "qwen3_moe" => Architecture::Qwen3Moe,
         other => {
             return Err(ModelError::UnsupportedArch(format!(
-                "{other} (HF: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
+                "{other} (HF: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+                 Qwen3ForCausalLM, Qwen3MoeForCausalLM)"
             )))
         }
     };
@@ -200,11 +203,22 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         }
     }
 
+    let moe = match arch {
+        Architecture::Qwen3Moe => Some(moe_config(&f, num_layers)?),
+        _ => None,
+    };
+    let intermediate_size = match (f.usize_opt("intermediate_size")?, &moe) {
+        (Some(v), _) => v,
+        // The dense MLP size is unused when every layer has experts.
+        (None, Some(m)) => m.expert_intermediate_size,
+        (None, None) => f.usize_req("intermediate_size")?,
+    };
+
     let rms_norm_eps = f.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
     let config = ModelConfig {
         arch,
         hidden_size: hidden,
-        intermediate_size: f.usize_req("intermediate_size")?,
+        intermediate_size,
         num_layers,
         num_heads,
         num_kv_heads,
@@ -214,14 +228,13 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         rms_norm_eps: rms_norm_eps as f32,
         rope_theta: rope_theta as f32,
         rope_dim: head_dim,
-        // HF checkpoints keep Q/K rows unpermuted: rotate-half RoPE for all four families.
+        // HF checkpoints keep Q/K rows unpermuted: rotate-half RoPE for all five families.
         rope_style: RopeStyle::Neox,
         tie_word_embeddings: !has_tensor("lm_head.weight"),
         attention_bias: has_tensor("model.layers.0.self_attn.q_proj.bias"),
         qk_norm: has_tensor("model.layers.0.self_attn.q_norm.weight"),
         sliding_window,
-        // Qwen3MoeForCausalLM is not read from HF folders yet (GGUF only).
-        moe: None,
+        moe,
     };
     config.validate().map_err(bad)?;
     if config.num_layers > 4096 || config.hidden_size > 1 << 20 || config.vocab_size > 1 << 24 {
@@ -246,6 +259,68 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         arch_name,
         bos_token_id: f.ids("bos_token_id").first().copied(),
         eos_token_ids: f.ids("eos_token_id"),
+    })
+}
+
+/// Qwen3-MoE's experts (transformers' `Qwen3MoeConfig`; `norm_topk_prob` defaults to false there).
+/// transformers makes layer `i` a dense MLP of `intermediate_size` when `i` is in `mlp_only_layers`
+/// or `(i + 1) % decoder_sparse_step != 0`; quire's [`ModelConfig`] has experts on every layer or
+/// none (the CPU backend takes one FFN kind per model), so such configs are refused by key.
+fn moe_config(f: &Fields, num_layers: usize) -> Result<MoeConfig, ModelError> {
+    let num_experts = match (
+        f.usize_opt("num_experts")?,
+        f.usize_opt("num_local_experts")?,
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(bad(format!(
+                "num_experts ({a}) and num_local_experts ({b}) disagree"
+            )))
+        }
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) => return Err(bad("missing field num_experts (or num_local_experts)")),
+    };
+    if num_experts > 1 << 16 {
+        return Err(bad(format!("implausible expert count {num_experts}")));
+    }
+    let step = f.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(bad("decoder_sparse_step is 0"));
+    }
+    let only: Vec<usize> = match f.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|x| usize::try_from(x).ok())
+                    .ok_or_else(|| bad(format!("mlp_only_layers holds a non-index {v}")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(v) => return Err(bad(format!("mlp_only_layers is not a list: {v}"))),
+    };
+    let listed: Vec<usize> = only.iter().copied().filter(|&i| i < num_layers).collect();
+    let off_step: Vec<usize> = (0..num_layers).filter(|i| (i + 1) % step != 0).collect();
+    if !listed.is_empty() || !off_step.is_empty() {
+        let mut why = Vec::new();
+        if !listed.is_empty() {
+            why.push(format!("mlp_only_layers {listed:?}"));
+        }
+        if !off_step.is_empty() {
+            why.push(format!(
+                "decoder_sparse_step {step} leaves layers {off_step:?} dense"
+            ));
+        }
+        return Err(bad(format!(
+            "{}: dense MLP layers in a Qwen3-MoE model are not supported (quire runs experts on \
+             every layer)",
+            why.join("; ")
+        )));
+    }
+    Ok(MoeConfig {
+        num_experts,
+        num_experts_per_tok: f.usize_req("num_experts_per_tok")?,
+        expert_intermediate_size: f.usize_req("moe_intermediate_size")?,
+        norm_topk_prob: f.bool_opt("norm_topk_prob")?.unwrap_or(false),
     })
 }
 
@@ -437,5 +512,77 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(untied.contains("lm_head.weight"), "{untied}");
+    }
+
+    const QWEN3_MOE: &str = r#"{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 320,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": false, "use_sliding_window": false, "sliding_window": null,
+        "max_window_layers": 2}"#;
+
+    #[test]
+    fn qwen3_moe_keys() {
+        let c = parse(QWEN3_MOE, &all).unwrap().config;
+        assert_eq!(c.arch, Architecture::Qwen3Moe);
+        assert_eq!((c.head_dim, c.intermediate_size), (16, 128));
+        assert!(c.qk_norm && c.sliding_window.is_none());
+        let m = c.moe.unwrap();
+        assert_eq!(
+            (
+                m.num_experts,
+                m.num_experts_per_tok,
+                m.expert_intermediate_size
+            ),
+            (8, 2, 32)
+        );
+        assert!(m.norm_topk_prob);
+
+        // transformers 5 names the count num_local_experts; norm_topk_prob defaults to false;
+        // a missing dense size falls back to the experts' (it is unused).
+        let v5 = with(
+            QWEN3_MOE,
+            &[
+                ("num_experts", Value::Null),
+                ("num_local_experts", 4.into()),
+                ("norm_topk_prob", Value::Null),
+                ("intermediate_size", Value::Null),
+                ("architectures", Value::Null),
+            ],
+        );
+        let c5 = parse(&v5, &all).unwrap().config;
+        let m5 = c5.moe.unwrap();
+        assert_eq!((m5.num_experts, m5.norm_topk_prob), (4, false));
+        assert_eq!(c5.intermediate_size, 32);
+
+        let e = |edits: &[(&str, Value)]| {
+            parse(&with(QWEN3_MOE, edits), &all)
+                .unwrap_err()
+                .to_string()
+        };
+        let only = e(&[("mlp_only_layers", serde_json::json!([1]))]);
+        assert!(
+            only.contains("mlp_only_layers [1]") && only.contains("not supported"),
+            "{only}"
+        );
+        // Indices past the last layer change nothing.
+        assert!(parse(
+            &with(QWEN3_MOE, &[("mlp_only_layers", serde_json::json!([7]))]),
+            &all
+        )
+        .is_ok());
+        let step = e(&[("decoder_sparse_step", 2.into())]);
+        assert!(
+            step.contains("decoder_sparse_step 2 leaves layers [0]"),
+            "{step}"
+        );
+        assert!(e(&[("decoder_sparse_step", 0.into())]).contains("decoder_sparse_step is 0"));
+        assert!(e(&[("mlp_only_layers", 1.into())]).contains("mlp_only_layers is not a list"));
+        assert!(e(&[("num_experts", Value::Null)]).contains("num_experts (or num_local_experts)"));
+        assert!(e(&[("num_local_experts", 4.into())]).contains("disagree"));
+        assert!(e(&[("moe_intermediate_size", Value::Null)]).contains("moe_intermediate_size"));
+        assert!(e(&[("num_experts_per_tok", 9.into())]).contains("exceed"));
     }
 }

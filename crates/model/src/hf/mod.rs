@@ -1,4 +1,4 @@
-//! Hugging Face model folders (Llama, Mistral, Qwen2, Qwen3): `config.json`, safetensors weights
+//! Hugging Face model folders (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE): `config.json`, safetensors weights
 //! (one file or shards with their index), `tokenizer.json`, `tokenizer_config.json` (chat template,
 //! BOS/EOS) and `generation_config.json` (end-of-generation ids) → the same [`LoadedModel`] as a
 //! GGUF file. Weights stay memory-mapped in their stored type (F32, F16 or BF16); every tensor's
@@ -6,9 +6,11 @@
 //!
 //! HF stores a Linear weight as `[out, in]` row-major, which is ggml's `dims = [in, out]` (row
 //! length first), so shapes are only reversed, never transposed; and HF Q/K rows are not permuted,
-//! so RoPE is the rotate-half (Neox) style for all four families.
+//! so RoPE is the rotate-half (Neox) style for all five families. Qwen3-MoE's per-expert tensors
+//! are stacked into the backends' expert slabs by `experts` (the one place that copies weights).
 
 mod config;
+mod experts;
 mod shards;
 
 use std::path::Path;
@@ -131,10 +133,14 @@ fn weights(
             q_norm: norm("self_attn.q_norm.weight")?,
             k_norm: norm("self_attn.k_norm.weight")?,
             ffn_norm: t("post_attention_layernorm.weight", &[hd])?,
-            ffn: FfnWeights::Dense {
-                w_gate: t("mlp.gate_proj.weight", &[hd, inter])?,
-                w_up: t("mlp.up_proj.weight", &[hd, inter])?,
-                w_down: t("mlp.down_proj.weight", &[inter, hd])?,
+            ffn: if cfg.moe.is_some() {
+                FfnWeights::Moe(experts::load(sh, &p, cfg)?)
+            } else {
+                FfnWeights::Dense {
+                    w_gate: t("mlp.gate_proj.weight", &[hd, inter])?,
+                    w_up: t("mlp.up_proj.weight", &[hd, inter])?,
+                    w_down: t("mlp.down_proj.weight", &[inter, hd])?,
+                }
             },
         });
     }
@@ -243,7 +249,7 @@ fn meta(dir: &Path, sh: &Shards, hc: &HfConfig) -> ModelMeta {
         .sum();
     let mut by_type: Vec<(String, u64)> = Vec::new();
     for (name, e) in &sh.tensors {
-        if e.shape.len() != 2 || name == "model.embed_tokens.weight" {
+        if e.shape.len() < 2 || name == "model.embed_tokens.weight" {
             continue;
         }
         let t = format!("{:?}", e.dtype);

@@ -145,9 +145,10 @@ impl Shards {
         self.files.iter().map(|f| f.map.len() as u64).sum()
     }
 
-    /// The tensor in ggml dimension order (reversed HF shape), checked against `want` (also ggml
-    /// order, e.g. `[in, out]` for a Linear weight stored `[out, in]`).
-    pub fn tensor(&self, name: &str, want: &[usize]) -> Result<HostTensor, ModelError> {
+    /// The stored type and bytes of tensor `name` (borrowing the mapping, whatever their
+    /// alignment), its shape checked against `want` (ggml order: the HF shape reversed, e.g.
+    /// `[in, out]` for a Linear weight stored `[out, in]`).
+    pub fn raw(&self, name: &str, want: &[usize]) -> Result<(GgmlType, &[u8]), ModelError> {
         let e = self
             .tensors
             .get(name)
@@ -158,14 +159,31 @@ impl Shards {
                 e.dtype
             ))
         })?;
-        let dims: Vec<usize> = e.shape.iter().rev().copied().collect();
-        if dims != want {
+        if !e.shape.iter().rev().eq(want) {
             return Err(ModelError::Invalid(format!(
                 "tensor {name} has shape {:?}, the config needs {:?}",
                 e.shape,
                 want.iter().rev().collect::<Vec<_>>()
             )));
         }
+        let bytes = e
+            .start
+            .checked_add(e.len)
+            .and_then(|end| self.files[e.file].map.get(e.start..end))
+            .filter(|b| b.len() == want.iter().product::<usize>() * dtype.type_size())
+            .ok_or_else(|| {
+                ModelError::Invalid(format!(
+                    "tensor {name} lies outside its file or has a bad size"
+                ))
+            })?;
+        Ok((dtype, bytes))
+    }
+
+    /// The tensor in ggml dimension order (reversed HF shape), checked against `want` (also ggml
+    /// order, e.g. `[in, out]` for a Linear weight stored `[out, in]`).
+    pub fn tensor(&self, name: &str, want: &[usize]) -> Result<HostTensor, ModelError> {
+        let (dtype, _) = self.raw(name, want)?;
+        let e = &self.tensors[name];
         let owner: Arc<dyn ByteOwner> = self.files[e.file].clone();
         let mut bytes = TensorBytes::new(owner, e.start, e.len)
             .ok_or_else(|| ModelError::Invalid(format!("tensor {name} lies outside its file")))?;
@@ -173,13 +191,14 @@ impl Shards {
         // number of 2-byte elements is misaligned for f32. Backends read rows in place, so such
         // a tensor is copied to an aligned buffer.
         if !(bytes.as_slice().as_ptr() as usize).is_multiple_of(dtype.type_size()) {
-            bytes = TensorBytes::new(Arc::new(AlignedCopy::new(bytes.as_slice())), 0, e.len)
-                .ok_or_else(|| ModelError::Invalid(format!("tensor {name}: copy failed")))?;
+            let mut copy = AlignedBuf::zeroed(e.len);
+            copy.bytes_mut().copy_from_slice(bytes.as_slice());
+            bytes = copy.into_tensor_bytes();
         }
         Ok(HostTensor {
             name: name.to_string(),
             dtype,
-            dims,
+            dims: want.to_vec(),
             bytes,
         })
     }
@@ -193,28 +212,35 @@ impl Shards {
     }
 }
 
-/// Bytes copied into 8-byte-aligned storage.
-struct AlignedCopy {
+/// Zero-initialized bytes in 8-byte-aligned storage (a `Vec<u8>` promises no alignment, and
+/// backends read f32 rows in place): the target of misaligned tensors' copies and of stacked
+/// experts.
+pub struct AlignedBuf {
     words: Vec<u64>,
     len: usize,
 }
 
-impl AlignedCopy {
-    fn new(src: &[u8]) -> Self {
-        let mut words = vec![0u64; src.len().div_ceil(8)];
-        for (w, chunk) in words.iter_mut().zip(src.chunks(8)) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            *w = u64::from_ne_bytes(b);
-        }
+impl AlignedBuf {
+    pub fn zeroed(len: usize) -> Self {
         Self {
-            words,
-            len: src.len(),
+            words: vec![0u64; len.div_ceil(8)],
+            len,
         }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `words` holds at least `len` initialized bytes, borrowed mutably through
+        // `self`; u8 has no alignment needs and every bit pattern is a valid u64.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, self.len) }
+    }
+
+    pub fn into_tensor_bytes(self) -> TensorBytes {
+        let len = self.len;
+        TensorBytes::new(Arc::new(self), 0, len).expect("the whole buffer is in range")
     }
 }
 
-impl ByteOwner for AlignedCopy {
+impl ByteOwner for AlignedBuf {
     fn bytes(&self) -> &[u8] {
         // SAFETY: `words` holds at least `len` initialized bytes; u8 has no alignment needs.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.len) }
