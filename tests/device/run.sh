@@ -124,6 +124,15 @@ e2e)  # end to end, f16 shapes
     done
     "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
     ;;
+recheck)  # after refactors: kernel parity, K-quant matmul timings, one attention and one e2e number
+    for t in cuda_attention cuda_quant cuda_ops; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked"
+    done
+    "$W"/cuda_matmul_bench --reps 100 2>&1 | grep -E "Q4_K|Q5_K|Q6_K|Q4_0 \|"
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size 16 --max-blocks 256 --active-blocks 256 --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
+    "$Q" make-model --preset llama3.2-1b --dtype f16 "$W/llama3.2-1b-f16.gguf" 2>&1 | tail -1
+    "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama"
+    ;;
 diag)  # CUDA vs CPU on a truncated default model (.dev/smol-2l.gguf: its first 2 layers)
     QUIRE_PARITY_MODEL=.dev/smol-2l.gguf QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture teacher 2>&1 | grep -E "CUDA|CPU|test result"
     ;;

@@ -1,5 +1,6 @@
 //! Microbenchmark of the GPU matmuls a decode step runs: cuBLAS on f16 weights against the
-//! quantized kernels (Q8_0, Q4_0, Q4_1 with 8-bit activations) on the weight shapes of Llama-3-8B,
+//! quantized kernels (Q8_0, Q4_0, Q4_1, and Q4_K/Q5_K/Q6_K where rows hold whole super-blocks,
+//! with 8-bit activations) on the weight shapes of Llama-3-8B,
 //! Llama-3.2-1B and SmolLM2-135M, for 1 and 8 tokens. Every case is timed with CUDA events over
 //! many launches after a warm-up; it prints the median and spread per launch and the weight bytes
 //! read per second, beside the copy ceiling (`--ceiling-gbs`, default 3000: a device-to-device copy
@@ -75,7 +76,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
         ] {
+            if !k.is_multiple_of(dtype.block_size()) {
+                continue; // K-quants need rows of whole 256-element super-blocks
+            }
             let mut row = vec![];
             quire_gguf::quantize_row(dtype, &pattern, &mut row)?;
             let mut bytes = Vec::with_capacity(row.len() * out);

@@ -9,7 +9,7 @@ use quire_backend::cuda::gpu::Gpu;
 use quire_perf::chips::{self, Chip};
 use serde::Serialize;
 
-use crate::bench::Roofs;
+use crate::roofs::Roofs;
 
 /// Size of the copied buffer (less when free GPU memory is short).
 const COPY_BYTES: usize = 1 << 30;

@@ -16,6 +16,7 @@ mod perplexity;
 mod profile;
 mod quantize;
 mod roofline;
+mod roofs;
 mod serve;
 mod serve_bench;
 

@@ -208,37 +208,11 @@ impl Gpu {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        let alpha = 1.0f32;
-        // Row-major y[n, out] is column-major [out, n] = wᵀ(col-major [in, out])ᵀ · x(col-major [in, n]).
-        // SAFETY: the caller passes device buffers of the stated shapes.
-        unsafe {
-            blas_result::gemm_ex(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                out as i32,
-                n as i32,
-                k_in as i32,
-                &alpha as *const f32 as *const _,
-                w as *const _,
-                blas_sys::cudaDataType::CUDA_R_16F,
-                k_in as i32,
-                x as *const _,
-                blas_sys::cudaDataType::CUDA_R_16F,
-                k_in as i32,
-                &beta as *const f32 as *const _,
-                y as *mut _,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                out as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| BackendError::Cuda(format!("cuBLAS GEMM {n}x{k_in}x{out}: {e}")))
+        let f16 = blas_sys::cudaDataType::CUDA_R_16F;
+        self.gemm(f16, x, w, y, (n, k_in, out), beta)
+            .map_err(|e| BackendError::Cuda(format!("cuBLAS GEMM {n}x{k_in}x{out}: {e}")))
     }
-}
 
-impl Gpu {
     /// `y[n, out] = x[n, in] · w[out, in]ᵀ + beta · y`, all f32 (full-precision FP32 math).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_f32(
@@ -251,6 +225,22 @@ impl Gpu {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
+        let f32 = blas_sys::cudaDataType::CUDA_R_32F;
+        self.gemm(f32, x, w, y, (n, k_in, out), beta)
+            .map_err(|e| BackendError::Cuda(format!("cuBLAS SGEMM {n}x{k_in}x{out}: {e}")))
+    }
+
+    /// The one cuBLAS call behind both: `x` and `w` of type `input`, `y` f32, f32 compute.
+    /// Row-major y[n, out] is column-major [out, n] = wᵀ(col-major [in, out])ᵀ · x(col-major [in, n]).
+    fn gemm(
+        &self,
+        input: blas_sys::cudaDataType,
+        x: u64,
+        w: u64,
+        y: u64,
+        (n, k_in, out): (usize, usize, usize),
+        beta: f32,
+    ) -> Result<(), blas_result::CublasError> {
         let alpha = 1.0f32;
         // SAFETY: the caller passes device buffers of the stated shapes.
         unsafe {
@@ -263,10 +253,10 @@ impl Gpu {
                 k_in as i32,
                 &alpha as *const f32 as *const _,
                 w as *const _,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                input,
                 k_in as i32,
                 x as *const _,
-                blas_sys::cudaDataType::CUDA_R_32F,
+                input,
                 k_in as i32,
                 &beta as *const f32 as *const _,
                 y as *mut _,
@@ -276,7 +266,6 @@ impl Gpu {
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| BackendError::Cuda(format!("cuBLAS SGEMM {n}x{k_in}x{out}: {e}")))
     }
 }
 

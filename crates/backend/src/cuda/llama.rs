@@ -9,13 +9,16 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph};
 use half::f16;
 use quire_core::ModelConfig;
+use quire_gguf::GgmlType;
 
 use super::attention::{pack_meta, Meta, PagedAttention};
 use super::forward::Step;
 use super::gpu::{DBuf, Gpu, KArg};
 use super::moe::{MoeKernels, MoeLayer, MoeScratch};
 use super::nvrtc;
-use super::qmat::{is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES};
+use super::qmat::{
+    is_block32_quant, is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES,
+};
 use super::CudaOptions;
 use crate::{BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat};
 
@@ -153,31 +156,41 @@ impl CudaExecutor {
         let (free_before, total) = gpu.mem_info()?;
         let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
         let keep_quant = opts.quantized_weights;
-        let dev_bytes = |t: &HostTensor| {
-            if keep_quant && is_native_quant(t.dtype) {
+        // Bytes on the device: stored bytes where the kernels read the type (the MoE expert
+        // kernels only the 32-element types), else f16.
+        let dev_bytes = |(t, stays): (&HostTensor, fn(GgmlType) -> bool)| {
+            if keep_quant && stays(t.dtype) {
                 t.bytes.as_slice().len()
             } else {
                 2 * t.n_elements()
             }
         };
+        let dense: fn(GgmlType) -> bool = is_native_quant;
+        let experts: fn(GgmlType) -> bool = is_block32_quant;
         let weight_bytes: usize = w
             .layers
             .iter()
             .flat_map(|l| {
-                let ffn: Vec<&HostTensor> = match &l.ffn {
+                let ffn = match &l.ffn {
                     crate::FfnWeights::Dense {
                         w_gate,
                         w_up,
                         w_down,
-                    } => vec![w_gate, w_up, w_down],
-                    crate::FfnWeights::Moe(m) => {
-                        vec![&m.gate_inp, &m.gate_exps, &m.up_exps, &m.down_exps]
-                    }
+                    } => vec![(w_gate, dense), (w_up, dense), (w_down, dense)],
+                    crate::FfnWeights::Moe(m) => vec![
+                        (&m.gate_inp, dense),
+                        (&m.gate_exps, experts),
+                        (&m.up_exps, experts),
+                        (&m.down_exps, experts),
+                    ],
                 };
-                [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(ffn)
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .map(|t| (t, dense))
+                    .chain(ffn)
             })
-            .chain(std::iter::once(&w.tok_embd))
-            .chain(w.output.as_ref())
+            .chain([(&w.tok_embd, dense)])
+            .chain(w.output.as_ref().map(|t| (t, dense)))
             .map(dev_bytes)
             .sum();
         if weight_bytes as f64 > free_before as f64 * opts.gpu_memory_utilization as f64 {

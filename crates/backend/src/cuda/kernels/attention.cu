@@ -45,6 +45,19 @@ __device__ __forceinline__ void load8(const half_t* __restrict__ p, float* v) {
     }
 }
 
+// The fused KV write: row's K and V (after RoPE, in its QKV row) into its cache slot, rounded to
+// f16. Done by split 0 of each (row, KV head).
+__device__ __forceinline__ void write_step_kv(const float* __restrict__ qrow, int q_size, int kv_size,
+                                              int kvh, half_t* __restrict__ k_cache,
+                                              half_t* __restrict__ v_cache, int slot,
+                                              int num_kv_heads) {
+    const long dst = ((long)slot * num_kv_heads + kvh) * HEAD_DIM;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        k_cache[dst + d] = f2h(qrow[q_size + kvh * HEAD_DIM + d]);
+        v_cache[dst + d] = f2h(qrow[q_size + kv_size + kvh * HEAD_DIM + d]);
+    }
+}
+
 // The output row: f16 for cuBLAS, or f32 when the next matmul quantizes it to 8-bit blocks (the
 // CPU quantizes its f32 attention output; rounding to f16 first would move a few % of them by a step).
 __device__ __forceinline__ void store_out(void* out, int out_f32, long i, float v) {
@@ -126,13 +139,8 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
     const int ctx = first_new + (row - s.query_start) + 1;  // causal: keys 0..=pos
     const float* qrow = qkv + (long)row * qkv_stride;
 
-    if (split == 0) {  // the fused KV write
-        const long dst = ((long)slot_mapping[row] * num_kv_heads + kvh) * HEAD_DIM;
-        for (int d = tid; d < HEAD_DIM; d += blockDim.x) {
-            k_cache[dst + d] = f2h(qrow[q_size + kvh * HEAD_DIM + d]);
-            v_cache[dst + d] = f2h(qrow[q_size + kv_size + kvh * HEAD_DIM + d]);
-        }
-    }
+    if (split == 0)  // the fused KV write
+        write_step_kv(qrow, q_size, kv_size, kvh, k_cache, v_cache, slot_mapping[row], num_kv_heads);
     // Each row divides its own keys into `splits` parts of whole warp chunks, so a launch's shape
     // depends only on the batch size (graph-friendly) and short rows leave their last splits empty.
     // Sliding window (window > 0): keys p - window < j <= p, i.e. j >= ctx - window.
@@ -361,13 +369,8 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     const int ctx = first_new + (row - s.query_start) + 1;  // causal: keys 0..=pos
     const float* qrow = qkv + (long)row * qkv_stride;
 
-    if (split == 0) {  // the fused KV write
-        const long dst = ((long)slot_mapping[row] * num_kv_heads + kvh) * HEAD_DIM;
-        for (int d = tid; d < HEAD_DIM; d += blockDim.x) {
-            k_cache[dst + d] = f2h(qrow[q_size + kvh * HEAD_DIM + d]);
-            v_cache[dst + d] = f2h(qrow[q_size + kv_size + kvh * HEAD_DIM + d]);
-        }
-    }
+    if (split == 0)  // the fused KV write
+        write_step_kv(qrow, q_size, kv_size, kvh, k_cache, v_cache, slot_mapping[row], num_kv_heads);
     // Splits of whole tiles, each row dividing its own keys (see paged_attention).
     const int lo = window > 0 ? max(0, ctx - window) : 0;
     const int keys_per_split =
