@@ -124,6 +124,19 @@ e2e)  # end to end, f16 shapes
     done
     "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
     ;;
+pf)  # the prefill kernel: parity, attn-bench prefill mode, 8B pp512 end to end with its profile
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "^test |test result|panicked|FAILED|worst" | head -20
+    for cfg in "1 512 512" "4 2048 512" "16 1024 64"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --mode prefill --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size 16 --max-blocks $(( $2 / 16 )) --active-blocks $(( $2 / 16 )) --query-len $3 --repeats 50 2>&1 | grep -E "parity paged|^\| paged|splits"
+    done
+    for preset in llama3-8b llama3.2-1b smollm2-135m; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+        "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)"
+    done
+    "$Q" profile -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -r 3 2>&1 | head -60
+    ;;
 recheck)  # after refactors: kernel parity, K-quant matmul timings, one attention and one e2e number
     for t in cuda_attention cuda_quant cuda_ops; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked"

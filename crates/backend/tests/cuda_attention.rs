@@ -1,14 +1,15 @@
 //! CUDA paged attention against the f64 dense reference on random paged batches: every block size,
 //! GQA ratios 1 to 8, head dims 64, 128 and 256, decode rows, prompt chunks on top of a cache and
 //! fresh prompts in one launch, non-contiguous block tables, unused cache slots NaN-poisoned, long
-//! contexts that split the keys, f16 and f32 output rows. Mixed batches run `paged_attention`,
-//! all-decode batches `paged_decode` (checked per case). Needs a GPU; skipped without one unless
+//! contexts that split the keys, f16 and f32 output rows. Sequences with chunks of 16+ rows run
+//! `paged_prefill` (tensor cores), other rows of mixed batches `paged_attention`, all-decode
+//! batches `paged_decode` (checked per case). Needs a GPU; skipped without one unless
 //! QUIRE_REQUIRE_GPU is set.
 #![cfg(feature = "cuda")]
 
 use half::f16;
 use quire_backend::cpu::attention::{dense_reference, AttnParams};
-use quire_backend::cuda::attention::{HostRun, PagedAttention};
+use quire_backend::cuda::attention::{HostRun, PagedAttention, PREFILL_MIN_ROWS};
 use quire_backend::cuda::gpu::Gpu;
 use quire_backend::{ForwardBatch, SeqBatch};
 use quire_core::BlockId;
@@ -124,6 +125,15 @@ fn case(
         run.plan.decode,
         seqs.iter().all(|s| s.0 == 1),
         "all-decode batches (only they) take the decode kernel"
+    );
+    let tiled: usize = seqs
+        .iter()
+        .filter(|s| s.0 >= PREFILL_MIN_ROWS)
+        .map(|s| s.0.div_ceil(a.prefill_rows()))
+        .sum();
+    assert_eq!(
+        run.layout.num_tiles, tiled,
+        "chunks of {PREFILL_MIN_ROWS}+ rows (only they) take the prefill kernel"
     );
     run.out_f32 = rng.random_bool(0.5);
     run.launch(g, &a).unwrap();
@@ -317,4 +327,36 @@ fn decode_splits_and_windows_match() {
         let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, window);
         assert!(err < 2e-3, "{seqs:?} window {window:?}: rel err {err:.2e}");
     }
+}
+
+/// The prefill kernel: prompt chunks alone and on top of a cached context, beside decode rows and
+/// short chunks in one batch, every block size, GQA 1 to 8, head dims 64, 128 and 256, chunk
+/// lengths around the tile size (64 score rows / GQA query rows) and the key tile (64 keys; 32 at
+/// head_dim 256), with and without windows.
+#[test]
+fn prefill_chunks_match_the_dense_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut worst = 0f64;
+    for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
+        for d in [64, 128, 256] {
+            for bs in [16, 32, 64, 128] {
+                let cached = rng.random_range(0..300);
+                let q = rng.random_range(16..200);
+                let seqs = [(q, q + cached), (1, 77), (64, 64), (7, 40), (17, 17 + 65)];
+                for window in [None, Some(rng.random_range(1..90))] {
+                    let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
+                    assert!(
+                        err < 2e-3,
+                        "prefill Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
+                    );
+                    worst = worst.max(err);
+                }
+            }
+        }
+    }
+    // A lone 512-token prompt from an empty cache, as `bench` pp512 runs it.
+    let err = case(&g, &mut rng, 32, 8, 128, 16, &[(512, 512)], None);
+    assert!(err < 2e-3, "512-token prompt: rel err {err:.2e}");
+    eprintln!("paged prefill: worst relative error {worst:.2e}");
 }

@@ -3,7 +3,8 @@
 //! against the dense f64 reference, and every dispatch timed with CUDA events. "dense" is the same
 //! kernel over each sequence's blocks laid out contiguously, so paged / dense is the cost of paging.
 //! The launch is planned as the engine plans it: decode mode (query_len 1) times `paged_decode`,
-//! prefill mode `paged_attention`, with the engine's splits for this batch and context.
+//! prefill mode `paged_prefill` (chunks of 16+ rows; shorter ones `paged_attention`, with the
+//! engine's splits for this batch and context).
 
 use anyhow::{bail, Context, Result};
 use half::f16;
@@ -148,7 +149,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
             logits_indices: &[],
         };
         let run = HostRun::new(&g, &attn, &qkv, stride, &batch, bs, &k_cache, &v_cache)?;
-        plan = Some(run.plan);
+        plan = Some((run.plan, run.layout.num_tiles));
         run.launch(&g, &attn)?;
         let (out, _, _) = run.read(&g)?;
         let (mut num, mut den, mut bad) = (0f64, 0f64, 0usize);
@@ -192,7 +193,13 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     if parity.iter().any(|x| !x.2) {
         bail!("attention output differs from the reference (NaN means a poisoned slot was read)");
     }
-    let plan = plan.expect("two runs");
+    let (plan, tiles) = plan.expect("two runs");
+    let kernel = kernel_name(plan.decode, tiles);
+    let ctas = if tiles > 0 {
+        tiles * a.kv_heads
+    } else {
+        tokens * a.kv_heads * plan.splits
+    };
     if let Some(path) = &a.csv {
         let text = dispatch_csv(
             &[
@@ -203,7 +210,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
                 ("head_dim", d.to_string()),
                 ("block_size", bs.to_string()),
                 ("splits", plan.splits.to_string()),
-                ("kernel", kernel_name(plan.decode).to_string()),
+                ("kernel", kernel.to_string()),
             ],
             &times,
             bytes,
@@ -216,7 +223,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
             "settings": {"batch": b, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": d, "block_size": bs,
                 "max_blocks": a.max_blocks, "active_blocks": a.active_blocks, "repeats": a.repeats, "dtype": "float16",
                 "mode": a.mode, "query_len": qlen, "seed": a.seed, "backend": "cuda", "splits": plan.splits,
-                "kernel": kernel_name(plan.decode)},
+                "kernel": kernel},
             "parity": parity.iter().map(|(n, rel, _)| serde_json::json!({"kernel": n, "rel_err": rel})).collect::<Vec<_>>(),
         });
         std::fs::write(&meta, serde_json::to_string_pretty(&info)? + "\n")
@@ -231,8 +238,8 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         a.q_heads,
         a.kv_heads,
         plan.splits,
-        kernel_name(plan.decode),
-        tokens * a.kv_heads * plan.splits,
+        kernel,
+        ctas,
         attn.decode_ctas_per_sm(),
         a.repeats
     );
@@ -276,9 +283,11 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn kernel_name(decode: bool) -> &'static str {
+fn kernel_name(decode: bool, prefill_tiles: usize) -> &'static str {
     if decode {
         "paged_decode"
+    } else if prefill_tiles > 0 {
+        "paged_prefill"
     } else {
         "paged_attention"
     }

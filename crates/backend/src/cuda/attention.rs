@@ -7,6 +7,10 @@
 //! memory with cp.async at memory bandwidth. The choice is made per launch on the host (`Plan`);
 //! CUDA graphs only capture decode steps, so a captured launch always takes the decode kernel, its
 //! splits fixed by the batch-size bucket and the cache's maximum context.
+//!
+//! Sequences with a prompt chunk of at least `PREFILL_MIN_ROWS` rows go to a third kernel,
+//! `paged_prefill` (flash attention on tensor cores, one CTA per tile of query rows and KV head;
+//! the tiles are listed in the metadata); the other kernel then skips their rows.
 
 use cudarc::driver::sys::CUfunction_attribute as FuncAttr;
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
@@ -26,10 +30,19 @@ pub struct Meta {
     pub logits_idx: usize,
     pub seqs: usize,
     pub block_tables: usize,
+    /// `paged_prefill`'s work list: `num_tiles` (sequence, first row) pairs covering
+    /// `tiled_rows` rows.
+    pub tiles: usize,
+    pub num_tiles: usize,
+    pub tiled_rows: usize,
 }
 
+/// Sequences whose chunk has at least this many query rows are attended by `paged_prefill`.
+pub const PREFILL_MIN_ROWS: usize = 16;
+
 /// Packs a batch's indices into `m` (cleared first): one host-to-device copy per step.
-pub fn pack_meta(b: &ForwardBatch, m: &mut Vec<i32>) -> Meta {
+/// `prefill_rows`: query rows per `paged_prefill` tile (`PagedAttention::prefill_rows`).
+pub fn pack_meta(b: &ForwardBatch, m: &mut Vec<i32>, prefill_rows: usize) -> Meta {
     m.clear();
     // Each array starts 16-byte aligned (the SeqInfo array is read as int4).
     let mark = |m: &mut Vec<i32>| {
@@ -65,6 +78,17 @@ pub fn pack_meta(b: &ForwardBatch, m: &mut Vec<i32>) -> Meta {
     for s in b.seqs {
         m.extend(s.block_table.iter().map(|b| b.as_usize() as i32));
     }
+    let tiles = mark(m);
+    let (mut num_tiles, mut tiled_rows) = (0, 0);
+    for (i, s) in b.seqs.iter().enumerate() {
+        if s.query_len >= PREFILL_MIN_ROWS {
+            for first in (0..s.query_len).step_by(prefill_rows.max(1)) {
+                m.extend([i as i32, first as i32]);
+                num_tiles += 1;
+            }
+            tiled_rows += s.query_len;
+        }
+    }
     Meta {
         tokens,
         positions,
@@ -73,6 +97,9 @@ pub fn pack_meta(b: &ForwardBatch, m: &mut Vec<i32>) -> Meta {
         logits_idx,
         seqs,
         block_tables,
+        tiles,
+        num_tiles,
+        tiled_rows,
     }
 }
 
@@ -99,7 +126,10 @@ fn decode_smem(head_dim: usize, gqa: usize) -> usize {
 pub struct PagedAttention {
     attention: CudaFunction,
     decode: CudaFunction,
+    prefill: CudaFunction,
     reduce: CudaFunction,
+    /// `paged_prefill`'s dynamic shared memory (prefill.cu's PF_SMEM).
+    prefill_smem: u32,
     /// `paged_decode`'s dynamic shared memory and how many of its CTAs fit on one SM.
     decode_smem: u32,
     decode_ctas_per_sm: usize,
@@ -152,44 +182,21 @@ impl PagedAttention {
             &nvrtc::ATTENTION,
             &[("HEAD_DIM", head_dim.to_string()), ("GQA", gqa.to_string())],
         )?;
-        let decode = Gpu::function(&m, "paged_decode")?;
-        let smem = decode_smem(head_dim, gqa);
-        let err = |what: &'static str| {
-            move |e| {
-                BackendError::Cuda(format!(
-                    "paged_decode ({smem} bytes of shared memory): {what}: {e}"
-                ))
-            }
-        };
         gpu.ctx
             .bind_to_thread()
             .map_err(super::gpu::cuda_err("binding the context"))?;
-        // Over 48 KB of dynamic shared memory needs the opt-in; the carveout preference asks for
-        // the SM's whole shared memory so that several CTAs fit (the kernel bypasses L1).
-        decode
-            .set_attribute(
-                FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(err("setting the dynamic shared memory size"))?;
-        decode
-            .set_attribute(
-                FuncAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                100,
-            )
-            .map_err(err("setting the shared memory carveout"))?;
-        let per_sm = decode
-            .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem, None)
-            .map_err(err("occupancy"))? as usize;
-        if per_sm == 0 {
-            return Err(BackendError::Cuda(format!(
-                "paged_decode does not fit on one multiprocessor ({smem} bytes of shared memory)"
-            )));
-        }
+        let decode = Gpu::function(&m, "paged_decode")?;
+        let smem = decode_smem(head_dim, gqa);
+        let per_sm = big_smem(&decode, "paged_decode", smem)?;
+        let prefill = Gpu::function(&m, "paged_prefill")?;
+        let prefill_smem = prefill_smem(head_dim);
+        big_smem(&prefill, "paged_prefill", prefill_smem)?;
         Ok(Self {
             attention: Gpu::function(&m, "paged_attention")?,
             decode,
+            prefill,
             reduce: Gpu::function(&m, "attention_reduce")?,
+            prefill_smem: prefill_smem as u32,
             decode_smem: smem as u32,
             decode_ctas_per_sm: per_sm,
             num_heads,
@@ -203,6 +210,11 @@ impl PagedAttention {
     pub fn with_window(mut self, window: Option<usize>) -> Self {
         self.window = window.unwrap_or(0);
         self
+    }
+
+    /// Query rows per `paged_prefill` tile: 64 score rows shared by the GQA group's heads.
+    pub fn prefill_rows(&self) -> usize {
+        PREFILL_SCORE_ROWS / (self.num_heads / self.num_kv_heads)
     }
 
     /// How many of `paged_decode`'s CTAs fit on one multiprocessor (the occupancy it is planned for).
@@ -255,6 +267,38 @@ impl PagedAttention {
     ) -> Result<(), BackendError> {
         use KArg::{F, I, P};
         let mp = |off: usize| P(b.meta + 4 * off as u64);
+        let l = &b.layout;
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        if l.num_tiles > 0 {
+            launch_smem(
+                gpu,
+                &self.prefill,
+                (l.num_tiles as u32, self.num_kv_heads as u32, 1),
+                (THREADS, 1, 1),
+                self.prefill_smem,
+                &[
+                    P(b.qkv),
+                    I(b.qkv_stride as i32),
+                    P(b.k_cache),
+                    P(b.v_cache),
+                    mp(l.seqs),
+                    mp(l.block_tables),
+                    mp(l.slots),
+                    mp(l.tiles),
+                    I(self.num_kv_heads as i32),
+                    I(block_size.trailing_zeros() as i32),
+                    F(scale),
+                    I(self.window as i32),
+                    P(b.out),
+                    I(b.out_f32 as i32),
+                ],
+            )?;
+            if l.tiled_rows == n {
+                return Ok(());
+            }
+        }
+        // The other rows; those of tiled sequences are skipped.
+        let skip = if l.num_tiles > 0 { PREFILL_MIN_ROWS } else { 0 } as i32;
         let (f, smem) = if plan.decode {
             (&self.decode, self.decode_smem)
         } else {
@@ -277,12 +321,13 @@ impl PagedAttention {
                 mp(b.layout.slots),
                 I(self.num_kv_heads as i32),
                 I(block_size.trailing_zeros() as i32),
-                F(1.0 / (self.head_dim as f32).sqrt()),
+                F(scale),
                 I(self.window as i32),
                 P(b.out),
                 I(b.out_f32 as i32),
                 P(b.part_acc),
                 P(b.part_ml),
+                I(skip),
             ],
         )?;
         if plan.splits > 1 {
@@ -296,11 +341,55 @@ impl PagedAttention {
                     I(plan.splits as i32),
                     P(b.out),
                     I(b.out_f32 as i32),
+                    mp(l.row_seq),
+                    mp(l.seqs),
+                    I(skip),
                 ],
             )?;
         }
         Ok(())
     }
+}
+
+/// Score rows per `paged_prefill` CTA (prefill.cu's PF_BM).
+const PREFILL_SCORE_ROWS: usize = 64;
+
+/// Dynamic shared memory of `paged_prefill` (prefill.cu's PF_SMEM): Q tile, then two stages of
+/// K and V tiles (32 keys at head_dim 256, else 64), all f16.
+fn prefill_smem(head_dim: usize) -> usize {
+    let keys = if head_dim == 256 { 32 } else { 64 };
+    (PREFILL_SCORE_ROWS + 4 * keys) * head_dim * 2
+}
+
+/// Opts `f` in to `smem` bytes of dynamic shared memory (over 48 KB needs it) with the SM's
+/// whole shared memory preferred over L1; returns how many of its CTAs fit on one multiprocessor.
+fn big_smem(f: &CudaFunction, name: &str, smem: usize) -> Result<usize, BackendError> {
+    let err = |what: &'static str| {
+        move |e| {
+            BackendError::Cuda(format!(
+                "{name} ({smem} bytes of shared memory): {what}: {e}"
+            ))
+        }
+    };
+    f.set_attribute(
+        FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(err("setting the dynamic shared memory size"))?;
+    f.set_attribute(
+        FuncAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        100,
+    )
+    .map_err(err("setting the shared memory carveout"))?;
+    let per_sm = f
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem, None)
+        .map_err(err("occupancy"))? as usize;
+    if per_sm == 0 {
+        return Err(BackendError::Cuda(format!(
+            "{name} does not fit on one multiprocessor ({smem} bytes of shared memory)"
+        )));
+    }
+    Ok(per_sm)
 }
 
 /// Threads per CTA of both attention kernels (4 warps).
@@ -378,7 +467,7 @@ impl HostRun {
             k_cache.len() / (a.num_kv_heads * a.head_dim) / block_size,
         )?;
         let mut m = vec![];
-        let layout = pack_meta(batch, &mut m);
+        let layout = pack_meta(batch, &mut m, a.prefill_rows());
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
         let decode = batch.seqs.iter().all(|s| s.query_len == 1);
         let plan = a.plan(gpu.sms, n, max_ctx, decode);

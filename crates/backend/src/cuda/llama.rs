@@ -503,7 +503,7 @@ impl CudaExecutor {
         let c = &self.cfg;
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
         let plan = self.k.attention.plan(self.gpu.sms, n, max_ctx, decode_only);
-        let layout = pack_meta(batch, &mut self.meta_host);
+        let layout = pack_meta(batch, &mut self.meta_host, self.k.attention.prefill_rows());
         let nl = batch.logits_indices.len();
         if self.grow(n, nl, n * c.num_heads * plan.splits, self.meta_host.len())? {
             self.graphs.clear();
@@ -623,6 +623,9 @@ fn pack_meta_padded(
         logits_idx: 4 * w,
         seqs: 5 * w,
         block_tables: 5 * w + 4 * b,
+        tiles: 0,
+        num_tiles: 0,
+        tiled_rows: 0,
     };
     m.clear();
     m.resize(layout.block_tables, 0);

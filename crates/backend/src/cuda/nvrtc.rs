@@ -54,10 +54,14 @@ pub const MOE: KernelSource = KernelSource {
         include_str!("kernels/moe.cu")
     ),
 };
-/// Needs `HEAD_DIM` and `GQA` defined.
+/// Needs `HEAD_DIM` and `GQA` defined. The prefill kernel builds on attention.cu's helpers, so
+/// the two files are one module.
 pub const ATTENTION: KernelSource = KernelSource {
-    name: "attention.cu",
-    src: include_str!("kernels/attention.cu"),
+    name: "attention.cu + prefill.cu",
+    src: concat!(
+        include_str!("kernels/attention.cu"),
+        include_str!("kernels/prefill.cu")
+    ),
 };
 
 /// Every kernel family with the defines it is compiled with for the shapes quire supports.

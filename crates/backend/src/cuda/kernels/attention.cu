@@ -13,7 +13,11 @@
 //   (see its own comment). The host picks it per launch (attention.rs, `Plan::decode`); it is also
 //   correct for any row, prompt rows included, only not built for them.
 //
-// In both, warps merge in shared memory; splits (flash-decoding) merge in `attention_reduce`.
+// - `paged_prefill` (prefill.cu, compiled into the same module), for sequences with long enough
+//   prompt chunks: flash attention on tensor cores over a tile of query rows per CTA. In a mixed
+//   batch it takes those sequences and one of the two kernels above the other rows (`skip_qlen`).
+//
+// In the first two, warps merge in shared memory; splits (flash-decoding) merge in `attention_reduce`.
 // Keys of this step (positions >= seq_len - query_len) are read from the QKV rows, rounded to f16,
 // not from the cache: another CTA of this launch may not have written them yet.
 //
@@ -116,7 +120,8 @@ __device__ __forceinline__ void score_key(const T* __restrict__ kp, const float 
 // qkv: [n, qkv_stride] (q | k | v, after RoPE); k_cache, v_cache: [num_slots, num_kv_heads, HEAD_DIM]
 // row_seq: [n]; seqs: [num_seqs]; block_tables: flat, seq i's at seqs[i].bt_offset; slot_mapping: [n]
 // out: [n, num_heads * HEAD_DIM] f16, or f32 when out_f32 (one split); part_acc: [n, num_heads, splits, HEAD_DIM];
-// part_ml: [n, num_heads, splits] (max, sum)
+// part_ml: [n, num_heads, splits] (max, sum); skip_qlen > 0: rows of sequences with query_len >=
+// skip_qlen are paged_prefill's (this launch returns at once for them, fused write included)
 // grid: (n, num_kv_heads, splits); block: 32 * WARPS
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
 paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__ k_cache,
@@ -124,7 +129,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
                 const SeqInfo* __restrict__ seqs, const int* __restrict__ block_tables,
                 const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
                 float scale, int window, void* __restrict__ out, int out_f32,
-                float* __restrict__ part_acc, float2* __restrict__ part_ml) {
+                float* __restrict__ part_acc, float2* __restrict__ part_ml, int skip_qlen) {
     __shared__ __align__(16) float q_s[GQA][HEAD_DIM];
     __shared__ float p_s[WARPS][GQA][32];
     __shared__ __align__(16) float acc_s[WARPS][GQA][HEAD_DIM];
@@ -135,6 +140,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
     const int num_heads = num_kv_heads * GQA;
     const int q_size = num_heads * HEAD_DIM, kv_size = num_kv_heads * HEAD_DIM;
     const SeqInfo s = seqs[row_seq[row]];
+    if (skip_qlen > 0 && s.query_len >= skip_qlen) return;  // a paged_prefill row
     const int first_new = s.seq_len - s.query_len;
     const int ctx = first_new + (row - s.query_start) + 1;  // causal: keys 0..=pos
     const float* qrow = qkv + (long)row * qkv_stride;
@@ -349,7 +355,7 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
              const SeqInfo* __restrict__ seqs, const int* __restrict__ block_tables,
              const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
              float scale, int window, void* __restrict__ out, int out_f32,
-             float* __restrict__ part_acc, float2* __restrict__ part_ml) {
+             float* __restrict__ part_acc, float2* __restrict__ part_ml, int skip_qlen) {
     extern __shared__ __align__(16) unsigned char dec_smem[];
     half_t* stages = reinterpret_cast<half_t*>(dec_smem);
     float* q_s = reinterpret_cast<float*>(dec_smem + DEC_STAGES * DEC_STAGE_HALVES * 2);
@@ -365,6 +371,7 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     const int num_heads = num_kv_heads * GQA;
     const int q_size = num_heads * HEAD_DIM, kv_size = num_kv_heads * HEAD_DIM;
     const SeqInfo s = seqs[row_seq[row]];
+    if (skip_qlen > 0 && s.query_len >= skip_qlen) return;  // a paged_prefill row
     const int first_new = s.seq_len - s.query_len;
     const int ctx = first_new + (row - s.query_start) + 1;  // causal: keys 0..=pos
     const float* qrow = qkv + (long)row * qkv_stride;
@@ -559,10 +566,14 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
 
 // Merges the splits of each (row, head) in one pass (running max, rescaled as it grows), so the
 // loads of all splits are independent and in flight together. grid: (n, num_heads); block: HEAD_DIM
+// Rows of sequences with query_len >= skip_qlen (> 0) belong to paged_prefill and are left alone.
 extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc,
                                             const float2* __restrict__ part_ml, int splits,
-                                            void* __restrict__ out, int out_f32) {
+                                            void* __restrict__ out, int out_f32,
+                                            const int* __restrict__ row_seq,
+                                            const SeqInfo* __restrict__ seqs, int skip_qlen) {
     const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    if (skip_qlen > 0 && seqs[row_seq[row]].query_len >= skip_qlen) return;
     const long base = ((long)row * gridDim.y + head) * splits;
     float mx = -INFINITY, sum = 0.0f, a = 0.0f;
 #pragma unroll 8
