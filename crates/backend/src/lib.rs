@@ -3,6 +3,7 @@
 //! logits back; how the backend runs the architecture (kernels, fusion, graphs) is its own business.
 //! `cpu` is always built and is the test oracle.
 
+pub mod chain;
 pub mod cpu;
 pub mod cuda;
 pub mod weights;
@@ -161,6 +162,18 @@ pub trait Executor: Send {
         let vocab = self.vocab_size();
         let logits = self.forward(batch)?;
         Ok(logits.chunks_exact(vocab.max(1)).map(argmax).collect())
+    }
+    /// Greedy decoding of `steps` tokens per sequence in one submission (chain decode): `batch` is
+    /// a decode step (every query_len 1, logits for every row in order) and step k feeds each row
+    /// the argmax of step k - 1 at the next position. Every block table must cover
+    /// `seq_len + steps - 1` tokens. Returns the tokens step-major, `[steps][rows]`. The default
+    /// runs `forward_greedy` step by step (`chain::by_steps`).
+    fn forward_greedy_chain(
+        &mut self,
+        batch: &ForwardBatch,
+        steps: usize,
+    ) -> Result<Vec<u32>, BackendError> {
+        chain::by_steps(self, batch, steps)
     }
     /// Turns per-op timing on or off (off by default: no overhead).
     fn set_profiling(&mut self, on: bool);

@@ -11,8 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use quire_backend::{Executor, ForwardBatch, KvCacheSpec, SeqBatch};
-use quire_core::BlockId;
+use quire_backend::{Executor, KvCacheSpec};
 use quire_model::LoadedModel;
 use quire_perf::output::{records_csv, records_json, records_jsonl};
 use quire_perf::{Format, RunStamp, Summary, Table};
@@ -86,6 +85,11 @@ pub struct BenchArgs {
     /// Seed of the random prompt tokens
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Also run every generation test as chain decode: greedy, K steps per submission with each
+    /// token fed back on the device (CUDA graphs; other backends step by step), reported as
+    /// `tg128 chainK`. The plain tests copy every step's logits to the host, as llama-bench does
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(2..=64))]
+    pub chain: Option<u16>,
     /// The value of `-pg` when written as llama-bench does (`-pg 512,128` parses as `-p g`)
     #[arg(hide = true)]
     pub pg_values: Vec<String>,
@@ -101,6 +105,8 @@ pub struct TestSpec {
     pub n_seqs: usize,
     /// A batched-decode test (`-b`), reported in the batch-scaling table.
     pub batched: bool,
+    /// Generation as chain decode of this many steps per submission (0: one forward per step).
+    pub chain: usize,
 }
 
 impl TestSpec {
@@ -114,6 +120,9 @@ impl TestSpec {
         };
         if self.batched {
             s += &format!(" x{}", self.n_seqs);
+        }
+        if self.chain > 0 {
+            s += &format!(" chain{}", self.chain);
         }
         if self.n_depth > 0 {
             s += &format!(" @ d{}", self.n_depth);
@@ -219,103 +228,7 @@ impl ModelCosts {
     }
 }
 
-/// A sequence in the benchmark's cache: its block table and how many tokens it holds.
-pub struct BenchSeq {
-    pub table: Vec<BlockId>,
-    pub len: usize,
-}
-
-/// Reusable flat-batch buffers.
-#[derive(Default)]
-pub struct Stepper {
-    token_ids: Vec<u32>,
-    positions: Vec<u32>,
-    slots: Vec<u32>,
-    logits: Vec<u32>,
-}
-
-impl Stepper {
-    /// One forward: `tokens[i]` appended to `seqs[i]` (every list non-empty), logits of each
-    /// sequence's last token.
-    pub fn step(
-        &mut self,
-        exec: &mut dyn Executor,
-        seqs: &mut [BenchSeq],
-        tokens: &[&[u32]],
-    ) -> Result<()> {
-        let bs = exec.kv_spec().block_size;
-        self.token_ids.clear();
-        self.positions.clear();
-        self.slots.clear();
-        self.logits.clear();
-        let mut ranges = Vec::with_capacity(seqs.len());
-        for (s, toks) in seqs.iter().zip(tokens) {
-            let start = self.token_ids.len();
-            for (i, &t) in toks.iter().enumerate() {
-                let pos = s.len + i;
-                self.token_ids.push(t);
-                self.positions.push(pos as u32);
-                self.slots
-                    .push((s.table[pos / bs].as_usize() * bs + pos % bs) as u32);
-            }
-            ranges.push((start, toks.len(), s.len + toks.len()));
-            self.logits.push((start + toks.len() - 1) as u32);
-        }
-        let sb: Vec<SeqBatch> = ranges
-            .iter()
-            .zip(seqs.iter())
-            .map(|(&(query_start, query_len, seq_len), s)| SeqBatch {
-                query_start,
-                query_len,
-                seq_len,
-                block_table: &s.table,
-            })
-            .collect();
-        exec.forward(&ForwardBatch {
-            token_ids: &self.token_ids,
-            positions: &self.positions,
-            slot_mapping: &self.slots,
-            seqs: &sb,
-            logits_indices: &self.logits,
-        })?;
-        for (s, toks) in seqs.iter_mut().zip(tokens) {
-            s.len += toks.len();
-        }
-        Ok(())
-    }
-
-    /// Appends `n` random tokens to one sequence in forwards of at most `CHUNK` tokens.
-    pub fn prefill(
-        &mut self,
-        exec: &mut dyn Executor,
-        seq: &mut BenchSeq,
-        n: usize,
-        rng: &mut impl Rng,
-    ) -> Result<()> {
-        let vocab = exec.vocab_size() as u32;
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(CHUNK);
-            let toks: Vec<u32> = (0..k).map(|_| rng.random_range(0..vocab)).collect();
-            self.step(exec, std::slice::from_mut(seq), &[&toks])?;
-            left -= k;
-        }
-        Ok(())
-    }
-}
-
-/// Fresh sequences (empty, each with its own run of blocks) for a test.
-pub fn fresh_seqs(n_seqs: usize, tokens_each: usize, block_size: usize) -> Vec<BenchSeq> {
-    let per = tokens_each.div_ceil(block_size).max(1);
-    (0..n_seqs)
-        .map(|i| BenchSeq {
-            table: (i * per..(i + 1) * per)
-                .map(|b| BlockId(b as u32))
-                .collect(),
-            len: 0,
-        })
-        .collect()
-}
+use crate::stepper::{fresh_seqs, Stepper};
 
 /// One run of a test from an empty cache; returns the timed nanoseconds.
 fn run_once(
@@ -337,9 +250,19 @@ fn run_once(
     if t.n_prompt > 0 {
         st.prefill(exec, &mut seqs[0], t.n_prompt, rng)?;
     }
-    for step in &gen {
-        let toks: Vec<&[u32]> = step.chunks(1).collect();
-        st.step(exec, &mut seqs, &toks)?;
+    if t.chain > 0 && t.n_gen > 0 {
+        let mut next = gen[0].clone();
+        let mut left = t.n_gen;
+        while left > 0 {
+            let k = left.min(t.chain);
+            next = st.chain(exec, &mut seqs, &next, k)?;
+            left -= k;
+        }
+    } else {
+        for step in &gen {
+            let toks: Vec<&[u32]> = step.chunks(1).collect();
+            st.step(exec, &mut seqs, &toks)?;
+        }
     }
     Ok(t0.elapsed().as_nanos() as u64)
 }
@@ -385,6 +308,7 @@ pub fn test_matrix(a: &BenchArgs) -> Result<Vec<TestSpec>> {
             n_depth: d,
             n_seqs: 1,
             batched: false,
+            chain: 0,
         };
         tests.extend(prompts.iter().filter(|&&p| p > 0).map(|&p| one(p, 0)));
         tests.extend(gens.iter().filter(|&&g| g > 0).map(|&g| one(0, g)));
@@ -401,6 +325,17 @@ pub fn test_matrix(a: &BenchArgs) -> Result<Vec<TestSpec>> {
                 });
             }
         }
+    }
+    if let Some(k) = a.chain {
+        let chained: Vec<TestSpec> = tests
+            .iter()
+            .filter(|t| t.n_gen > 0)
+            .map(|t| TestSpec {
+                chain: k as usize,
+                ..*t
+            })
+            .collect();
+        tests.extend(chained);
     }
     Ok(tests)
 }
@@ -734,8 +669,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             for t in &tests {
                 bar.set_message(format!("{} ({th} threads)", t.name()));
                 let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+                // Chain tests warm up whole (their graphs are captured per chain length).
                 let warm = TestSpec {
-                    n_gen: t.n_gen.min(1),
+                    n_gen: if t.chain > 0 { t.n_gen } else { t.n_gen.min(1) },
                     n_depth: 0,
                     ..*t
                 };

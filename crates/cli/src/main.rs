@@ -19,6 +19,7 @@ mod roofline;
 mod roofs;
 mod serve;
 mod serve_bench;
+mod stepper;
 
 use clap::{Parser, Subcommand};
 

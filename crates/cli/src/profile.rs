@@ -16,8 +16,8 @@ use quire_perf::{Ceilings, RunStamp, Summary, Table};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::bench::{fresh_seqs, Stepper};
 use crate::common::{executor, load_model, ModelArgs};
+use crate::stepper::{fresh_seqs, Stepper};
 
 #[derive(Args, Debug)]
 pub struct ProfileArgs {
@@ -69,15 +69,74 @@ struct Phase {
     ops: Vec<Row>,
 }
 
-/// The roof an op runs under: quantized matrix products under the kernel rate of the weight
-/// type, everything else under the FP32 peak.
-fn peak_for(op: &str, c: &Ceilings, wt: &WeightTypes) -> f64 {
-    if op == "output" {
-        c.compute_gflops(&wt.output).0
-    } else if op.starts_with("matmul") {
-        c.compute_gflops(&wt.layers).0
-    } else {
-        c.fp32_gflops
+/// The roofs ops are placed under: the device's memory bandwidth and compute peaks (GOP/s) for
+/// the layers' matrix products, the output projection and every other op; `None`: no compute
+/// peak known, the op sits under the memory roof alone.
+struct OpRoofs {
+    mem_bw_gbps: f64,
+    matmul: Option<f64>,
+    output: Option<f64>,
+    other: Option<f64>,
+    /// The header line naming them, and their JSON record.
+    line: String,
+    json: Value,
+}
+
+impl OpRoofs {
+    /// The CPU's (`quire roofline`): quantized matrix products under the kernel rate of the
+    /// weight type, everything else under the FP32 peak.
+    fn cpu(c: &Ceilings, wt: &WeightTypes, threads: usize) -> OpRoofs {
+        let (peak, label) = c.compute_gflops(&wt.layers);
+        let (opeak, olabel) = c.compute_gflops(&wt.output);
+        OpRoofs {
+            mem_bw_gbps: c.mem_bw_gbps,
+            matmul: Some(peak),
+            output: Some(opeak),
+            other: Some(c.fp32_gflops),
+            line: format!(
+                "{threads} threads · ceilings: memory {:.2} GB/s, {label} {peak:.1} GOP/s \
+                 (output: {olabel} {opeak:.1} GOP/s), fp32 {:.1} GFLOP/s",
+                c.mem_bw_gbps, c.fp32_gflops
+            ),
+            json: json!({
+                "mem_bw_gbps": c.mem_bw_gbps,
+                "fp32_gflops": c.fp32_gflops,
+                "quant_gops": c.quant_gops,
+            }),
+        }
+    }
+
+    /// The GPU's (`gpu_ceilings`): measured copy bandwidth; matrix products and attention (tensor
+    /// cores in prefill) under the f16 tensor peak when the chip is known; the elementwise ops
+    /// under memory alone.
+    #[cfg(feature = "cuda")]
+    fn gpu(g: &crate::gpu_ceilings::GpuCeilings) -> OpRoofs {
+        let t = g.tensor_gflops();
+        OpRoofs {
+            mem_bw_gbps: g.copy_gbps,
+            matmul: t,
+            output: t,
+            other: None,
+            line: g.line(),
+            json: json!({
+                "device": g.device,
+                "mem_bw_gbps": g.copy_gbps,
+                "tensor_gflops": t,
+            }),
+        }
+    }
+
+    fn peak_for(&self, op: &str) -> Option<f64> {
+        if op == "output" {
+            self.output
+        } else if op.starts_with("matmul")
+            || op == "moe"
+            || op == "attention" && self.other.is_none()
+        {
+            self.matmul
+        } else {
+            self.other
+        }
     }
 }
 
@@ -88,19 +147,19 @@ struct WeightTypes {
     output: String,
 }
 
-fn derived(r: &Row, step_ns: u64, c: &Ceilings, wt: &WeightTypes) -> Value {
+fn derived(r: &Row, step_ns: u64, c: &OpRoofs) -> Value {
     let ns = r.total_ns.max(1) as f64;
     let intensity = if r.bytes > 0 {
         r.flops as f64 / r.bytes as f64
     } else {
         0.0
     };
-    let peak = peak_for(&r.op, c, wt);
     let mem_roof = c.mem_bw_gbps * intensity;
-    let (bound, pct_roof) = if r.flops == 0 || mem_roof < peak {
-        ("memory", 100.0 * (r.bytes as f64 / ns) / c.mem_bw_gbps)
-    } else {
-        ("compute", 100.0 * (r.flops as f64 / ns) / peak)
+    let (bound, pct_roof) = match c.peak_for(&r.op) {
+        Some(peak) if r.flops > 0 && mem_roof >= peak => {
+            ("compute", 100.0 * (r.flops as f64 / ns) / peak)
+        }
+        _ => ("memory", 100.0 * (r.bytes as f64 / ns) / c.mem_bw_gbps),
     };
     json!({
         "op": r.op,
@@ -194,7 +253,7 @@ fn profile_phase(
     })
 }
 
-fn phase_table(p: &Phase, c: &Ceilings, wt: &WeightTypes) -> String {
+fn phase_table(p: &Phase, c: &OpRoofs) -> String {
     let cols = [
         "op",
         "calls",
@@ -218,7 +277,7 @@ fn phase_table(p: &Phase, c: &Ceilings, wt: &WeightTypes) -> String {
     let mut covered = 0u64;
     for r in &p.ops {
         covered += r.total_ns;
-        let d = derived(r, p.step_ns, c, wt);
+        let d = derived(r, p.step_ns, c);
         let g = |k: &str| d[k].as_f64().unwrap_or(0.0);
         t.push(vec![
             r.op.clone(),
@@ -261,7 +320,6 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         .model
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let ceil = crate::roofline::ceilings_for(threads)?;
     let stamp = RunStamp::collect();
     if let Some(w) = stamp.busy_warning() {
         eprintln!("{w}");
@@ -276,6 +334,12 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             .dtype
             .name()
             .to_string(),
+    };
+    // The GPU's roofs for CUDA runs (the CPU's would put a GPU at hundreds of % of memory).
+    let ceil = match a.model.backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => OpRoofs::gpu(&crate::gpu_ceilings::GpuCeilings::measure()?),
+        _ => OpRoofs::cpu(&crate::roofline::ceilings_for(threads)?, &wt, threads),
     };
     let need = a.n_prompt.max(a.depth + 1);
     let kv = KvCacheSpec {
@@ -335,7 +399,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         ]);
         for p in &phases {
             for r in &p.layers {
-                let d = derived(r, p.step_ns, &ceil, &wt);
+                let d = derived(r, p.step_ns, &ceil);
                 let mut cells = vec![p.name.to_string()];
                 for k in [
                     "op",
@@ -375,8 +439,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
                 "p10_ns": s.p10,
                 "p90_ns": s.p90,
                 "tok_s": p.tokens as f64 * 1e9 / p.step_ns as f64,
-                "ops": p.ops.iter().map(|r| derived(r, p.step_ns, &ceil, &wt)).collect::<Vec<_>>(),
-                "layers": p.layers.iter().map(|r| derived(r, p.step_ns, &ceil, &wt)).collect::<Vec<_>>(),
+                "ops": p.ops.iter().map(|r| derived(r, p.step_ns, &ceil)).collect::<Vec<_>>(),
+                "layers": p.layers.iter().map(|r| derived(r, p.step_ns, &ceil)).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -395,22 +459,15 @@ pub fn run(a: ProfileArgs) -> Result<()> {
                 "block_size": a.block_size,
                 "seed": a.seed,
             },
-            "ceilings": {
-                "mem_bw_gbps": ceil.mem_bw_gbps,
-                "fp32_gflops": ceil.fp32_gflops,
-                "quant_gops": ceil.quant_gops,
-            },
+            "ceilings": ceil.json,
             "phases": phase_json,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    let (peak, label) = ceil.compute_gflops(&wt.layers);
-    let (opeak, olabel) = ceil.compute_gflops(&wt.output);
     println!(
-        "{} · {threads} threads · KV {} · ceilings: memory {:.2} GB/s, {label} {peak:.1} GOP/s \
-         (output: {olabel} {opeak:.1} GOP/s), fp32 {:.1} GFLOP/s\n",
-        model.meta.model_type, a.kv_dtype, ceil.mem_bw_gbps, ceil.fp32_gflops
+        "{} · {} · KV {} · {}\n",
+        model.meta.model_type, a.model.backend, a.kv_dtype, ceil.line
     );
     for (p, pj) in phases.iter().zip(&phase_json) {
         let title = match p.name {
@@ -425,7 +482,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             p.samples_ns.len(),
             pj["tok_s"].as_f64().unwrap_or(0.0)
         );
-        println!("{}", phase_table(p, &ceil, &wt));
+        println!("{}", phase_table(p, &ceil));
     }
     println!("{}", stamp.line());
     Ok(())

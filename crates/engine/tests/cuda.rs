@@ -264,3 +264,99 @@ fn greedy_continuations_part_only_at_near_ties() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Chain decode (16 steps in one graph, each step's argmax fed to the next on the device) gives
+/// the tokens of step-by-step greedy decoding on the same executor kind, for one sequence and for
+/// three (a padded bucket of four), on stored and on f16 weights.
+#[test]
+fn chain_decode_matches_step_by_step() {
+    use quire_backend::{chain, ForwardBatch, SeqBatch};
+    use quire_core::BlockId;
+    if !gpu_present() {
+        return;
+    }
+    let m = model();
+    let vocab = m.weights.config.vocab_size as u32;
+    let per = 16usize; // blocks per sequence: 256 tokens
+    let tables: Vec<Vec<BlockId>> = (0..3)
+        .map(|i| {
+            (i * per..(i + 1) * per)
+                .map(|b| BlockId(b as u32))
+                .collect()
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|i| {
+            (0..20 + 7 * i)
+                .map(|j| (j * 131 + 17 * i + 5) % vocab)
+                .collect()
+        })
+        .collect();
+    for quantized in [true, false] {
+        for rows in [1usize, 3] {
+            let mut got = Vec::new();
+            for use_chain in [true, false] {
+                let mut e = cuda(&m, 3 * per + 1, quantized);
+                // Prefill every prompt; its argmax is the chain's first input.
+                let mut first = Vec::new();
+                for (p, t) in prompts.iter().zip(&tables).take(rows) {
+                    let pos: Vec<u32> = (0..p.len() as u32).collect();
+                    let slots: Vec<u32> = pos
+                        .iter()
+                        .map(|&q| t[q as usize / 16].0 * 16 + q % 16)
+                        .collect();
+                    let seqs = [SeqBatch {
+                        query_start: 0,
+                        query_len: p.len(),
+                        seq_len: p.len(),
+                        block_table: t,
+                    }];
+                    let ids = e
+                        .forward_greedy(&ForwardBatch {
+                            token_ids: p,
+                            positions: &pos,
+                            slot_mapping: &slots,
+                            seqs: &seqs,
+                            logits_indices: &[p.len() as u32 - 1],
+                        })
+                        .unwrap();
+                    first.push(ids[0]);
+                }
+                let pos: Vec<u32> = prompts[..rows].iter().map(|p| p.len() as u32).collect();
+                let slots: Vec<u32> = pos
+                    .iter()
+                    .zip(&tables)
+                    .map(|(&q, t)| t[q as usize / 16].0 * 16 + q % 16)
+                    .collect();
+                let seqs: Vec<SeqBatch> = (0..rows)
+                    .map(|i| SeqBatch {
+                        query_start: i,
+                        query_len: 1,
+                        seq_len: pos[i] as usize + 1,
+                        block_table: &tables[i],
+                    })
+                    .collect();
+                let li: Vec<u32> = (0..rows as u32).collect();
+                let batch = ForwardBatch {
+                    token_ids: &first,
+                    positions: &pos,
+                    slot_mapping: &slots,
+                    seqs: &seqs,
+                    logits_indices: &li,
+                };
+                let toks = if use_chain {
+                    e.forward_greedy_chain(&batch, 16).unwrap()
+                } else {
+                    chain::by_steps(e.as_mut(), &batch, 16).unwrap()
+                };
+                assert_eq!(toks.len(), 16 * rows);
+                got.push(toks);
+            }
+            assert_eq!(
+                got[0], got[1],
+                "chain vs step by step (rows {rows}, quantized {quantized})"
+            );
+            eprintln!("chain decode: rows {rows}, quantized {quantized}: 16 steps equal");
+        }
+    }
+}

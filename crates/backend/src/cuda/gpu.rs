@@ -34,6 +34,76 @@ impl<T> DBuf<T> {
     }
 }
 
+/// Page-locked host memory (`cuMemHostAlloc` without write-combining: the host reads it), so a
+/// device-to-host copy runs at the bus rate instead of through the driver's staging buffer. Grows
+/// on demand; freed on drop. Allocation needs the context current on the calling thread.
+pub struct HostBuf<T> {
+    ptr: *mut T,
+    cap: usize,
+}
+
+// SAFETY: the buffer is owned memory like a Vec's; nothing else holds the pointer.
+unsafe impl<T: Send> Send for HostBuf<T> {}
+
+impl<T: Copy + ValidAsZeroBits> Default for HostBuf<T> {
+    fn default() -> Self {
+        HostBuf {
+            ptr: std::ptr::null_mut(),
+            cap: 0,
+        }
+    }
+}
+
+impl<T: Copy + ValidAsZeroBits> HostBuf<T> {
+    /// The first `len` elements, for writing (the allocation grows, zeroed, when it is shorter).
+    pub fn slice_mut(&mut self, len: usize) -> Result<&mut [T], BackendError> {
+        if len > self.cap {
+            self.free();
+            let bytes = len.max(1) * std::mem::size_of::<T>();
+            // SAFETY: a fresh allocation of `bytes`, zeroed before use (all-zero is a valid T).
+            let p = unsafe { cudarc::driver::result::malloc_host(bytes, 0) }
+                .map_err(cuda_err("allocating pinned host memory"))?;
+            unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
+            self.ptr = p as *mut T;
+            self.cap = len.max(1);
+        }
+        // SAFETY: `len` <= cap elements of an owned, initialized allocation.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, len) })
+    }
+
+    /// The first `len` elements (`len` at most what `slice_mut` last provided).
+    pub fn slice(&self, len: usize) -> &[T] {
+        assert!(
+            len <= self.cap || len == 0,
+            "HostBuf read past its allocation"
+        );
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: within the owned, initialized allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr, len) }
+    }
+
+    fn free(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: allocated by malloc_host and not freed since; no copy is in flight (every
+            // copy into it is synchronized before the slice is handed out).
+            let _ = unsafe { cudarc::driver::result::free_host(self.ptr as *mut std::ffi::c_void) };
+            self.ptr = std::ptr::null_mut();
+            self.cap = 0;
+        }
+    }
+}
+
+impl<T> Drop for HostBuf<T> {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: as in `free`.
+            let _ = unsafe { cudarc::driver::result::free_host(self.ptr as *mut std::ffi::c_void) };
+        }
+    }
+}
+
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 pub struct Gpu {

@@ -81,6 +81,8 @@ pub(super) struct Scratch {
     /// The largest quantized matrix dequantized to f16, for many-token matmuls (allocated at load).
     pub(super) wdq: Option<DBuf<f16>>,
     pub(super) ids: Option<DBuf<i32>>,
+    /// Chain decode's token ids, `[MAX_CHAIN][MAX_GRAPH_BATCH]` (allocated at first use, never moved).
+    pub(super) chain_ids: Option<DBuf<i32>>,
 }
 
 pub struct CudaExecutor {
@@ -91,25 +93,27 @@ pub struct CudaExecutor {
     pub(super) output: Option<WMat>, // None: tied to `embed`
     pub(super) output_norm: DBuf<f32>,
     pub(super) rope_cs: DBuf<f32>, // [max_pos, pairs, 2]
-    max_pos: usize,
+    pub(super) max_pos: usize,
     pub(super) layers: Vec<Layer>,
     pub(super) kv: KvCacheSpec,
     pub(super) s: Scratch,
-    host_logits: Vec<f32>,
+    /// Pinned: the logits copy of every step runs at the bus rate.
+    host_logits: super::gpu::HostBuf<f32>,
+    host_logits_len: usize,
     host_ids: Vec<i32>,
-    meta_host: Vec<i32>,
+    pub(super) meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
-    use_graphs: bool,
+    pub(super) use_graphs: bool,
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
-    /// Decode graphs by padded batch size.
-    graphs: HashMap<usize, Graph>,
+    /// Decode graphs by (padded batch size, chained steps).
+    pub(super) graphs: HashMap<(usize, usize), Graph>,
 }
 
 /// A captured decode graph. cudarc leaves `CudaGraph` `!Send` (it holds raw driver handles); the
 /// executor moves between threads (built on one, stepped on the engine's) but is used by one at a
 /// time, and binds its context before every use.
-struct Graph(CudaGraph);
+pub(super) struct Graph(pub(super) CudaGraph);
 // SAFETY: see above; CUDA graph handles are not tied to the thread that created them.
 unsafe impl Send for Graph {}
 
@@ -370,7 +374,8 @@ impl CudaExecutor {
                 block_size: bs,
             },
             s: scratch,
-            host_logits: vec![],
+            host_logits: Default::default(),
+            host_logits_len: 0,
             host_ids: vec![],
             meta_host: vec![],
             prof: EventProfiler::default(),
@@ -383,7 +388,7 @@ impl CudaExecutor {
 
     /// Grows the activations to `n` tokens, `nl` logits rows, `part` attention partials and
     /// `meta` metadata words; true when anything moved (captured graphs are then stale).
-    fn grow(
+    pub(super) fn grow(
         &mut self,
         n: usize,
         nl: usize,
@@ -456,17 +461,25 @@ impl Executor for CudaExecutor {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
         self.forward_inner(batch)?;
-        Ok(&self.host_logits)
+        Ok(self.host_logits.slice(self.host_logits_len))
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
         self.forward_greedy_inner(batch)?;
         Ok(self.host_ids.iter().map(|&t| t as u32).collect())
     }
+
+    fn forward_greedy_chain(
+        &mut self,
+        batch: &ForwardBatch,
+        steps: usize,
+    ) -> Result<Vec<u32>, BackendError> {
+        self.chain(batch, steps)
+    }
 }
 
 impl CudaExecutor {
-    fn check_batch(&self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    pub(super) fn check_batch(&self, batch: &ForwardBatch) -> Result<(), BackendError> {
         batch.check(self.kv, self.cfg.vocab_size)?;
         if let Some(&p) = batch
             .positions
@@ -546,7 +559,7 @@ impl CudaExecutor {
             pairs: 0,
             ctx_tokens: 0,
         };
-        if !self.graphs.contains_key(&b) {
+        if !self.graphs.contains_key(&(b, 1)) {
             let stream = self.gpu.stream.clone();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -558,9 +571,9 @@ impl CudaExecutor {
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert(b, Graph(graph));
+            self.graphs.insert((b, 1), Graph(graph));
         }
-        self.graphs[&b]
+        self.graphs[&(b, 1)]
             .0
             .launch()
             .map_err(super::gpu::cuda_err("launching the decode graph"))
@@ -569,9 +582,9 @@ impl CudaExecutor {
     fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         self.run(batch)?;
         let nl = batch.logits_indices.len();
-        self.host_logits.resize(nl * self.cfg.vocab_size, 0.0);
-        self.gpu
-            .dtoh(self.s.logits.as_ref().unwrap(), &mut self.host_logits)?;
+        self.host_logits_len = nl * self.cfg.vocab_size;
+        let out = self.host_logits.slice_mut(self.host_logits_len)?;
+        self.gpu.dtoh(self.s.logits.as_ref().unwrap(), out)?;
         self.prof.finish(&self.gpu)
     }
 
@@ -599,13 +612,13 @@ impl CudaExecutor {
 }
 
 /// Largest decode batch run through a CUDA graph (buckets are powers of two up to it).
-const MAX_GRAPH_BATCH: usize = 256;
+pub(super) const MAX_GRAPH_BATCH: usize = 256;
 
 /// Metadata of a decode batch padded to `b` rows. The array offsets depend on `b` alone (a
 /// captured graph bakes them in); block tables are packed one after another behind them, each
 /// sequence finding its own through `SeqInfo.bt_offset` (data, not baked). Padding rows are
 /// one-token sequences in block `pad_block`, which the engine never hands out.
-fn pack_meta_padded(
+pub(super) fn pack_meta_padded(
     batch: &ForwardBatch,
     b: usize,
     pad_block: usize,

@@ -43,6 +43,8 @@ impl Default for CudaOptions {
 #[cfg(feature = "cuda")]
 pub mod attention;
 #[cfg(feature = "cuda")]
+mod chain;
+#[cfg(feature = "cuda")]
 mod forward;
 #[cfg(feature = "cuda")]
 pub mod gpu;

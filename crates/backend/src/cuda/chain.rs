@@ -1,0 +1,159 @@
+//! Chain decode on the GPU: `steps` greedy decode steps in one CUDA graph. Each step's metadata
+//! (positions, slots, context lengths: all known in advance) sits in its own copy of the step
+//! layout; the graph holds every step's kernels, then the argmax of its logits, then a
+//! device-to-device copy of those token ids into the next step's token array. The host uploads
+//! once, launches once and reads `steps × rows` ids once, instead of a round trip per token.
+//!
+//! Only decode batches that fit a graph bucket take this path (the same buckets and padding as
+//! single decode graphs); anything else, or graphs off or the profiler on, runs step by step
+//! (`chain::by_steps`), which gives the same tokens.
+
+use super::gpu::{cuda_err, KArg};
+use super::llama::{pack_meta_padded, CudaExecutor, Graph, MAX_GRAPH_BATCH};
+use crate::chain::{self, MAX_CHAIN};
+use crate::{BackendError, ForwardBatch};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+
+use super::forward::Step;
+
+impl CudaExecutor {
+    pub(super) fn chain(
+        &mut self,
+        batch: &ForwardBatch,
+        steps: usize,
+    ) -> Result<Vec<u32>, BackendError> {
+        let n = batch.num_tokens();
+        let bs = self.kv.block_size;
+        chain::check(batch, steps, bs)?;
+        if !self.use_graphs || self.prof.is_on() || n > MAX_GRAPH_BATCH || steps == 1 {
+            return chain::by_steps(self, batch, steps);
+        }
+        self.check_batch(batch)?;
+        if let Some(p) = batch
+            .positions
+            .iter()
+            .map(|&p| p as usize + steps - 1)
+            .max()
+        {
+            if p >= self.max_pos {
+                return Err(BackendError::InvalidBatch(format!(
+                    "a chain of {steps} reaches position {p}, beyond the context this cache was built for ({})",
+                    self.max_pos
+                )));
+            }
+        }
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))?;
+        let b = n.next_power_of_two();
+        let c = &self.cfg;
+        // Every step's metadata, one after another at a fixed stride (16-byte aligned).
+        let mut all = Vec::new();
+        let mut layout = None;
+        let mut stride = 0;
+        // Tokens of later steps are written by the graph; zeros stand in for them here.
+        let mut cur = chain::Stepped::new(batch);
+        let zeros = vec![0u32; n];
+        for k in 0..steps {
+            if k > 0 {
+                cur.advance(bs, &zeros);
+            }
+            let l = pack_meta_padded(&cur.batch(), b, self.kv.num_blocks, bs, &mut self.meta_host);
+            if k == 0 {
+                stride = self.meta_host.len().div_ceil(4) * 4;
+                layout = Some(l);
+                all.resize(steps * stride, 0);
+            }
+            all[k * stride..k * stride + self.meta_host.len()].copy_from_slice(&self.meta_host);
+        }
+        let layout = layout.expect("steps >= 1");
+        let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos, true);
+        if self.grow(b, b, b * c.num_heads * plan.splits, all.len())? {
+            self.graphs.clear();
+        }
+        if self.s.chain_ids.is_none() {
+            self.s.chain_ids = Some(self.gpu.alloc(MAX_CHAIN * MAX_GRAPH_BATCH)?);
+        }
+        let meta_buf = self.s.meta.as_mut().unwrap();
+        self.gpu.htod(&all, meta_buf, 0)?;
+        let meta_base = meta_buf.ptr;
+        if !self.graphs.contains_key(&(b, steps)) {
+            let stream = self.gpu.stream.clone();
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(cuda_err("beginning graph capture"))?;
+            let r = self.enqueue_chain(b, steps, stride, meta_base, layout, plan);
+            let graph = stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(cuda_err("instantiating the chain graph"));
+            r?;
+            let graph = graph?
+                .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
+            self.graphs.insert((b, steps), Graph(graph));
+        }
+        self.graphs[&(b, steps)]
+            .0
+            .launch()
+            .map_err(cuda_err("launching the chain graph"))?;
+        let ids = self.s.chain_ids.as_ref().unwrap();
+        let mut host = vec![0i32; steps * b];
+        self.gpu.dtoh(ids, &mut host)?;
+        Ok(host
+            .chunks_exact(b)
+            .flat_map(|r| r[..n].iter().map(|&t| t as u32))
+            .collect())
+    }
+
+    /// The kernels of `steps` decode steps, each step's argmax copied into the next step's tokens.
+    fn enqueue_chain(
+        &mut self,
+        b: usize,
+        steps: usize,
+        stride: usize,
+        meta_base: u64,
+        layout: super::attention::Meta,
+        plan: super::attention::Plan,
+    ) -> Result<(), BackendError> {
+        let ids = self.s.chain_ids.as_ref().unwrap().ptr;
+        let logits = self.s.logits.as_ref().unwrap().ptr;
+        for k in 0..steps {
+            let base = meta_base + 4 * (k * stride) as u64;
+            self.enqueue(Step {
+                n: b,
+                nl: b,
+                plan,
+                meta_base: base,
+                layout,
+                pairs: 0,
+                ctx_tokens: 0,
+            })?;
+            let out = ids + 4 * (k * b) as u64;
+            self.gpu.launch(
+                &self.k.argmax,
+                (b as u32, 1, 1),
+                (1024, 1, 1),
+                &[
+                    KArg::P(logits),
+                    KArg::I(self.cfg.vocab_size as i32),
+                    KArg::P(out),
+                ],
+            )?;
+            if k + 1 < steps {
+                let next_tokens = meta_base + 4 * ((k + 1) * stride + layout.tokens) as u64;
+                // SAFETY: both ranges lie in live device buffers (b ids; the next step's token
+                // array of b entries).
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        next_tokens,
+                        out,
+                        4 * b,
+                        self.gpu.stream.cu_stream(),
+                    )
+                }
+                .map_err(cuda_err("chaining the step's tokens"))?;
+            }
+        }
+        Ok(())
+    }
+}
