@@ -137,6 +137,19 @@ pf)  # the prefill kernel: parity, attn-bench prefill mode, 8B pp512 end to end 
     done
     "$Q" profile -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -r 3 2>&1 | head -60
     ;;
+chain)  # chain decode: parity with step-by-step decoding, then tg128 with and without chains
+    for d in f16 q4_0; do
+        f="$W/smollm2-135m-$d.gguf"
+        "$Q" make-model --preset smollm2-135m --dtype $d "$f" 2>&1 | tail -1
+        QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture chain 2>&1 | grep -E "chain decode|test result|panicked"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+        "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| (llama|qwen)"
+    done
+    "$Q" generate -m "$W/smollm2-135m-f16.gguf" --backend cuda --prompt "hello" --max-tokens 8 2>&1 | tail -1
+    ;;
 recheck)  # after refactors: kernel parity, K-quant matmul timings, one attention and one e2e number
     for t in cuda_attention cuda_quant cuda_ops; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked"

@@ -34,6 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ceiling = arg("--ceiling-gbs", 3000.0);
     let g = Gpu::new(0)?;
     let q = QuantKernels::new(&g)?;
+    let gemv = quire_backend::cuda::gemv::Gemv::new(&g)?;
     println!(
         "device: {} ({}), {reps} timed launches per case",
         g.name, g.arch
@@ -90,9 +91,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bytes.extend_from_slice(&row);
             }
             let dw = g.upload(&bytes)?;
-            for n in [1usize, 8] {
+            // (tokens, quire's GEMV rather than cuBLAS): the GEMV is the one-token f16 path.
+            let mut cases = vec![(1usize, false), (8, false)];
+            if dtype == GgmlType::F16 {
+                cases.insert(1, (1, true));
+            }
+            for (n, use_gemv) in cases {
                 let launch = || -> Result<(), Box<dyn std::error::Error>> {
-                    if dtype == GgmlType::F16 {
+                    if use_gemv {
+                        gemv.run(&g, dw.ptr, dx16.ptr, dy.ptr, k, out, 0.0)?;
+                    } else if dtype == GgmlType::F16 {
                         g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?;
                     } else {
                         q.matmul(&g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0)?;
@@ -115,8 +123,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (med, spread) = median_spread(times);
                 let gbs = bytes.len() as f64 / (med * 1e-6) / 1e9;
                 println!(
-                    "| {name} | {k} x {out} | {} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
+                    "| {name} | {k} x {out} | {}{} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
                     dtype.name(),
+                    if use_gemv { " gemv" } else if dtype == GgmlType::F16 { " cuBLAS" } else { "" },
                     100.0 * gbs / ceiling
                 );
             }

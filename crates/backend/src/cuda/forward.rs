@@ -2,6 +2,7 @@
 //! so the same code runs eagerly and under CUDA-graph capture.
 
 use super::attention::{AttnBuffers, Meta, Plan};
+use super::gemv::Gemv;
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, CudaFfn, Kernels};
 use super::moe::{self, MoeInputs};
@@ -302,7 +303,12 @@ impl MatMul {
     ) -> Result<(), BackendError> {
         let n = self.n;
         match w {
-            WMat::F16(b) => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+            WMat::F16(b) => match &k.gemv {
+                Some(gv) if n == 1 && Gemv::fits(k_in) => {
+                    gv.run(g, b.ptr, inputs.0, y, k_in, out, beta)
+                }
+                _ => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+            },
             WMat::Quant { dtype, data } if self.q8_in => {
                 k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
             }

@@ -56,6 +56,8 @@ pub(super) struct Kernels {
     pub(super) argmax: CudaFunction,
     pub(super) attention: PagedAttention,
     pub(super) q: QuantKernels,
+    /// One-token f16 matmuls (`None`: cuBLAS for every size, `CudaOptions::gemv` off).
+    pub(super) gemv: Option<super::gemv::Gemv>,
     /// Compiled only for MoE models.
     pub(super) moe: Option<MoeKernels>,
 }
@@ -223,6 +225,11 @@ impl CudaExecutor {
             attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
                 .with_window(c.sliding_window),
             q: QuantKernels::new(&gpu)?,
+            gemv: if opts.gemv {
+                Some(super::gemv::Gemv::new(&gpu)?)
+            } else {
+                None
+            },
             moe: c.moe.map(|_| MoeKernels::new(&gpu)).transpose()?,
         };
 

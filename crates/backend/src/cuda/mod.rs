@@ -16,6 +16,9 @@ pub struct CudaOptions {
     /// Run decode steps through CUDA graphs (one per batch-size bucket). `QUIRE_CUDA_GRAPHS=0`
     /// turns the default off.
     pub graphs: bool,
+    /// One-token f16 matmuls through quire's GEMV kernel rather than cuBLAS. `QUIRE_CUDA_GEMV=0`
+    /// turns the default off.
+    pub gemv: bool,
     /// Keep Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights as stored and multiply them with 8-bit
     /// activations (the CPU backend's numerics, fewer bytes per step); `false` dequantizes every
     /// weight to f16 for cuBLAS. MoE experts stay stored only in the 32-element types.
@@ -34,6 +37,7 @@ impl Default for CudaOptions {
             num_blocks: None,
             block_size: 16,
             graphs: std::env::var("QUIRE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            gemv: std::env::var("QUIRE_CUDA_GEMV").map_or(true, |v| v != "0"),
             quantized_weights: true,
             dequant_gemm_tokens: 64,
         }
@@ -46,6 +50,8 @@ pub mod attention;
 mod chain;
 #[cfg(feature = "cuda")]
 mod forward;
+#[cfg(feature = "cuda")]
+pub mod gemv;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]

@@ -46,6 +46,10 @@ pub const QUANT: KernelSource = KernelSource {
     name: "quant.cu",
     src: include_str!("kernels/quant.cu"),
 };
+pub const GEMV: KernelSource = KernelSource {
+    name: "gemv.cu",
+    src: include_str!("kernels/gemv.cu"),
+};
 /// The MoE kernels build on quant.cu's blocks and dot products, so the file is compiled after it.
 pub const MOE: KernelSource = KernelSource {
     name: "moe.cu",
@@ -66,7 +70,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 
 /// Every kernel family with the defines it is compiled with for the shapes quire supports.
 pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
-    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE]
+    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV]
         .into_iter()
         .map(|k| (k, vec![]))
         .collect();
