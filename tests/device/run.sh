@@ -150,6 +150,17 @@ chain)  # chain decode: parity with step-by-step decoding, then tg128 with and w
     done
     "$Q" generate -m "$W/smollm2-135m-f16.gguf" --backend cuda --prompt "hello" --max-tokens 8 2>&1 | tail -1
     ;;
+gemv)  # the one-token GEMV: parity, microbenchmark beside cuBLAS, tg128 with it on and off
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
+    "$W"/cuda_matmul_bench --reps 100 2>&1 | grep -E "F16|shape|---"
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| (llama|qwen)"
+        QUIRE_CUDA_GEMV=0 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)" | sed 's/$/  (cuBLAS)/'
+    done
+    "$Q" profile -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 16 -r 3 2>&1 | sed -n '/decode step/,$p' | head -20
+    ;;
 recheck)  # after refactors: kernel parity, K-quant matmul timings, one attention and one e2e number
     for t in cuda_attention cuda_quant cuda_ops; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked"

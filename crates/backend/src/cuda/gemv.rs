@@ -8,11 +8,11 @@ use super::gpu::{Gpu, KArg};
 use super::nvrtc;
 use crate::BackendError;
 
-/// Output rows per CTA (gemv.cu's GV_WARPS × GV_RPW).
-const ROWS_PER_CTA: usize = 16;
-
 pub struct Gemv {
+    /// 16 rows per CTA (2 per warp), and 8 (1 per warp) for matrices of few rows.
     f: CudaFunction,
+    f_r1: CudaFunction,
+    sms: usize,
 }
 
 impl Gemv {
@@ -20,6 +20,8 @@ impl Gemv {
         let m = gpu.module(&nvrtc::GEMV, &[])?;
         Ok(Gemv {
             f: Gpu::function(&m, "gemv_f16")?,
+            f_r1: Gpu::function(&m, "gemv_f16_r1")?,
+            sms: gpu.sms as usize,
         })
     }
 
@@ -46,9 +48,15 @@ impl Gemv {
             )));
         }
         use KArg::{F, I, P};
+        // Fewer than four CTAs of 16 rows per SM: halve the rows per CTA.
+        let (f, rows) = if out.div_ceil(16) < 4 * self.sms {
+            (&self.f_r1, 8)
+        } else {
+            (&self.f, 16)
+        };
         g.launch(
-            &self.f,
-            (out.div_ceil(ROWS_PER_CTA) as u32, 1, 1),
+            f,
+            (out.div_ceil(rows) as u32, 1, 1),
             (256, 1, 1),
             &[P(w), P(x), P(y), I(k_in as i32), I(out as i32), F(beta)],
         )

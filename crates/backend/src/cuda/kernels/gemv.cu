@@ -6,10 +6,12 @@
 // non-allocating loads, GV_UNROLL chunks per row in flight per lane (32 KB per CTA), and x comes
 // through L1 (every warp of the CTA reads the same x). Reduced with shuffles; lane 0 writes.
 //
+// Two shapes of one kernel: 2 rows per warp (16 per CTA) with 4 chunks per row in flight, and,
+// for matrices with few rows (a 2048-row down projection is only 128 CTAs of 16 rows: less than
+// one per SM), 1 row per warp (8 per CTA) with 8 in flight. The host picks by row count.
+//
 // Requires in % 8 == 0 (16-byte chunks); rows past `out` are skipped.
 #define GV_WARPS 8
-#define GV_RPW 2
-#define GV_UNROLL 4
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v;
@@ -31,9 +33,9 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 }
 
 // w: [out, in] f16; x: [in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * GV_RPW)); block: 32 * GV_WARPS
-extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)
-gemv_f16(const half_t* __restrict__ w, const half_t* __restrict__ x, float* __restrict__ y,
-         int in, int out, float beta) {
+template <int GV_RPW, int GV_UNROLL>
+__device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const half_t* __restrict__ x,
+                                          float* __restrict__ y, int in, int out, float beta) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.x * GV_WARPS + warp) * GV_RPW;
     if (row0 >= out) return;
@@ -75,4 +77,16 @@ gemv_f16(const half_t* __restrict__ w, const half_t* __restrict__ x, float* __re
             y[i] = beta != 0.0f ? s + beta * y[i] : s;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)
+gemv_f16(const half_t* __restrict__ w, const half_t* __restrict__ x, float* __restrict__ y, int in,
+         int out, float beta) {
+    gemv_rows<2, 4>(w, x, y, in, out, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)
+gemv_f16_r1(const half_t* __restrict__ w, const half_t* __restrict__ x, float* __restrict__ y,
+            int in, int out, float beta) {
+    gemv_rows<1, 8>(w, x, y, in, out, beta);
 }
