@@ -99,7 +99,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (n, use_gemv) in cases {
                 let launch = || -> Result<(), Box<dyn std::error::Error>> {
                     if use_gemv {
-                        gemv.run(&g, dw.ptr, dx16.ptr, dy.ptr, k, out, 0.0)?;
+                        gemv.run(
+                            &g,
+                            dw.ptr,
+                            quire_backend::cuda::gemv::GemvInput::F16 { x: dx16.ptr },
+                            dy.ptr,
+                            k,
+                            out,
+                            0.0,
+                        )?;
                     } else if dtype == GgmlType::F16 {
                         g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?;
                     } else {

@@ -262,14 +262,25 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// The one-token GEMV against an f64 dot product of the same f16 values and against cuBLAS:
 /// shapes of the 135M/1B/8B layers plus odd ones (rows not a multiple of the CTA's 16, lengths
 /// not a multiple of the unrolled 1024 elements), beta 0 over a NaN-poisoned output and beta 1
-/// (the residual add).
+/// (the residual add); then its fused inputs, RMSNorm (with a row gather) and SwiGLU, against the
+/// CPU's ops rounded to f16 the same way.
 #[test]
 fn gemv_matches_an_f64_dot_product_and_cublas() {
-    use quire_backend::cuda::gemv::Gemv;
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
     let gv = Gemv::new(&g).unwrap();
-    assert!(!Gemv::fits(100) && Gemv::fits(104));
+    let f16_in = GemvInput::F16 { x: 0 };
+    assert!(!Gemv::fits(100, &f16_in) && Gemv::fits(104, &f16_in));
+    assert!(!Gemv::fits(32768, &GemvInput::SwiGlu { gu: 0 }) && Gemv::fits(32768, &f16_in));
+    let dot = |w: &[f16], x: &[f16], k: usize, r: usize| -> f64 {
+        (0..k).map(|i| w[r * k + i].to_f64() * x[i].to_f64()).sum()
+    };
+    let read = |b: &quire_backend::cuda::gpu::DBuf<f32>| {
+        let mut v = vec![0f32; b.len];
+        g.dtoh(b, &mut v).unwrap();
+        v
+    };
     for (k, out) in [
         (576usize, 960usize),
         (1536, 576),
@@ -292,10 +303,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
         let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
         for beta in [0.0f32, 1.0] {
             let want: Vec<f32> = (0..out)
-                .map(|r| {
-                    let d: f64 = (0..k).map(|i| w[r * k + i].to_f64() * x[i].to_f64()).sum();
-                    (d + beta as f64 * y0[r] as f64) as f32
-                })
+                .map(|r| (dot(&w, &x, k, r) + beta as f64 * y0[r] as f64) as f32)
                 .collect();
             let init = if beta == 0.0 {
                 vec![f32::NAN; out]
@@ -303,20 +311,60 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
                 y0.clone()
             };
             let dy = g.upload(&init).unwrap();
-            gv.run(&g, dw.ptr, dx.ptr, dy.ptr, k, out, beta).unwrap();
-            let mut got = vec![0f32; out];
-            g.dtoh(&dy, &mut got).unwrap();
+            gv.run(
+                &g,
+                dw.ptr,
+                GemvInput::F16 { x: dx.ptr },
+                dy.ptr,
+                k,
+                out,
+                beta,
+            )
+            .unwrap();
+            let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 1e-5, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
             let db = g.upload(&init).unwrap();
             g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
-            let mut blas = vec![0f32; out];
-            g.dtoh(&db, &mut blas).unwrap();
-            let eb = rel(&got, &blas);
+            let eb = rel(&got, &read(&db));
             assert!(
                 eb < 1e-4,
                 "gemv vs cuBLAS {k}x{out} beta {beta}: rel err {eb:.2e}"
             );
+        }
+        // RMSNorm of row 2 of a 3-row residual (gathered through rows_idx), then SwiGLU.
+        let xs = rnd(&mut rng, 3 * k, 3.0);
+        let nw = rnd(&mut rng, k, 2.0);
+        let mut normed = vec![0f32; k];
+        ops::rms_norm(&xs[2 * k..], &nw, 1e-5, &mut normed);
+        let gu = rnd(&mut rng, 2 * k, 4.0);
+        let mut act = vec![0f32; k];
+        ops::swiglu(&gu, k, &mut act);
+        let (dxs, dnw, dgu) = (
+            g.upload(&xs).unwrap(),
+            g.upload(&nw).unwrap(),
+            g.upload(&gu).unwrap(),
+        );
+        let idx = g.upload(&[2i32]).unwrap();
+        for (name, input, v) in [
+            (
+                "norm",
+                GemvInput::Norm {
+                    x: dxs.ptr,
+                    rows_idx: idx.ptr,
+                    norm_w: dnw.ptr,
+                    eps: 1e-5,
+                },
+                normed,
+            ),
+            ("swiglu", GemvInput::SwiGlu { gu: dgu.ptr }, act),
+        ] {
+            let v16: Vec<f16> = v.iter().map(|&a| f16::from_f32(a)).collect();
+            let want: Vec<f32> = (0..out).map(|r| dot(&w, &v16, k, r) as f32).collect();
+            let dy = g.upload(&vec![f32::NAN; out]).unwrap();
+            gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
+            let e = rel(&read(&dy), &want);
+            assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
         }
     }
 }

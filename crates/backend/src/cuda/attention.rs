@@ -13,7 +13,7 @@
 //! the tiles are listed in the metadata); the other kernel then skips their rows.
 
 use cudarc::driver::sys::CUfunction_attribute as FuncAttr;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::CudaFunction;
 use half::f16;
 
 use super::gpu::{DBuf, Gpu, KArg};
@@ -270,8 +270,7 @@ impl PagedAttention {
         let l = &b.layout;
         let scale = 1.0 / (self.head_dim as f32).sqrt();
         if l.num_tiles > 0 {
-            launch_smem(
-                gpu,
+            gpu.launch_smem(
                 &self.prefill,
                 (l.num_tiles as u32, self.num_kv_heads as u32, 1),
                 (THREADS, 1, 1),
@@ -304,8 +303,7 @@ impl PagedAttention {
         } else {
             (&self.attention, 0)
         };
-        launch_smem(
-            gpu,
+        gpu.launch_smem(
             f,
             (n as u32, self.num_kv_heads as u32, plan.splits as u32),
             (THREADS, 1, 1),
@@ -394,36 +392,6 @@ fn big_smem(f: &CudaFunction, name: &str, smem: usize) -> Result<usize, BackendE
 
 /// Threads per CTA of both attention kernels (4 warps).
 const THREADS: u32 = 128;
-
-/// `Gpu::launch` with `smem` bytes of dynamic shared memory.
-fn launch_smem(
-    gpu: &Gpu,
-    f: &CudaFunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    smem: u32,
-    args: &[KArg],
-) -> Result<(), BackendError> {
-    let cfg = LaunchConfig {
-        grid_dim: grid,
-        block_dim: block,
-        shared_mem_bytes: smem,
-    };
-    let mut b = gpu.stream.launch_builder(f);
-    for a in args {
-        match a {
-            KArg::P(v) => b.arg(v),
-            KArg::I(v) => b.arg(v),
-            KArg::L(v) => b.arg(v),
-            KArg::F(v) => b.arg(v),
-        };
-    }
-    // SAFETY: the caller matches `args` to the kernel's signature; buffers are live device
-    // allocations of the sizes the kernel indexes.
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(super::gpu::cuda_err("attention kernel launch"))
-}
 
 /// What `HostRun::read` returns: the output rows, then the K and V caches.
 pub type HostResult = (Vec<f32>, Vec<f16>, Vec<f16>);

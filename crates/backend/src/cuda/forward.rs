@@ -2,7 +2,7 @@
 //! so the same code runs eagerly and under CUDA-graph capture.
 
 use super::attention::{AttnBuffers, Meta, Plan};
-use super::gemv::Gemv;
+use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, CudaFfn, Kernels};
 use super::moe::{self, MoeInputs};
@@ -87,10 +87,20 @@ impl CudaExecutor {
             };
             let norm = (hd, eps, norm_threads);
             let q8w = q8_in(&l.wqkv, n);
-            norm_for(g, k, q8w, x, P(0), l.attn_norm.ptr, (h, q8), n, norm)?;
-            prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-            let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, &l.wqkv, (h, q8), qkv, hd, qkv_dim, 0.0)?;
+            let normed = GemvInput::Norm {
+                x,
+                rows_idx: 0,
+                norm_w: l.attn_norm.ptr,
+                eps,
+            };
+            if let Some((gv, wp)) = one_token_gemv(k, &l.wqkv, n, hd, &normed) {
+                gv.run(g, wp, normed, qkv, hd, qkv_dim, 0.0)?;
+            } else {
+                norm_for(g, k, q8w, x, P(0), l.attn_norm.ptr, (h, q8), n, norm)?;
+                prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
+                let mm = MatMul { n, wdq, q8_in: q8w };
+                mm.run(g, k, &l.wqkv, (h, q8), qkv, hd, qkv_dim, 0.0)?;
+            }
             let (b, f) = gemm_cost(&l.wqkv, hd, qkv_dim);
             prof.mark(g, "matmul_qkv", layer, b, f)?;
             let opt = |b: &Option<DBuf<f32>>| P(b.as_ref().map_or(0, |b| b.ptr));
@@ -184,14 +194,31 @@ impl CudaExecutor {
                 }
             };
             let q8w = q8_in(w_gate_up, n);
-            norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-            prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-            let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
+            let normed = GemvInput::Norm {
+                x,
+                rows_idx: 0,
+                norm_w: l.ffn_norm.ptr,
+                eps,
+            };
+            if let Some((gv, wp)) = one_token_gemv(k, w_gate_up, n, hd, &normed) {
+                gv.run(g, wp, normed, gu, hd, 2 * inter, 0.0)?;
+            } else {
+                norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
+                prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
+                let mm = MatMul { n, wdq, q8_in: q8w };
+                mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
+            }
             let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
             prof.mark(g, "matmul_gate_up", layer, b, f)?;
             let total = n * inter;
             let q8w = q8_in(w_down, n);
+            let act_in = GemvInput::SwiGlu { gu };
+            if let Some((gv, wp)) = one_token_gemv(k, w_down, n, inter, &act_in) {
+                gv.run(g, wp, act_in, x, inter, hd, 1.0)?;
+                let (b, f) = gemm_cost(w_down, inter, hd);
+                prof.mark(g, "matmul_down", layer, b, f)?;
+                continue;
+            }
             if q8w {
                 let qblocks = total / 32;
                 g.launch(
@@ -220,23 +247,33 @@ impl CudaExecutor {
             let norm = (hd, eps, norm_threads);
             let rows_idx = mp(meta.logits_idx);
             let q8w = q8_in(out_w, nl);
-            norm_for(
-                g,
-                k,
-                q8w,
+            let normed = GemvInput::Norm {
                 x,
-                rows_idx,
-                self.output_norm.ptr,
-                (h, q8),
-                nl,
-                norm,
-            )?;
-            let mm = MatMul {
-                n: nl,
-                wdq,
-                q8_in: q8w,
+                rows_idx: meta_base + 4 * meta.logits_idx as u64,
+                norm_w: self.output_norm.ptr,
+                eps,
             };
-            mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
+            if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
+                gv.run(g, wp, normed, logits, hd, c.vocab_size, 0.0)?;
+            } else {
+                norm_for(
+                    g,
+                    k,
+                    q8w,
+                    x,
+                    rows_idx,
+                    self.output_norm.ptr,
+                    (h, q8),
+                    nl,
+                    norm,
+                )?;
+                let mm = MatMul {
+                    n: nl,
+                    wdq,
+                    q8_in: q8w,
+                };
+                mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
+            }
         }
         prof.mark(
             g,
@@ -246,6 +283,21 @@ impl CudaExecutor {
             2 * nl * hd * c.vocab_size,
         )?;
         Ok(())
+    }
+}
+
+/// The GEMV and the weight's address when a matmul of `n` tokens over `w` (rows `k_in` long, input
+/// `input`) takes the one-token GEMV: one token, f16 weights, the GEMV on.
+fn one_token_gemv<'a>(
+    k: &'a Kernels,
+    w: &WMat,
+    n: usize,
+    k_in: usize,
+    input: &GemvInput,
+) -> Option<(&'a Gemv, u64)> {
+    match (&k.gemv, w) {
+        (Some(gv), WMat::F16(b)) if n == 1 && Gemv::fits(k_in, input) => Some((gv, b.ptr)),
+        _ => None,
     }
 }
 
@@ -303,12 +355,13 @@ impl MatMul {
     ) -> Result<(), BackendError> {
         let n = self.n;
         match w {
-            WMat::F16(b) => match &k.gemv {
-                Some(gv) if n == 1 && Gemv::fits(k_in) => {
-                    gv.run(g, b.ptr, inputs.0, y, k_in, out, beta)
+            WMat::F16(b) => {
+                let x = GemvInput::F16 { x: inputs.0 };
+                match one_token_gemv(k, w, n, k_in, &x) {
+                    Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
+                    None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
                 }
-                _ => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
-            },
+            }
             WMat::Quant { dtype, data } if self.q8_in => {
                 k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
             }

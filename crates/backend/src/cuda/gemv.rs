@@ -1,6 +1,8 @@
 //! The single-token f16 matrix-vector product (kernels/gemv.cu) that decode steps of one sequence
 //! use instead of cuBLAS: cuBLAS's M=1 path reads the smaller matrices well under the copy rate
-//! and, on small models, costs more launches than the work they do.
+//! and, on small models, costs more launches than the work they do. The GEMV can also take its
+//! input as the RMSNorm of the residual row or the SwiGLU of the gate/up row, computing it itself,
+//! which removes those launches from a decode step.
 
 use cudarc::driver::CudaFunction;
 
@@ -8,57 +10,109 @@ use super::gpu::{Gpu, KArg};
 use super::nvrtc;
 use crate::BackendError;
 
+/// Where the GEMV's input vector comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum GemvInput {
+    /// `x`: f16 `[k]`.
+    F16 { x: u64 },
+    /// RMSNorm of the f32 row `x[rows_idx[0]]` (`rows_idx` 0: row 0) with weight `norm_w`.
+    Norm {
+        x: u64,
+        rows_idx: u64,
+        norm_w: u64,
+        eps: f32,
+    },
+    /// SwiGLU of the f32 gate/up row `gu` `[2k]`: silu(gate) · up.
+    SwiGlu { gu: u64 },
+}
+
+/// Longest input the fused forms take (their vector lives in 48 KB of shared memory).
+const MAX_FUSED_K: usize = 24 * 1024;
+
 pub struct Gemv {
-    /// 16 rows per CTA (2 per warp), and 8 (1 per warp) for matrices of few rows.
-    f: CudaFunction,
-    f_r1: CudaFunction,
+    /// [input form][16 rows per CTA (2 per warp), 8 rows per CTA (1 per warp)]
+    f: [[CudaFunction; 2]; 3],
     sms: usize,
 }
 
 impl Gemv {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         let m = gpu.module(&nvrtc::GEMV, &[])?;
+        let get = |name: &str| -> Result<[CudaFunction; 2], BackendError> {
+            Ok([
+                Gpu::function(&m, name)?,
+                Gpu::function(&m, &format!("{name}_r1"))?,
+            ])
+        };
         Ok(Gemv {
-            f: Gpu::function(&m, "gemv_f16")?,
-            f_r1: Gpu::function(&m, "gemv_f16_r1")?,
+            f: [
+                get("gemv_f16")?,
+                get("gemv_f16_norm")?,
+                get("gemv_f16_swiglu")?,
+            ],
             sms: gpu.sms as usize,
         })
     }
 
-    /// Whether `run` takes a matrix of rows `k_in` long (whole 16-byte chunks).
-    pub fn fits(k_in: usize) -> bool {
-        k_in > 0 && k_in.is_multiple_of(8)
+    /// Whether `run` takes a matrix of rows `k_in` long with this input form (whole 16-byte
+    /// chunks; the fused forms up to `MAX_FUSED_K`).
+    pub fn fits(k_in: usize, input: &GemvInput) -> bool {
+        k_in > 0
+            && k_in.is_multiple_of(8)
+            && (matches!(input, GemvInput::F16 { .. }) || k_in <= MAX_FUSED_K)
     }
 
-    /// `y[out] = w[out, k_in] · x[k_in] + beta · y` (w, x f16; y f32; y is not read when beta is 0).
+    /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         g: &Gpu,
         w: u64,
-        x: u64,
+        input: GemvInput,
         y: u64,
         k_in: usize,
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        if !Self::fits(k_in) {
+        if !Self::fits(k_in, &input) {
             return Err(BackendError::InvalidBatch(format!(
-                "gemv_f16 needs rows of a multiple of 8 elements (got {k_in})"
+                "gemv_f16 needs rows of a multiple of 8 elements, at most {MAX_FUSED_K} when fused \
+                 (got {k_in})"
             )));
         }
-        use KArg::{F, I, P};
-        // Fewer than four CTAs of 16 rows per SM: halve the rows per CTA.
-        let (f, rows) = if out.div_ceil(16) < 4 * self.sms {
-            (&self.f_r1, 8)
-        } else {
-            (&self.f, 16)
+        let (form, x, rows_idx, norm_w, eps, smem) = match input {
+            GemvInput::F16 { x } => (0, x, 0, 0, 0.0, 0),
+            GemvInput::Norm {
+                x,
+                rows_idx,
+                norm_w,
+                eps,
+            } => (1, x, rows_idx, norm_w, eps, k_in * 2),
+            GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
         };
-        g.launch(
-            f,
+        // Fewer than four CTAs of 16 rows per SM: halve the rows per CTA.
+        let (variant, rows) = if out.div_ceil(16) < 4 * self.sms {
+            (1, 8)
+        } else {
+            (0, 16)
+        };
+        use KArg::{F, I, P};
+        g.launch_smem(
+            &self.f[form][variant],
             (out.div_ceil(rows) as u32, 1, 1),
             (256, 1, 1),
-            &[P(w), P(x), P(y), I(k_in as i32), I(out as i32), F(beta)],
+            smem as u32,
+            &[
+                P(w),
+                P(x),
+                P(rows_idx),
+                P(norm_w),
+                F(eps),
+                P(y),
+                I(k_in as i32),
+                I(out as i32),
+                F(beta),
+            ],
         )
     }
 }

@@ -439,10 +439,22 @@ impl Gpu {
         block: (u32, u32, u32),
         args: &[KArg],
     ) -> Result<(), BackendError> {
+        self.launch_smem(f, grid, block, 0, args)
+    }
+
+    /// `launch` with `smem` bytes of dynamic shared memory.
+    pub fn launch_smem(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[KArg],
+    ) -> Result<(), BackendError> {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: block,
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         let mut b = self.stream.launch_builder(f);
         for a in args {
