@@ -26,8 +26,11 @@ pub enum GemvInput {
     SwiGlu { gu: u64 },
 }
 
-/// Longest input the fused forms take (their vector lives in 48 KB of shared memory).
-const MAX_FUSED_K: usize = 24 * 1024;
+/// Longest input the fused forms take. Every CTA computes the vector before its first weight load,
+/// so the prologue's latency and L2 reads grow with the input: measured on the H100 (PERF.md, stop
+/// 15), fusing the 1B (2048/8192) and 8B (4096/14336) inputs cost 10% of tg128, while the 135M
+/// model's (576/1536) gained; only inputs this short are fused.
+const MAX_FUSED_K: usize = 1536;
 
 pub struct Gemv {
     /// [input form][16 rows per CTA (2 per warp), 8 rows per CTA (1 per warp)]
