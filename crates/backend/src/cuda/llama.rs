@@ -19,8 +19,12 @@ use super::nvrtc;
 use super::qmat::{
     is_block32_quant, is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES,
 };
+use super::sample::SampleKernel;
 use super::CudaOptions;
-use crate::{BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat};
+use crate::{
+    BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat,
+    SampleParams,
+};
 
 use super::profile::EventProfiler;
 
@@ -54,6 +58,8 @@ pub(super) struct Kernels {
     pub(super) swiglu: CudaFunction,
     pub(super) rope: CudaFunction,
     pub(super) argmax: CudaFunction,
+    /// `None` where the device lacks the shared memory (rows are then sampled on the host).
+    pub(super) sample: Option<SampleKernel>,
     pub(super) attention: PagedAttention,
     pub(super) q: QuantKernels,
     /// Compiled only for MoE models.
@@ -95,8 +101,8 @@ pub struct CudaExecutor {
     pub(super) layers: Vec<Layer>,
     pub(super) kv: KvCacheSpec,
     pub(super) s: Scratch,
-    host_logits: Vec<f32>,
-    host_ids: Vec<i32>,
+    pub(super) host_logits: Vec<f32>,
+    pub(super) host_ids: Vec<i32>,
     meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
     use_graphs: bool,
@@ -216,6 +222,7 @@ impl CudaExecutor {
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,
             argmax: Gpu::function(&sample, "argmax_rows")?,
+            sample: SampleKernel::new(&gpu, &sample)?,
             attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
                 .with_window(c.sliding_window),
             q: QuantKernels::new(&gpu)?,
@@ -463,6 +470,15 @@ impl Executor for CudaExecutor {
         self.forward_greedy_inner(batch)?;
         Ok(self.host_ids.iter().map(|&t| t as u32).collect())
     }
+
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[SampleParams],
+    ) -> Result<Vec<u32>, BackendError> {
+        self.forward_sample_inner(batch, rows)?;
+        Ok(self.host_ids.iter().map(|&t| t as u32).collect())
+    }
 }
 
 impl CudaExecutor {
@@ -482,7 +498,7 @@ impl CudaExecutor {
     }
 
     /// Runs the batch; the logits of `batch.logits_indices` end on the device in `s.logits`.
-    fn run(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    pub(super) fn run(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         self.check_batch(batch)?;
         self.gpu
             .ctx
@@ -566,7 +582,7 @@ impl CudaExecutor {
             .map_err(super::gpu::cuda_err("launching the decode graph"))
     }
 
-    fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    pub(super) fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         self.run(batch)?;
         let nl = batch.logits_indices.len();
         self.host_logits.resize(nl * self.cfg.vocab_size, 0.0);
