@@ -6,8 +6,8 @@ cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-cuda}
 cargo build --release -p quire --features cuda
 cargo build --release -p quire-backend --features cuda --example cuda_matmul_bench
-cargo test --release -p quire-backend --features cuda --test cuda_attention --test cuda_ops --test cuda_quant --no-run 2>&1 |
-    grep -oE '\([^)]*/(cuda_attention|cuda_ops|cuda_quant)-[0-9a-f]+\)' | tr -d '()' > /tmp/quire-test-bins
+cargo test --release -p quire-backend --features cuda --test cuda_attention --test cuda_ops --test cuda_quant --test cuda_sample --no-run 2>&1 |
+    grep -oE '\([^)]*/(cuda_attention|cuda_ops|cuda_quant|cuda_sample)-[0-9a-f]+\)' | tr -d '()' > /tmp/quire-test-bins
 cargo test --release -p quire-engine --features cuda --test cuda --test hf_cuda --no-run 2>&1 |
     grep -oE '\([^)]*/(hf_cuda|cuda)-[0-9a-f]+\)' | tr -d '()' >> /tmp/quire-test-bins
 stage=$(mktemp -d)

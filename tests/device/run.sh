@@ -161,6 +161,15 @@ gemv)  # the one-token GEMV: parity, microbenchmark beside cuBLAS, tg128 with it
     done
     "$Q" profile -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 16 -r 3 2>&1 | sed -n '/decode step/,$p' | head -20
     ;;
+sample)  # sampling on the GPU: kernel against the host sampler, engine wiring, a sampled generation
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_sample --test-threads 1 --nocapture 2>&1 | grep -vE "^\s*$" | tail -25
+    f="$W/smollm2-135m-f16.gguf"
+    [ -f "$f" ] || "$Q" make-model --preset smollm2-135m --dtype f16 "$f" 2>&1 | tail -1
+    QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture sampling chain 2>&1 | grep -E "differ|chain decode|test result|panicked" | tail -8
+    QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture chain 2>&1 | grep -E "test result|panicked"
+    "$Q" generate -m "$f" --backend cuda --prompt "hello" --max-tokens 64 --temperature 0.8 --top-k 40 --top-p 0.95 --seed 3 2>&1 | tail -1
+    "$Q" generate -m "$f" --backend cuda --prompt "hello" --max-tokens 64 2>&1 | tail -1
+    ;;
 recheck)  # after refactors: kernel parity, K-quant matmul timings, one attention and one e2e number
     for t in cuda_attention cuda_quant cuda_ops; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked"

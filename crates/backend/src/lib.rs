@@ -6,9 +6,11 @@
 pub mod chain;
 pub mod cpu;
 pub mod cuda;
+pub mod sample;
 pub mod weights;
 
 use quire_core::BlockId;
+pub use sample::{sample_row, sample_row_with, SampleParams};
 pub use weights::{
     ByteOwner, FfnWeights, HostTensor, LayerWeights, ModelWeights, MoeWeights, TensorBytes,
 };
@@ -175,10 +177,41 @@ pub trait Executor: Send {
     ) -> Result<Vec<u32>, BackendError> {
         chain::by_steps(self, batch, steps)
     }
+    /// Runs the batch and picks one token per logits row with that row's `rows[i]` (temperature
+    /// ≤ 0: the argmax), as [`sample_row`] does. Backends that can sample on the device override
+    /// this, so only token ids cross to the host.
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[SampleParams],
+    ) -> Result<Vec<u32>, BackendError> {
+        check_sample_rows(batch, rows)?;
+        let vocab = self.vocab_size();
+        let logits = self.forward(batch)?;
+        let mut cand = Vec::new();
+        Ok(logits
+            .chunks_exact(vocab.max(1))
+            .zip(rows)
+            .map(|(l, p)| sample_row_with(l, p, &mut cand))
+            .collect())
+    }
     /// Turns per-op timing on or off (off by default: no overhead).
     fn set_profiling(&mut self, on: bool);
     /// Per-op statistics gathered since the last call; resets them.
     fn take_profile(&mut self) -> Vec<OpStat>;
+}
+
+/// One valid [`SampleParams`] per logits row of `batch`: what `forward_sample` checks before
+/// running anything.
+pub fn check_sample_rows(batch: &ForwardBatch, rows: &[SampleParams]) -> Result<(), BackendError> {
+    if rows.len() != batch.logits_indices.len() {
+        return Err(BackendError::InvalidBatch(format!(
+            "{} sampling rows for {} logits rows",
+            rows.len(),
+            batch.logits_indices.len()
+        )));
+    }
+    rows.iter().try_for_each(SampleParams::check)
 }
 
 /// Index of the largest value (the first of equal maxima; NaN never wins).

@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use quire_backend::Executor;
+use quire_backend::{Executor, SampleParams};
 use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
 use quire_kv::KvCacheConfig;
 use quire_sched::{Scheduler, SchedulerConfig};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::runner::{execute, execute_greedy, BatchBuffers};
+use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
 use crate::sampler::{Sampled, Sampler};
 use crate::stop::{find_stop, held_back};
 use crate::EngineError;
@@ -240,20 +240,40 @@ impl Engine {
         let tables: Vec<&[quire_core::BlockId]> =
             out.scheduled.iter().map(|s| &s.block_table[..]).collect();
         let vocab = self.exec.vocab_size();
-        // When every sampling row wants the plain argmax, the backend may pick on the device.
-        let plain = self.cfg.top_logprobs == 0
-            && out.scheduled.iter().zip(&rows).all(|(s, row)| {
-                row.is_none()
-                    || self
-                        .requests
-                        .get(&s.seq_id)
-                        .is_none_or(|r| r.sampler.is_plain_greedy())
-            });
+        // When every sampling row wants the plain argmax, the backend may pick on the device;
+        // when every row's pick depends on its logits alone (no penalties, no log-probabilities),
+        // it may sample on the device.
+        let all_rows = |plain: fn(&Sampler) -> bool| {
+            self.cfg.top_logprobs == 0
+                && out.scheduled.iter().zip(&rows).all(|(s, row)| {
+                    row.is_none()
+                        || self
+                            .requests
+                            .get(&s.seq_id)
+                            .is_none_or(|r| plain(&r.sampler))
+                })
+        };
+        let greedy = all_rows(Sampler::is_plain_greedy);
+        let device = !greedy && all_rows(Sampler::is_plain);
         let mut sampled = Vec::new();
         let mut picks: Vec<(SeqId, Sampled)> = Vec::new();
         let now;
-        if plain {
-            let ids = execute_greedy(self.exec.as_mut(), &self.buf, &tables)?;
+        if greedy || device {
+            let ids = if greedy {
+                execute_greedy(self.exec.as_mut(), &self.buf, &tables)?
+            } else {
+                // One row's parameters each, with this step's uniform draw from its own stream.
+                let mut params = vec![SampleParams::GREEDY; self.buf.logits_indices.len()];
+                for (s, row) in out.scheduled.iter().zip(&rows) {
+                    if let (Some(row), Some(req)) = (*row, self.requests.get_mut(&s.seq_id)) {
+                        params[row] = req
+                            .sampler
+                            .device_params()
+                            .expect("checked above: every sampling row is plain");
+                    }
+                }
+                execute_sample(self.exec.as_mut(), &self.buf, &tables, &params)?
+            };
             now = Instant::now();
             for (s, row) in out.scheduled.iter().zip(&rows) {
                 let Some(row) = *row else { continue };

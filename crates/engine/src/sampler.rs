@@ -2,6 +2,7 @@
 //! top-k, top-p and min-p on the unscaled distribution, then temperature, then a draw from the
 //! request's own seeded random stream (so a seed reproduces a completion whatever else is batched).
 
+use quire_backend::{sample_row_with, SampleParams};
 use quire_core::{SamplingParams, TokenId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -74,13 +75,33 @@ impl Sampler {
     /// True when the next token is the plain argmax of the logits: greedy, no penalties, no
     /// log-probabilities asked (the backend may then pick on the device).
     pub fn is_plain_greedy(&self) -> bool {
+        self.params.is_greedy() && self.is_plain()
+    }
+
+    /// True when the next token depends on the logits row alone (no penalties, no
+    /// log-probabilities asked), so the backend may pick it on the device from `device_params`.
+    pub fn is_plain(&self) -> bool {
         let p = &self.params;
-        p.is_greedy()
-            && !p.logprobs
+        !p.logprobs
             && p.top_logprobs == 0
             && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
+    }
+
+    /// What the backend needs to pick this request's next token on the device, or `None` when
+    /// the pick needs the host (`is_plain` is false). Takes the step's one uniform draw from the
+    /// request's own stream when it samples, as `sample` would, so a seed reproduces the same
+    /// completion on either path (greedy requests draw nothing, on either path).
+    pub fn device_params(&mut self) -> Option<SampleParams> {
+        if !self.is_plain() {
+            return None;
+        }
+        if self.params.is_greedy() {
+            return Some(SampleParams::GREEDY);
+        }
+        let u = self.rng.random::<f64>();
+        Some(self.row_params(u))
     }
 
     /// Picks the next token. `logits` may be modified. `n_top` alternatives are reported with
@@ -109,61 +130,24 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        let c = &mut self.cand;
-        c.clear();
-        c.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (l, i as u32)),
-        );
-        if c.is_empty() {
+        // No finite logit: token 0, without a draw from the stream (as it always was).
+        if !logits.iter().any(|l| l.is_finite()) {
             return 0;
         }
-        let by_logit_desc =
-            |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            c.truncate(p.top_k);
+        let u = self.rng.random::<f64>();
+        sample_row_with(logits, &self.row_params(u), &mut self.cand)
+    }
+
+    /// The request's filters for [`quire_backend::sample_row`] with the uniform draw `u`.
+    fn row_params(&self, u: f64) -> SampleParams {
+        let p = &self.params;
+        SampleParams {
+            temperature: p.temperature,
+            top_k: p.top_k.try_into().unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            u,
         }
-        c.sort_unstable_by(by_logit_desc);
-        // Probabilities of the unscaled distribution for top-p and min-p.
-        let mx = c[0].0;
-        let mut probs: Vec<f32> = c.iter().map(|&(l, _)| (l - mx).exp()).collect();
-        let z: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|v| *v /= z);
-        let mut keep = c.len();
-        if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            for (i, &pr) in probs.iter().enumerate() {
-                cum += pr;
-                if cum >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let floor = p.min_p * probs[0];
-            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
-        }
-        c.truncate(keep);
-        let t = p.temperature;
-        let weights: Vec<f64> = c
-            .iter()
-            .map(|&(l, _)| (((l - mx) / t) as f64).exp())
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut u = self.rng.random::<f64>() * total;
-        for (w, &(_, id)) in weights.iter().zip(c.iter()) {
-            if u < *w {
-                return id;
-            }
-            u -= w;
-        }
-        c.last().map(|e| e.1).unwrap_or(0)
     }
 }
 
@@ -278,6 +262,74 @@ mod tests {
         };
         assert_eq!(run(), run());
         assert!(run().iter().any(|&t| t != run()[0]), "draws should vary");
+    }
+
+    #[test]
+    fn device_params_reproduce_the_host_draws() {
+        let logits = [1.0f32, 1.1, 0.9, 1.05, 0.95, f32::NAN, -2.0];
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 5,
+            top_p: 0.95,
+            min_p: 0.02,
+            seed: Some(7),
+            ..Default::default()
+        };
+        let mut host = Sampler::new(p.clone());
+        let mut device = Sampler::new(p);
+        let mut tokens = vec![];
+        for _ in 0..64 {
+            let want = host.sample(&mut logits.clone(), &[], 0).token.0;
+            let dp = device.device_params().expect("no penalties, no logprobs");
+            assert_eq!(quire_backend::sample_row(&logits, &dp), want);
+            tokens.push(want);
+        }
+        assert!(tokens.iter().any(|&t| t != tokens[0]), "draws should vary");
+    }
+
+    #[test]
+    fn device_params_only_for_plain_requests_and_greedy_draws_nothing() {
+        let greedy = SamplingParams {
+            seed: Some(3),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(greedy.clone());
+        assert_eq!(s.device_params(), Some(SampleParams::GREEDY));
+        // The stream is untouched: a fresh sampler's first draw comes next.
+        let mut fresh = Sampler::new(greedy);
+        assert_eq!(s.rng.random::<f64>(), fresh.rng.random::<f64>());
+        for p in [
+            SamplingParams {
+                logprobs: true,
+                ..params()
+            },
+            SamplingParams {
+                top_logprobs: 2,
+                ..params()
+            },
+            SamplingParams {
+                repetition_penalty: 1.1,
+                temperature: 1.0,
+                ..params()
+            },
+            SamplingParams {
+                presence_penalty: 0.5,
+                ..params()
+            },
+            SamplingParams {
+                frequency_penalty: 0.5,
+                ..params()
+            },
+        ] {
+            assert_eq!(Sampler::new(p.clone()).device_params(), None, "{p:?}");
+        }
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            repetition_penalty: 1.3,
+            repeat_last_n: 0,
+            ..params()
+        });
+        assert!(s.device_params().is_some_and(|d| d.temperature == 1.0));
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! Continuous batching on the default model: many requests stepped together through one paged
 //! KV cache give exactly the tokens each gives alone, whatever the block size, with prefix caching
 //! on or off, and when the cache is so small that requests are preempted and recomputed. Also:
-//! a shared prompt prefix is computed once.
+//! a shared prompt prefix is computed once, and sampled requests draw the same tokens whether the
+//! backend samples or the host does.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use quire_backend::cpu::{CpuExecutor, CpuOptions};
-use quire_backend::KvCacheSpec;
+use quire_backend::{BackendError, Executor, ForwardBatch, KvCacheSpec, OpStat, SampleParams};
 use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
 use quire_engine::{Engine, EngineConfig};
 
@@ -231,4 +234,99 @@ fn shared_prefix_is_computed_once() {
         results.push(ids.iter().map(|id| got[id].clone()).collect::<Vec<_>>());
     }
     assert_eq!(results[0], results[1], "prefix caching changes no output");
+}
+
+/// Counts the executor calls that carry logits to the host and those that sample in the backend.
+struct Counting {
+    inner: CpuExecutor,
+    forwards: Arc<AtomicUsize>,
+    samples: Arc<AtomicUsize>,
+}
+
+impl Executor for Counting {
+    fn backend_name(&self) -> &'static str {
+        "counting"
+    }
+    fn kv_spec(&self) -> KvCacheSpec {
+        self.inner.kv_spec()
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
+        self.forwards.fetch_add(1, Ordering::Relaxed);
+        self.inner.forward(batch)
+    }
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[SampleParams],
+    ) -> Result<Vec<u32>, BackendError> {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        self.inner.forward_sample(batch, rows)
+    }
+    fn set_profiling(&mut self, on: bool) {
+        self.inner.set_profiling(on);
+    }
+    fn take_profile(&mut self) -> Vec<OpStat> {
+        self.inner.take_profile()
+    }
+}
+
+#[test]
+fn sampling_in_the_backend_draws_what_the_host_sampler_draws() {
+    let m = load();
+    let prompts = prompts(&m);
+    let sampled = |i: usize, logprobs: bool| SamplingParams {
+        temperature: 0.9,
+        top_k: [0, 50][i % 2],
+        top_p: 0.9,
+        min_p: 0.02,
+        seed: Some(100 + i as u64),
+        max_tokens: 24,
+        logprobs,
+        ..Default::default()
+    };
+    // The same seeded requests (and one greedy one) with logprobs off, so the engine hands the
+    // backend one SampleParams per row, and on, so the logits come to the host sampler.
+    let mut runs = vec![];
+    for logprobs in [false, true] {
+        let (forwards, samples) = (Arc::default(), Arc::default());
+        let exec = Counting {
+            inner: CpuExecutor::new(
+                &m.weights,
+                KvCacheSpec {
+                    num_blocks: 256,
+                    block_size: 16,
+                },
+                CpuOptions::default(),
+            )
+            .unwrap(),
+            forwards: Arc::clone(&forwards),
+            samples: Arc::clone(&samples),
+        };
+        let mut e = Engine::new(Box::new(exec), m.tokenizer.clone(), EngineConfig::default());
+        let mut ids = vec![];
+        for (i, p) in prompts.iter().take(6).enumerate() {
+            ids.push(e.add_request(p.clone(), sampled(i, logprobs)).unwrap());
+        }
+        ids.push(e.add_request(prompts[0].clone(), greedy(24)).unwrap());
+        let got = drain(&mut e);
+        let (forwards, samples) = (
+            forwards.load(Ordering::Relaxed),
+            samples.load(Ordering::Relaxed),
+        );
+        if logprobs {
+            assert_eq!(samples, 0, "logprobs need the logits on the host");
+        } else {
+            assert!(
+                samples > 0 && forwards == 0,
+                "{samples} backend samplings, {forwards} forwards"
+            );
+        }
+        runs.push(ids.iter().map(|id| got[id].clone()).collect::<Vec<_>>());
+    }
+    assert_eq!(runs[0], runs[1]);
+    let distinct: std::collections::HashSet<_> = runs[0].iter().map(|r| &r.0).collect();
+    assert!(distinct.len() > 1, "the requests should not all agree");
 }

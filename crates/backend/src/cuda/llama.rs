@@ -19,8 +19,12 @@ use super::nvrtc;
 use super::qmat::{
     is_block32_quant, is_native_quant, upload_stacked, QuantKernels, WMat, Q8A_BYTES,
 };
+use super::sample::SampleKernel;
 use super::CudaOptions;
-use crate::{BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat};
+use crate::{
+    BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat,
+    SampleParams,
+};
 
 use super::profile::EventProfiler;
 
@@ -54,6 +58,8 @@ pub(super) struct Kernels {
     pub(super) swiglu: CudaFunction,
     pub(super) rope: CudaFunction,
     pub(super) argmax: CudaFunction,
+    /// `None` where the device lacks the shared memory (rows are then sampled on the host).
+    pub(super) sample: Option<SampleKernel>,
     pub(super) attention: PagedAttention,
     pub(super) q: QuantKernels,
     /// One-token f16 matmuls (`None`: cuBLAS for every size, `CudaOptions::gemv` off).
@@ -100,9 +106,9 @@ pub struct CudaExecutor {
     pub(super) kv: KvCacheSpec,
     pub(super) s: Scratch,
     /// Pinned: the logits copy of every step runs at the bus rate.
-    host_logits: super::gpu::HostBuf<f32>,
-    host_logits_len: usize,
-    host_ids: Vec<i32>,
+    pub(super) host_logits: super::gpu::HostBuf<f32>,
+    pub(super) host_logits_len: usize,
+    pub(super) host_ids: Vec<i32>,
     pub(super) meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
     pub(super) use_graphs: bool,
@@ -222,6 +228,7 @@ impl CudaExecutor {
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,
             argmax: Gpu::function(&sample, "argmax_rows")?,
+            sample: SampleKernel::new(&gpu, &sample)?,
             attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
                 .with_window(c.sliding_window),
             q: QuantKernels::new(&gpu)?,
@@ -483,6 +490,15 @@ impl Executor for CudaExecutor {
     ) -> Result<Vec<u32>, BackendError> {
         self.chain(batch, steps)
     }
+
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[SampleParams],
+    ) -> Result<Vec<u32>, BackendError> {
+        self.forward_sample_inner(batch, rows)?;
+        Ok(self.host_ids.iter().map(|&t| t as u32).collect())
+    }
 }
 
 impl CudaExecutor {
@@ -502,7 +518,7 @@ impl CudaExecutor {
     }
 
     /// Runs the batch; the logits of `batch.logits_indices` end on the device in `s.logits`.
-    fn run(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    pub(super) fn run(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         self.check_batch(batch)?;
         self.gpu
             .ctx
@@ -586,7 +602,7 @@ impl CudaExecutor {
             .map_err(super::gpu::cuda_err("launching the decode graph"))
     }
 
-    fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    pub(super) fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         self.run(batch)?;
         let nl = batch.logits_indices.len();
         self.host_logits_len = nl * self.cfg.vocab_size;

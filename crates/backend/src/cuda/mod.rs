@@ -64,6 +64,8 @@ pub mod nvrtc;
 mod profile;
 #[cfg(feature = "cuda")]
 pub mod qmat;
+#[cfg(feature = "cuda")]
+pub mod sample;
 
 #[cfg(feature = "cuda")]
 pub use llama::CudaExecutor;

@@ -1,0 +1,168 @@
+//! Sampling on the device: `sample_rows` (kernels/sample.cu) picks each logits row's token with
+//! that row's [`SampleParams`] the way [`crate::sample_row`] does (top-k, top-p, min-p,
+//! temperature, the caller's uniform draw), so a sampled step copies token ids to the host
+//! instead of `[rows, vocab]` logits. Devices without the kernel's ~120 KB of shared memory per
+//! CTA sample on the host instead.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+
+use super::gpu::{cuda_err, DBuf, Gpu};
+use super::llama::CudaExecutor;
+use crate::{check_sample_rows, sample_row_with, BackendError, ForwardBatch, SampleParams};
+
+/// Threads per CTA of `sample_rows` (`S_THREADS`); one CTA per row.
+pub const SAMPLE_THREADS: u32 = 1024;
+/// Dynamic shared memory of `sample_rows`: two u64 sums and a u32 count per bucket
+/// (`S_BUCKETS` = 4096) and a u64 sort key per gathered element (`S_CAP` = 4096).
+pub const SAMPLE_SMEM: u32 = (2 * 4096 + 4096) * 8 + 4096 * 4;
+/// `i32` words of one row's parameters on the device.
+pub const PARAM_WORDS: usize = 6;
+
+/// `sample_rows` with its parameter buffer.
+pub struct SampleKernel {
+    f: CudaFunction,
+    /// Host staging of the parameters: `[rows, PARAM_WORDS]`.
+    words: Vec<i32>,
+    /// `[rows, PARAM_WORDS]`, grown to the most rows seen.
+    params: Option<DBuf<i32>>,
+}
+
+impl SampleKernel {
+    /// `sample_rows` from the compiled sample.cu `module`; `None` when the device cannot give one
+    /// CTA the kernel's shared memory.
+    pub fn new(gpu: &Gpu, module: &Arc<CudaModule>) -> Result<Option<Self>, BackendError> {
+        let f = Gpu::function(module, "sample_rows")?;
+        gpu.ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the context"))?;
+        let opt_in = gpu
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(cuda_err("shared memory per block"))?;
+        let fixed = f
+            .shared_size_bytes()
+            .map_err(cuda_err("sample_rows shared memory"))?;
+        if i64::from(opt_in) < i64::from(fixed) + i64::from(SAMPLE_SMEM) {
+            return Ok(None);
+        }
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            SAMPLE_SMEM as i32,
+        )
+        .map_err(cuda_err(
+            "sample_rows: setting the dynamic shared memory size",
+        ))?;
+        Ok(Some(Self {
+            f,
+            words: Vec::new(),
+            params: None,
+        }))
+    }
+
+    /// The device layout of `rows`: temperature, top_k, top_p and min_p as 32-bit words, then
+    /// u's 64 bits, low word first.
+    pub fn pack(rows: &[SampleParams], words: &mut Vec<i32>) {
+        words.clear();
+        for p in rows {
+            let u = p.u.to_bits();
+            words.extend([
+                p.temperature.to_bits() as i32,
+                p.top_k as i32,
+                p.top_p.to_bits() as i32,
+                p.min_p.to_bits() as i32,
+                u as u32 as i32,
+                (u >> 32) as u32 as i32,
+            ]);
+        }
+    }
+
+    /// Uploads `rows` and enqueues the kernel: token `i` of `out` from row `i` of `logits`.
+    // logits: [rows.len(), stride] f32 (the first `vocab` of each row); out: [rows.len()] i32
+    pub fn launch(
+        &mut self,
+        gpu: &Gpu,
+        logits: u64,
+        stride: usize,
+        vocab: usize,
+        rows: &[SampleParams],
+        out: u64,
+    ) -> Result<(), BackendError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if vocab == 0 || vocab > i32::MAX as usize || rows.len() > i32::MAX as usize {
+            return Err(BackendError::InvalidBatch(format!(
+                "cannot sample {} rows of {vocab} logits",
+                rows.len()
+            )));
+        }
+        Self::pack(rows, &mut self.words);
+        if self
+            .params
+            .as_ref()
+            .is_none_or(|b| b.len < self.words.len())
+        {
+            self.params = Some(gpu.alloc(self.words.len().next_power_of_two())?);
+        }
+        let params = self.params.as_mut().expect("allocated above");
+        gpu.htod(&self.words, params, 0)?;
+        let cfg = LaunchConfig {
+            grid_dim: (rows.len() as u32, 1, 1),
+            block_dim: (SAMPLE_THREADS, 1, 1),
+            shared_mem_bytes: SAMPLE_SMEM,
+        };
+        let (stride, vocab) = (stride as i64, vocab as i32);
+        let mut b = gpu.stream.launch_builder(&self.f);
+        b.arg(&logits)
+            .arg(&stride)
+            .arg(&vocab)
+            .arg(&params.ptr)
+            .arg(&out);
+        // SAFETY: the arguments match sample_rows' signature; `logits` holds `rows` rows of
+        // `stride` floats (the caller's buffer), `params` `rows · PARAM_WORDS` words, `out` `rows` ints.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(cuda_err("sample_rows launch"))
+    }
+}
+
+impl CudaExecutor {
+    /// Runs the batch and leaves one token per logits row in `host_ids`, picked on the device
+    /// (on the host when the device has no `sample_rows`).
+    pub(super) fn forward_sample_inner(
+        &mut self,
+        batch: &ForwardBatch,
+        rows: &[SampleParams],
+    ) -> Result<(), BackendError> {
+        check_sample_rows(batch, rows)?;
+        let vocab = self.cfg.vocab_size;
+        if self.k.sample.is_none() {
+            self.forward_inner(batch)?;
+            let mut cand = Vec::new();
+            self.host_ids = self
+                .host_logits
+                .slice(self.host_logits_len)
+                .chunks_exact(vocab.max(1))
+                .zip(rows)
+                .map(|(l, p)| sample_row_with(l, p, &mut cand) as i32)
+                .collect();
+            return Ok(());
+        }
+        self.run(batch)?;
+        let nl = rows.len();
+        let ids = self.s.ids.as_ref().expect("grown by run");
+        if let Some(k) = self.k.sample.as_mut() {
+            let logits = self.s.logits.as_ref().expect("grown by run").ptr;
+            k.launch(&self.gpu, logits, vocab, vocab, rows, ids.ptr)?;
+        }
+        // Bytes: the rows are read a few times (a histogram pass, gathers), mostly from L2.
+        self.prof
+            .mark(&self.gpu, "sample", None, 4 * nl * vocab, 0)?;
+        self.host_ids.resize(nl, 0);
+        self.gpu.dtoh(ids, &mut self.host_ids)?;
+        self.prof.finish(&self.gpu)
+    }
+}
