@@ -130,6 +130,7 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
                 const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
                 float scale, int window, void* __restrict__ out, int out_f32,
                 float* __restrict__ part_acc, float2* __restrict__ part_ml, int skip_qlen) {
+    pdl_enter();
     __shared__ __align__(16) float q_s[GQA][HEAD_DIM];
     __shared__ float p_s[WARPS][GQA][32];
     __shared__ __align__(16) float acc_s[WARPS][GQA][HEAD_DIM];
@@ -356,6 +357,7 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
              const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
              float scale, int window, void* __restrict__ out, int out_f32,
              float* __restrict__ part_acc, float2* __restrict__ part_ml, int skip_qlen) {
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char dec_smem[];
     half_t* stages = reinterpret_cast<half_t*>(dec_smem);
     float* q_s = reinterpret_cast<float*>(dec_smem + DEC_STAGES * DEC_STAGE_HALVES * 2);
@@ -572,6 +574,7 @@ extern "C" __global__ void attention_reduce(const float* __restrict__ part_acc,
                                             void* __restrict__ out, int out_f32,
                                             const int* __restrict__ row_seq,
                                             const SeqInfo* __restrict__ seqs, int skip_qlen) {
+    pdl_enter();
     const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
     if (skip_qlen > 0 && seqs[row_seq[row]].query_len >= skip_qlen) return;
     const long base = ((long)row * gridDim.y + head) * splits;

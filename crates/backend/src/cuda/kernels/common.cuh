@@ -47,3 +47,15 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     float t = lane < nw ? red[lane] : 0.0f;
     return warp_sum(t);
 }
+
+// Programmatic dependent launch (sm_90+; the Rust side launches with the attribute). The first
+// statement of every kernel, unconditionally: wait until the grid before this one on the stream
+// has finished and its writes are visible (so every earlier grid has too: each of them waited the
+// same way before it could finish), then let the next grid be scheduled so its CTAs sit resident
+// and waiting when this one ends. No-op for a launch without the attribute and before sm_90.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

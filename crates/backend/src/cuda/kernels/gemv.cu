@@ -116,7 +116,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         float* __restrict__ y, int in, int out, float beta) {                                 \
+         float* __restrict__ y, int in, int out, float beta) { \
+        pdl_enter();                             \
         gemv_rows<RPW, UNROLL, MODE>(w, xin, rows_idx, nw, eps, y, in, out, beta);             \
     }
 GEMV_ENTRY(gemv_f16, 2, 4, 0)

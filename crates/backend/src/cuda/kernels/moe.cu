@@ -15,6 +15,7 @@
 extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_experts, int top_k,
                                     int norm_topk, int n, int* __restrict__ ids,
                                     float* __restrict__ weights) {
+    pdl_enter();
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (t >= n) return;
@@ -71,6 +72,7 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_ex
 extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int num_experts,
                                     int* __restrict__ sorted, int4* __restrict__ tiles,
                                     int* __restrict__ num_tiles) {
+    pdl_enter();
     __shared__ int count[1024], offset[1024], cursor[1024];
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
         count[e] = 0;
@@ -150,7 +152,8 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
                                     const q8a_t* __restrict__ a, int act_div,                    \
                                     const int* __restrict__ sorted, const int4* __restrict__ tiles, \
                                     const int* __restrict__ num_tiles, float* __restrict__ y,    \
-                                    int rows, int nb) {                                          \
+                                    int rows, int nb) { \
+        pdl_enter();                                      \
         moe_mmq<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
     }
 
@@ -165,6 +168,7 @@ extern "C" __global__ void moe_gemv_f16(const half_t* __restrict__ w, const half
                                         const int4* __restrict__ tiles,
                                         const int* __restrict__ num_tiles, float* __restrict__ y,
                                         int rows, int cols) {
+    pdl_enter();
     if (blockIdx.y >= *num_tiles) return;
     const int4 tile = tiles[blockIdx.y];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -228,6 +232,7 @@ extern "C" __global__ void moe_gemv_f16(const half_t* __restrict__ w, const half
 // x[t] += Σ_s weights[t, s] · y[t * top_k + s]. x: [n, hidden] f32; y: [n * top_k, hidden] f32
 extern "C" __global__ void moe_combine(float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ weights, int top_k, int hidden) {
+    pdl_enter();
     const long t = blockIdx.x;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
         float acc = 0.0f;

@@ -4,6 +4,7 @@
 extern "C" __global__ void rms_norm_f16(const float* __restrict__ x, const int* __restrict__ rows_idx,
                                         const float* __restrict__ w, half_t* __restrict__ out,
                                         int dim, float eps) {
+    pdl_enter();
     __shared__ float red[32];
     const int r = blockIdx.x;
     const long src = rows_idx ? rows_idx[r] : r;
@@ -21,6 +22,7 @@ extern "C" __global__ void rms_norm_f16(const float* __restrict__ x, const int* 
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const int* __restrict__ rows_idx,
                                         const float* __restrict__ w, float* __restrict__ out,
                                         int dim, float eps) {
+    pdl_enter();
     __shared__ float red[32];
     const int r = blockIdx.x;
     const long src = rows_idx ? rows_idx[r] : r;

@@ -74,6 +74,7 @@ paged_prefill(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict_
               const int* __restrict__ block_tables, const int* __restrict__ slot_mapping,
               const PrefillTile* __restrict__ tiles, int num_kv_heads, int block_size_log2,
               float scale, int window, void* __restrict__ out, int out_f32) {
+    pdl_enter();
     extern __shared__ __align__(16) unsigned char pf_smem[];
     {  // A launch with less shared memory than this layout needs would corrupt it: fail loudly.
         unsigned dyn;

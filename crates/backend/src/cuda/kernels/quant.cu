@@ -42,6 +42,7 @@ __device__ __forceinline__ void quant_block_warp(float v, q8a_t* dst) {
 // x: [n, k] f16; out: [n, k / 32] q8 blocks. One warp per block.
 extern "C" __global__ void quantize_q8_f16(const half_t* __restrict__ x, q8a_t* __restrict__ out,
                                            long blocks) {
+    pdl_enter();
     const long b = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= blocks) return;
     quant_block_warp(h2f(x[b * 32 + (threadIdx.x & 31)]), out + b);
@@ -50,6 +51,7 @@ extern "C" __global__ void quantize_q8_f16(const half_t* __restrict__ x, q8a_t* 
 // x: [n, k] f32; out: [n, k / 32] q8 blocks. One warp per block.
 extern "C" __global__ void quantize_q8_f32(const float* __restrict__ x, q8a_t* __restrict__ out,
                                            long blocks) {
+    pdl_enter();
     const long b = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= blocks) return;
     quant_block_warp(x[b * 32 + (threadIdx.x & 31)], out + b);
@@ -60,6 +62,7 @@ extern "C" __global__ void quantize_q8_f32(const float* __restrict__ x, q8a_t* _
 extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, const int* __restrict__ rows_idx,
                                        const float* __restrict__ w, q8a_t* __restrict__ out, int dim,
                                        float eps) {
+    pdl_enter();
     __shared__ float red[32];
     const int r = blockIdx.x;
     const long src = rows_idx ? rows_idx[r] : r;
@@ -79,6 +82,7 @@ extern "C" __global__ void rms_norm_q8(const float* __restrict__ x, const int* _
 // silu(gate) * up into q8 blocks. gu: [n, 2 * inter] f32; out: [n, inter / 32]
 extern "C" __global__ void swiglu_q8(const float* __restrict__ gu, q8a_t* __restrict__ out, int inter,
                                      long blocks) {
+    pdl_enter();
     const long b = blockIdx.x * (long)(blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= blocks) return;
     const int nb = inter / 32;
@@ -286,7 +290,8 @@ __device__ __forceinline__ void mmq(const unsigned char* __restrict__ w, const q
 #define MMQ_ENTRY(NAME, TYPE, TOK)                                                               \
     extern "C" __global__ void NAME(const unsigned char* __restrict__ w,                         \
                                     const q8a_t* __restrict__ a, float* __restrict__ y, int rows, \
-                                    int nb, int n, float beta) {                                 \
+                                    int nb, int n, float beta) { \
+        pdl_enter();                             \
         mmq<TYPE, TOK>(w, a, y, rows, nb, n, beta);                                              \
     }
 
@@ -357,7 +362,8 @@ __device__ __forceinline__ float dequant<T_Q6_K>(const unsigned char* wb, int i)
 
 #define EMBED_ENTRY(NAME, TYPE)                                                                 \
     extern "C" __global__ void NAME(const int* __restrict__ ids, const unsigned char* __restrict__ table, \
-                                    float* __restrict__ x, int hidden) {                        \
+                                    float* __restrict__ x, int hidden) { \
+        pdl_enter();                    \
         const long t = blockIdx.x;                                                              \
         const int E = wblock<TYPE>::elems;                                                      \
         const unsigned char* row = table + (long)ids[t] * (hidden / E) * wblock<TYPE>::bytes;   \
@@ -377,7 +383,8 @@ EMBED_ENTRY(embed_q6_k, T_Q6_K)
 // w: [elems / block elems] stored blocks; out: [elems] f16
 #define DEQUANT_ENTRY(NAME, TYPE)                                                               \
     extern "C" __global__ void NAME(const unsigned char* __restrict__ w, half_t* __restrict__ out, \
-                                    long elems) {                                               \
+                                    long elems) { \
+        pdl_enter();                                           \
         const long e = blockIdx.x * (long)blockDim.x + threadIdx.x;                             \
         if (e >= elems) return;                                                                 \
         const int E = wblock<TYPE>::elems;                                                      \

@@ -10,6 +10,7 @@ extern "C" __global__ void rope_qkv(float* __restrict__ qkv, const float* __rest
                                     const float2* __restrict__ cs, const int* __restrict__ positions,
                                     int qkv_stride, int num_heads, int num_kv_heads, int head_dim,
                                     int pairs, int neox, float eps) {
+    pdl_enter();
     __shared__ float red[32];
     __shared__ float buf[512];
     const int t = blockIdx.x, h = blockIdx.y;

@@ -3,6 +3,7 @@
 
 // logits: [rows, vocab] f32; out: [rows]; block: 1024
 extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
+    pdl_enter();
     __shared__ float bv[32];
     __shared__ int bi[32];
     const float* l = logits + (long)blockIdx.x * vocab;
@@ -580,6 +581,7 @@ __device__ su32 count_from(const SampleRow& c, float x_min) {
 extern "C" __global__ void __launch_bounds__(S_THREADS, 1)
 sample_rows(const float* __restrict__ logits, long stride, int vocab,
             const int* __restrict__ params, int* __restrict__ out) {
+    pdl_enter();
     const int* pr = params + 6 * blockIdx.x;
     const float temp = __int_as_float(pr[0]);
     const su32 top_k = (su32)pr[1];
