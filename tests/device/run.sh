@@ -203,4 +203,27 @@ parity)
     "$Q" generate -m "$W/smollm2-q4_1.gguf" --backend cuda --prompt "The capital of France is" --max-tokens 32 2>&1 | tail -2
     "$Q" bench -m "$W/smollm2-q4_1.gguf" --backend cuda -p 512 -n 128 -r 5 2>&1 | grep -E "^\| llama"
     ;;
+pdl)  # programmatic dependent launch and the pipelined GEMV: parity, then tg128 on/off in one call
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked"
+    QUIRE_CUDA_GEMV_FUSE_K=16384 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked" | sed 's/$/  (all inputs fused)/'
+    for c in 0 1; do
+        QUIRE_CUDA_GEMV_CTAS=$c QUIRE_CUDA_GEMV_FUSE_K=16384 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked" | sed "s/\$/  (fused, $c CTAs per SM)/"
+    done
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    f="$W/smollm2-135m-f16.gguf"
+    QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|chain decode|test result|panicked" | head -20
+    "$W"/cuda_matmul_bench --reps 100 2>&1 | grep -E "F16|shape|---"
+    QUIRE_CUDA_GEMV_CTAS=0 "$W"/cuda_matmul_bench --reps 100 2>&1 | grep -E "F16" | sed 's/$/  (one group per warp)/'
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        for env in "X=1" "QUIRE_CUDA_PDL=0" "QUIRE_CUDA_GEMV_CTAS=0" "QUIRE_CUDA_GEMV_FUSE_K=16384" "QUIRE_CUDA_GEMV_CTAS=0 QUIRE_CUDA_PDL=0"; do
+            env $env "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)" | sed "s/\$/  ($env)/"
+        done
+    done
+    "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
+    ;;
 esac

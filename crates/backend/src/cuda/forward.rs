@@ -296,7 +296,7 @@ fn one_token_gemv<'a>(
     input: &GemvInput,
 ) -> Option<(&'a Gemv, u64)> {
     match (&k.gemv, w) {
-        (Some(gv), WMat::F16(b)) if n == 1 && Gemv::fits(k_in, input) => Some((gv, b.ptr)),
+        (Some(gv), WMat::F16(b)) if n == 1 && gv.fits(k_in, input) => Some((gv, b.ptr)),
         _ => None,
     }
 }

@@ -26,16 +26,19 @@ pub enum GemvInput {
     SwiGlu { gu: u64 },
 }
 
-/// Longest input the fused forms take. Every CTA computes the vector before its first weight load,
-/// so the prologue's latency and L2 reads grow with the input: measured on the H100 (PERF.md, stop
-/// 15), fusing the 1B (2048/8192) and 8B (4096/14336) inputs cost 10% of tg128, while the 135M
-/// model's (576/1536) gained; only inputs this short are fused.
+/// Longest input the fused forms take by default (`QUIRE_CUDA_GEMV_FUSE_K` overrides). Every CTA
+/// computes the vector itself, so its L2 reads grow with the input: measured on the H100 (PERF.md,
+/// stop 15), fusing the 1B (2048/8192) and 8B (4096/14336) inputs cost 10% of tg128, while the
+/// 135M model's (576/1536) gained.
 const MAX_FUSED_K: usize = 1536;
 
 pub struct Gemv {
     /// [input form][16 rows per CTA (2 per warp), 8 rows per CTA (1 per warp)]
     f: [[CudaFunction; 2]; 3],
     sms: usize,
+    max_fused_k: usize,
+    /// CTAs per SM of the persistent grid, per [input form][variant] (0: one row group per warp).
+    ctas_per_sm: [[usize; 2]; 3],
 }
 
 impl Gemv {
@@ -47,22 +50,45 @@ impl Gemv {
                 Gpu::function(&m, &format!("{name}_r1"))?,
             ])
         };
+        let f = [
+            get("gemv_f16")?,
+            get("gemv_f16_norm")?,
+            get("gemv_f16_swiglu")?,
+        ];
+        // `QUIRE_CUDA_GEMV_CTAS`: CTAs per SM of the persistent grid (0: one row group per warp);
+        // by default as many as fit.
+        let env_ctas: Option<usize> = std::env::var("QUIRE_CUDA_GEMV_CTAS")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let mut ctas_per_sm = [[0usize; 2]; 3];
+        for (form, fs) in f.iter().enumerate() {
+            for (variant, func) in fs.iter().enumerate() {
+                ctas_per_sm[form][variant] = match env_ctas {
+                    Some(c) => c,
+                    None => func
+                        .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                        .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
+                        .max(1) as usize,
+                };
+            }
+        }
         Ok(Gemv {
-            f: [
-                get("gemv_f16")?,
-                get("gemv_f16_norm")?,
-                get("gemv_f16_swiglu")?,
-            ],
+            f,
+            ctas_per_sm,
             sms: gpu.sms as usize,
+            max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(MAX_FUSED_K),
         })
     }
 
     /// Whether `run` takes a matrix of rows `k_in` long with this input form (whole 16-byte
-    /// chunks; the fused forms up to `MAX_FUSED_K`).
-    pub fn fits(k_in: usize, input: &GemvInput) -> bool {
+    /// chunks; the fused forms up to `max_fused_k`).
+    pub fn fits(&self, k_in: usize, input: &GemvInput) -> bool {
         k_in > 0
             && k_in.is_multiple_of(8)
-            && (matches!(input, GemvInput::F16 { .. }) || k_in <= MAX_FUSED_K)
+            && (matches!(input, GemvInput::F16 { .. }) || k_in <= self.max_fused_k)
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
@@ -77,10 +103,10 @@ impl Gemv {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        if !Self::fits(k_in, &input) {
+        if !self.fits(k_in, &input) {
             return Err(BackendError::InvalidBatch(format!(
-                "gemv_f16 needs rows of a multiple of 8 elements, at most {MAX_FUSED_K} when fused \
-                 (got {k_in})"
+                "gemv_f16 needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
+                self.max_fused_k
             )));
         }
         let (form, x, rows_idx, norm_w, eps, smem) = match input {
@@ -100,9 +126,14 @@ impl Gemv {
             (0, 16)
         };
         use KArg::{F, I, P};
+        let one_group_per_warp = out.div_ceil(rows);
+        let grid = match self.ctas_per_sm[form][variant] {
+            0 => one_group_per_warp,
+            c => one_group_per_warp.min(c * self.sms),
+        };
         g.launch_smem(
             &self.f[form][variant],
-            (out.div_ceil(rows) as u32, 1, 1),
+            (grid as u32, 1, 1),
             (256, 1, 1),
             smem as u32,
             &[

@@ -6,9 +6,11 @@
 // non-allocating loads, GV_UNROLL chunks per row in flight per lane (32 KB per CTA), and x comes
 // through L1 (every warp of the CTA reads the same x). Reduced with shuffles; lane 0 writes.
 //
-// Two shapes of one kernel: 2 rows per warp (16 per CTA) with 4 chunks per row in flight, and,
-// for matrices with few rows (a 2048-row down projection is only 128 CTAs of 16 rows: less than
-// one per SM), 1 row per warp (8 per CTA) with 8 in flight. The host picks by row count.
+// Two shapes of one kernel: groups of 2 rows per warp with 4 chunks per row in flight, and, for
+// matrices with few rows (a 2048-row down projection is only 128 CTAs of 16 rows: less than one
+// per SM), groups of 1 row with 8 in flight. The host picks by row count, and the grid: one group
+// per warp, or (long matrices) as many CTAs as fit on the GPU at once, each warp walking a
+// contiguous run of groups, so there is no last partial wave of CTAs.
 //
 // Requires in % 8 == 0 (16-byte chunks); rows past `out` are skipped.
 #define GV_WARPS 8
@@ -37,10 +39,32 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // 1: RMSNorm of the f32 residual row x[rows_idx ? rows_idx[0] : 0] with weight nw, rounded to f16
 //    (rms_norm_f16's arithmetic), computed by every CTA into shared memory;
 // 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise.
-// Every CTA recomputes the vector (in ≤ 24K elements: a few µs of L2 reads spread over the CTAs)
-// instead of a separate launch and an f16 round trip through memory.
+// Every CTA recomputes the vector instead of a separate launch and an f16 round trip through
+// memory; the host bounds `in` for the fused forms (gemv.rs).
+//
+// Each warp's first batch of weight loads is issued before `pdl_enter`: the weights are model
+// weights, never written by a kernel, so under programmatic dependent launch they stream in while
+// the kernel before finishes (the rest of the step only needs the input vector). After that the
+// loads of batch i + 1 are issued before batch i's arithmetic. Every lane still accumulates its
+// chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL.
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
 // dynamic shared memory: in * 2 bytes for MODE 1 and 2.
+template <int RPW, int UNROLL>
+__device__ __forceinline__ void gv_load(const uint4* const (&wr)[RPW], int c, int chunks,
+                                        uint4 (&wv)[RPW][UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            wv[r][u] = c + 32 * u < chunks ? ld_stream(wr[r] + c + 32 * u) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+__device__ __forceinline__ uint2 pack4h(float a, float b, float c, float d) {
+    return make_uint2((unsigned)f2h(a) | ((unsigned)f2h(b) << 16),
+                      (unsigned)f2h(c) | ((unsigned)f2h(d) << 16));
+}
+
 template <int RPW, int UNROLL, int MODE>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
@@ -48,65 +72,109 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
                                           float* __restrict__ y, int in, int out, float beta) {
     extern __shared__ __align__(16) unsigned char gv_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = in >> 3;
+    const int bpr = (chunks + 32 * UNROLL - 1) / (32 * UNROLL);  // batches per row group
+    // This warp's row groups: a contiguous share [g_begin, g_end) of the ceil(out / RPW) groups.
+    // With one warp per group (the host's grid for short matrices) that is at most one group;
+    // with a grid of a few CTAs per SM, each warp walks many rows and the loads of the next
+    // group are in flight while the last batch of a group is summed.
+    const long groups = (out + RPW - 1) / RPW, total_warps = (long)gridDim.x * GV_WARPS;
+    const long gw = (long)blockIdx.x * GV_WARPS + warp;
+    const int g_begin = (int)(gw * groups / total_warps);
+    const int g_end = (int)((gw + 1) * groups / total_warps);
+    auto rows_of = [&](int g, const uint4* (&wr)[RPW]) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            wr[r] = reinterpret_cast<const uint4*>(w + (long)min(g * RPW + r, out - 1) * in);
+    };
+    const uint4* wr[RPW];
+    rows_of(g_begin, wr);
+    uint4 wv[RPW][UNROLL];
+    if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
+    pdl_enter();
+
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
-        half_t* xs = reinterpret_cast<half_t*>(gv_smem);
+        uint2* xs = reinterpret_cast<uint2*>(gv_smem);  // 4 f16 per element
+        const int in4 = in >> 2;
         if (MODE == 1) {
             __shared__ float red[32];
-            const float* xr = reinterpret_cast<const float*>(xin) + (long)(rows_idx ? rows_idx[0] : 0) * in;
+            const float4* xr =
+                reinterpret_cast<const float4*>(xin) + (long)(rows_idx ? rows_idx[0] : 0) * in4;
             float ss = 0.0f;
-            for (int i = threadIdx.x; i < in; i += blockDim.x) ss += xr[i] * xr[i];
+#pragma unroll 4
+            for (int i = threadIdx.x; i < in4; i += blockDim.x) {
+                const float4 v = xr[i];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
             ss = block_sum(ss, red);
             const float scale = rsqrtf(ss / in + eps);
-            for (int i = threadIdx.x; i < in; i += blockDim.x) xs[i] = f2h(xr[i] * scale * nw[i]);
+            const float4* nw4 = reinterpret_cast<const float4*>(nw);
+#pragma unroll 4
+            for (int i = threadIdx.x; i < in4; i += blockDim.x) {
+                const float4 v = xr[i], g = nw4[i];
+                xs[i] = pack4h(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
+                               v.w * scale * g.w);
+            }
         } else {
-            const float* gu = reinterpret_cast<const float*>(xin);
-            for (int i = threadIdx.x; i < in; i += blockDim.x) {
-                const float g = gu[i], u = gu[in + i];
-                xs[i] = f2h(g / (1.0f + expf(-g)) * u);
+            const float4* g4 = reinterpret_cast<const float4*>(xin);
+#pragma unroll 4
+            for (int i = threadIdx.x; i < in4; i += blockDim.x) {
+                const float4 g = g4[i], u = g4[in4 + i];
+                xs[i] = pack4h(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
+                               g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
             }
         }
         __syncthreads();
         xv = reinterpret_cast<const uint4*>(xs);
     }
-    const int row0 = (blockIdx.x * GV_WARPS + warp) * RPW;
-    if (row0 >= out) return;
-    const int chunks = in >> 3;
-    const uint4* wr[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-        wr[r] = reinterpret_cast<const uint4*>(w + (long)min(row0 + r, out - 1) * in);
+    if (g_begin >= g_end) return;
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
-    int c = lane;
-    for (; c + 32 * (UNROLL - 1) < chunks; c += 32 * UNROLL) {
-        uint4 wv[RPW][UNROLL], xx[UNROLL];
+    int g = g_begin, bt = 0;
+    while (true) {
+        const int c = lane + bt * 32 * UNROLL;
+        uint4 xx[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int cu = min(c + 32 * u, chunks - 1);  // in range; unused past the end
+            xx[u] = MODE == 0 ? __ldg(xv + cu) : xv[cu];
+        }
+        // The next batch: this group's, or the first of the next group.
+        int gn = g, bn = bt + 1;
+        if (bn == bpr) {
+            gn = g + 1;
+            bn = 0;
+        }
+        const uint4* wn[RPW];
+        rows_of(min(gn, g_end - 1), wn);
+        uint4 nx[RPW][UNROLL];
+        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if (c + 32 * u < chunks) {
+#pragma unroll
+                for (int r = 0; r < RPW; r++) acc[r] += dot8(wv[r][u], xx[u]);
+            }
+        }
+        if (bn == 0) {  // group g is complete
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                const float s = warp_sum(acc[r]);
+                const int i = g * RPW + r;
+                if (lane == 0 && i < out) y[i] = beta != 0.0f ? s + beta * y[i] : s;
+                acc[r] = 0.0f;
+            }
+            if (gn >= g_end) break;
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
 #pragma unroll
-            for (int r = 0; r < RPW; r++) wv[r][u] = ld_stream(wr[r] + c + 32 * u);
+            for (int r = 0; r < RPW; r++) wv[r][u] = nx[r][u];
         }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) xx[u] = MODE == 0 ? __ldg(xv + c + 32 * u) : xv[c + 32 * u];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++) acc[r] += dot8(wv[r][u], xx[u]);
-        }
-    }
-    for (; c < chunks; c += 32) {
-        const uint4 xx = MODE == 0 ? __ldg(xv + c) : xv[c];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) acc[r] += dot8(ld_stream(wr[r] + c), xx);
-    }
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < out) {
-            const long i = row0 + r;
-            y[i] = beta != 0.0f ? s + beta * y[i] : s;
-        }
+        g = gn;
+        bt = bn;
     }
 }
 
@@ -116,8 +184,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         float* __restrict__ y, int in, int out, float beta) { \
-        pdl_enter();                             \
+         float* __restrict__ y, int in, int out, float beta) {                                 \
         gemv_rows<RPW, UNROLL, MODE>(w, xin, rows_idx, nw, eps, y, in, out, beta);             \
     }
 GEMV_ENTRY(gemv_f16, 2, 4, 0)
