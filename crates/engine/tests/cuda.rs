@@ -127,6 +127,13 @@ fn teacher_forced_logits_match_the_cpu_backend() {
     // Stored weights with 8-bit activations: a difference of ~1e-6 upstream moves some values
     // across a rounding step (and some block scales across an f16 rounding), so the bound is the
     // CPU's own sensitivity: the CPU against itself with every norm weight nudged by ~1e-6.
+    // A file stored in f16 has no 8-bit path: its stored weights are the case above.
+    let stored_f16 = m.weights.layers[0].wq.dtype == w16.layers[0].wq.dtype;
+    if stored_f16 {
+        eprintln!("stored weights are f16: the f16 bound above covers them");
+        assert!(failures.is_empty(), "{failures:#?}");
+        return;
+    }
     let nudged = m.weights.with_norms_nudged(1e-6).unwrap();
     let (s_mean, s_worst) = distance(
         cpu(&nudged, 64).as_mut(),

@@ -27,17 +27,18 @@ pub enum GemvInput {
 }
 
 /// Longest input the fused forms take by default (`QUIRE_CUDA_GEMV_FUSE_K` overrides). Every CTA
-/// computes the vector itself, so its L2 reads grow with the input: measured on the H100 (PERF.md,
-/// stop 15), fusing the 1B (2048/8192) and 8B (4096/14336) inputs cost 10% of tg128, while the
-/// 135M model's (576/1536) gained.
-const MAX_FUSED_K: usize = 1536;
+/// computes the vector itself, so its L2 reads grow with the input and the CTA count. Measured on
+/// the H100 (PERF.md, stop 16, tg128 with every input fused against this bound): the 1B model's
+/// 2048/8192 inputs gain 4.6% fused, the 8B model's 4096/14336 lose 7.5% (its 14336-long SwiGLU
+/// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
+const MAX_FUSED_K: usize = 8192;
 
 pub struct Gemv {
     /// [input form][16 rows per CTA (2 per warp), 8 rows per CTA (1 per warp)]
     f: [[CudaFunction; 2]; 3],
     sms: usize,
     max_fused_k: usize,
-    /// CTAs per SM of the persistent grid, per [input form][variant] (0: one row group per warp).
+    /// CTAs per SM of a persistent grid, per [input form][variant] (0: one row group per warp).
     ctas_per_sm: [[usize; 2]; 3],
 }
 
@@ -55,11 +56,15 @@ impl Gemv {
             get("gemv_f16_norm")?,
             get("gemv_f16_swiglu")?,
         ];
-        // `QUIRE_CUDA_GEMV_CTAS`: CTAs per SM of the persistent grid (0: one row group per warp);
-        // by default as many as fit.
-        let env_ctas: Option<usize> = std::env::var("QUIRE_CUDA_GEMV_CTAS")
-            .ok()
-            .and_then(|v| v.parse().ok());
+        // `QUIRE_CUDA_GEMV_CTAS`: CTAs per SM of a persistent grid ("max": as many as fit); by
+        // default 0, one row group per warp. Measured on the H100 (PERF.md, stop 16) the
+        // persistent grid lost 6% of the 1B model's tg128 and 0.6% of the 8B's (the 128K-row
+        // output projection 363 vs 340 µs) and gained 1.5% on the 135M model.
+        let env_ctas: Option<usize> = match std::env::var("QUIRE_CUDA_GEMV_CTAS") {
+            Ok(v) if v == "max" => None,
+            Ok(v) => Some(v.parse().unwrap_or(0)),
+            Err(_) => Some(0),
+        };
         let mut ctas_per_sm = [[0usize; 2]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
