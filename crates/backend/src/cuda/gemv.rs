@@ -33,23 +33,28 @@ pub enum GemvInput {
 /// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
 const MAX_FUSED_K: usize = 8192;
 
+/// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
+pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
+
 pub struct Gemv {
-    /// [input form][16 rows per CTA (2 per warp), 8 rows per CTA (1 per warp)]
-    f: [[CudaFunction; 2]; 3],
+    /// [input form][shape of `SHAPES`]
+    f: [Vec<CudaFunction>; 3],
+    /// `QUIRE_CUDA_GEMV_SHAPE=RxU`: one shape of `SHAPES` for every matrix (measurements).
+    forced: Option<usize>,
     sms: usize,
     max_fused_k: usize,
-    /// CTAs per SM of a persistent grid, per [input form][variant] (0: one row group per warp).
-    ctas_per_sm: [[usize; 2]; 3],
+    /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
+    ctas_per_sm: [[usize; SHAPES.len()]; 3],
 }
 
 impl Gemv {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         let m = gpu.module(&nvrtc::GEMV, &[])?;
-        let get = |name: &str| -> Result<[CudaFunction; 2], BackendError> {
-            Ok([
-                Gpu::function(&m, name)?,
-                Gpu::function(&m, &format!("{name}_r1"))?,
-            ])
+        let get = |name: &str| -> Result<Vec<CudaFunction>, BackendError> {
+            SHAPES
+                .iter()
+                .map(|(r, u)| Gpu::function(&m, &format!("{name}_r{r}u{u}")))
+                .collect()
         };
         let f = [
             get("gemv_f16")?,
@@ -65,7 +70,7 @@ impl Gemv {
             Ok(v) => Some(v.parse().unwrap_or(0)),
             Err(_) => Some(0),
         };
-        let mut ctas_per_sm = [[0usize; 2]; 3];
+        let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
                 ctas_per_sm[form][variant] = match env_ctas {
@@ -77,8 +82,23 @@ impl Gemv {
                 };
             }
         }
+        let forced = match std::env::var("QUIRE_CUDA_GEMV_SHAPE") {
+            Ok(v) => Some(
+                SHAPES
+                    .iter()
+                    .position(|(r, u)| format!("{r}x{u}") == v)
+                    .ok_or_else(|| {
+                        BackendError::Cuda(format!(
+                            "QUIRE_CUDA_GEMV_SHAPE={v}: not one of {}",
+                            SHAPES.map(|(r, u)| format!("{r}x{u}")).join(", ")
+                        ))
+                    })?,
+            ),
+            Err(_) => None,
+        };
         Ok(Gemv {
             f,
+            forced,
             ctas_per_sm,
             sms: gpu.sms as usize,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
@@ -124,12 +144,14 @@ impl Gemv {
             } => (1, x, rows_idx, norm_w, eps, k_in * 2),
             GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
         };
-        // Fewer than four CTAs of 16 rows per SM: halve the rows per CTA.
-        let (variant, rows) = if out.div_ceil(16) < 4 * self.sms {
-            (1, 8)
+        // Fewer than four CTAs of 16 rows per SM: one row per warp (8 per CTA), 8 chunks in
+        // flight; else 2 rows per warp, 4 chunks each.
+        let variant = self.forced.unwrap_or(if out.div_ceil(16) < 4 * self.sms {
+            0
         } else {
-            (0, 16)
-        };
+            1
+        });
+        let rows = SHAPES[variant].0 * 8;
         use KArg::{F, I, P};
         let one_group_per_warp = out.div_ceil(rows);
         let grid = match self.ctas_per_sm[form][variant] {

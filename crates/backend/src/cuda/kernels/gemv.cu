@@ -178,8 +178,9 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     }
 }
 
-// Entry points: gemv_f16{,_norm,_swiglu}{,_r1}, all with one argument list. _r1: one row per
-// warp, for matrices of few rows.
+// Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
+// (gemv.rs) picks r2u4 for long matrices and r1u8 for matrices of few rows; the others are
+// there to be measured (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE)                                                      \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
@@ -187,9 +188,13 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
          float* __restrict__ y, int in, int out, float beta) {                                 \
         gemv_rows<RPW, UNROLL, MODE>(w, xin, rows_idx, nw, eps, y, in, out, beta);             \
     }
-GEMV_ENTRY(gemv_f16, 2, 4, 0)
-GEMV_ENTRY(gemv_f16_r1, 1, 8, 0)
-GEMV_ENTRY(gemv_f16_norm, 2, 4, 1)
-GEMV_ENTRY(gemv_f16_norm_r1, 1, 8, 1)
-GEMV_ENTRY(gemv_f16_swiglu, 2, 4, 2)
-GEMV_ENTRY(gemv_f16_swiglu_r1, 1, 8, 2)
+#define GEMV_SHAPES(prefix, MODE)                  \
+    GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE)          \
+    GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE)          \
+    GEMV_ENTRY(prefix##_r1u16, 1, 16, MODE)        \
+    GEMV_ENTRY(prefix##_r2u8, 2, 8, MODE)          \
+    GEMV_ENTRY(prefix##_r4u4, 4, 4, MODE)          \
+    GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE)
+GEMV_SHAPES(gemv_f16, 0)
+GEMV_SHAPES(gemv_f16_norm, 1)
+GEMV_SHAPES(gemv_f16_swiglu, 2)
