@@ -3,16 +3,18 @@
 //! fresh prompts in one launch, non-contiguous block tables, unused cache slots NaN-poisoned, long
 //! contexts that split the keys, f16 and f32 output rows. Sequences with chunks of 16+ rows run
 //! `paged_prefill` (tensor cores), other rows of mixed batches `paged_attention`, all-decode
-//! batches `paged_decode` (checked per case). Needs a GPU; skipped without one unless
-//! QUIRE_REQUIRE_GPU is set.
+//! batches `paged_decode` (checked per case), which also applies bias, QK-norm and RoPE to
+//! un-roped rows (checked against the CPU backend's routines) and merges its own splits. Needs a
+//! GPU; skipped without one unless QUIRE_REQUIRE_GPU is set.
 #![cfg(feature = "cuda")]
 
 use half::f16;
 use quire_backend::cpu::attention::{dense_reference, AttnParams};
-use quire_backend::cuda::attention::{HostRun, PagedAttention, PREFILL_MIN_ROWS};
+use quire_backend::cpu::ops;
+use quire_backend::cuda::attention::{HostRun, PagedAttention, RopeInputs, PREFILL_MIN_ROWS};
 use quire_backend::cuda::gpu::Gpu;
 use quire_backend::{ForwardBatch, SeqBatch};
-use quire_core::BlockId;
+use quire_core::{BlockId, RopeStyle};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
 fn gpu() -> Option<Gpu> {
@@ -26,7 +28,7 @@ fn gpu() -> Option<Gpu> {
     }
 }
 
-/// (query_len, seq_len) of each sequence.
+/// (query_len, seq_len) of each sequence. Returns the relative error against the dense reference.
 #[allow(clippy::too_many_arguments)]
 fn case(
     g: &Gpu,
@@ -37,6 +39,142 @@ fn case(
     bs: usize,
     seqs: &[(usize, usize)],
     window: Option<usize>,
+) -> f64 {
+    case_with(g, rng, nh, nkv, d, bs, seqs, window, None)
+}
+
+/// What `paged_decode` applies to un-roped QKV rows in a `case_with` (decode batches only).
+#[derive(Debug, Clone, Copy)]
+struct Rope {
+    rope_dim: usize,
+    neox: bool,
+    bias: bool,
+    qk_norm: bool,
+    theta: f32,
+}
+
+/// `Rope`'s host data: random bias and norm weights, the (cos, sin) table.
+struct RopeData {
+    bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    cs: Vec<(f32, f32)>,
+    pairs: usize,
+    style: RopeStyle,
+    eps: f32,
+}
+
+impl RopeData {
+    fn new(rng: &mut StdRng, r: &Rope, q_size: usize, kv: usize, d: usize, max_pos: usize) -> Self {
+        let mut vec = |len: usize, lo: f32, hi: f32| -> Vec<f32> {
+            (0..len).map(|_| rng.random_range(lo..hi)).collect()
+        };
+        let bias = r.bias.then(|| vec(q_size + 2 * kv, -0.5, 0.5));
+        let q_norm = r.qk_norm.then(|| vec(d, 0.5, 1.5));
+        let k_norm = r.qk_norm.then(|| vec(d, 0.5, 1.5));
+        // The table as the CUDA backend builds it at load time (the CPU backend's RopeTable).
+        let table = ops::RopeTable::new(r.rope_dim, r.theta, None);
+        let (mut cs, mut tmp) = (vec![], vec![]);
+        for p in 0..max_pos {
+            table.angles(p as u32, &mut tmp);
+            cs.extend_from_slice(&tmp);
+        }
+        let style = if r.neox {
+            RopeStyle::Neox
+        } else {
+            RopeStyle::Normal
+        };
+        Self {
+            bias,
+            q_norm,
+            k_norm,
+            cs,
+            pairs: r.rope_dim / 2,
+            style,
+            eps: 1e-6,
+        }
+    }
+
+    /// The rows roped on the host the way the CPU backend's forward pass does it (bias, QK-norm,
+    /// rotation of q and k).
+    // qkv: [n, stride] (q | k | v | padding); positions: [n]
+    fn apply(
+        &self,
+        qkv: &[f32],
+        stride: usize,
+        q_size: usize,
+        kv: usize,
+        d: usize,
+        positions: &[u32],
+    ) -> Vec<f32> {
+        let mut out = qkv.to_vec();
+        for (t, &p) in positions.iter().enumerate() {
+            let row = &mut out[t * stride..t * stride + q_size + 2 * kv];
+            if let Some(b) = &self.bias {
+                ops::add_in_place(row, b);
+            }
+            let (q, rest) = row.split_at_mut(q_size);
+            let k = &mut rest[..kv];
+            if let Some(w) = &self.q_norm {
+                ops::rms_norm_heads(q, w, self.eps);
+            }
+            if let Some(w) = &self.k_norm {
+                ops::rms_norm_heads(k, w, self.eps);
+            }
+            let cs = &self.cs[p as usize * self.pairs..(p as usize + 1) * self.pairs];
+            ops::rope(q, d, cs, self.style);
+            ops::rope(k, d, cs, self.style);
+        }
+        out
+    }
+
+    fn inputs(&self) -> RopeInputs<'_> {
+        RopeInputs {
+            bias: self.bias.as_deref(),
+            q_norm: self.q_norm.as_deref(),
+            k_norm: self.k_norm.as_deref(),
+            cs: &self.cs,
+            pairs: self.pairs,
+            neox: self.style == RopeStyle::Neox,
+            eps: self.eps,
+        }
+    }
+}
+
+/// The kernel's f16 K/V against the host's: at most one f16 step apart, or, below 2e-3, within
+/// 2e-6. The two QK-norms differ by an f32 rounding or two (sum order, rsqrt), which a rotation
+/// that cancels to nearly zero magnifies beyond one step of the (then fine) f16 grid.
+fn kv_close(got: f16, want: f16) -> bool {
+    // Ordered integers: adjacent f16 values differ by 1 across zero too.
+    let ord = |h: f16| {
+        let b = h.to_bits() as i32;
+        if b & 0x8000 != 0 {
+            -(b & 0x7fff)
+        } else {
+            b
+        }
+    };
+    let (g, w) = (got.to_f32(), want.to_f32());
+    (ord(got) - ord(want)).abs() <= 1 || (w.abs() < 2e-3 && (g - w).abs() <= 2e-6)
+}
+
+/// `case`, or with `rope` (and a forced split count) a decode batch whose QKV rows are un-roped:
+/// `paged_decode` applies bias, QK-norm and RoPE itself. Such a case runs three times, with one
+/// split, the planned splits and the forced count (the in-kernel merge, empty splits included),
+/// each checked against the reference (rows roped on the host by the CPU backend's routines) and
+/// the cache slots against the host-roped K/V rounded to f16 (`kv_close`), and the split runs'
+/// outputs against the unsplit one's.
+#[allow(clippy::too_many_arguments)]
+fn case_with(
+    g: &Gpu,
+    rng: &mut StdRng,
+    nh: usize,
+    nkv: usize,
+    d: usize,
+    bs: usize,
+    seqs: &[(usize, usize)],
+    window: Option<usize>,
+    rope: Option<(Rope, usize)>,
 ) -> f64 {
     let q_size = nh * d;
     let kv = nkv * d;
@@ -99,6 +237,30 @@ fn case(
         dense_k.push(dk);
         dense_v.push(dv);
     }
+    // With `rope`: the rows stay un-roped for the kernel; the reference reads them roped on the
+    // host, the step's keys and values rounded to f16 as the kernel stores them.
+    let rope = rope.map(|(r, forced)| {
+        assert!(
+            seqs.iter().all(|s| s.0 == 1),
+            "fused RoPE runs decode batches only"
+        );
+        let max_pos = seqs.iter().map(|s| s.1).max().unwrap();
+        (RopeData::new(rng, &r, q_size, kv, d, max_pos), forced)
+    });
+    let roped = match &rope {
+        Some((r, _)) => r.apply(&qkv, stride, q_size, kv, d, &pos),
+        None => qkv.clone(),
+    };
+    if rope.is_some() {
+        for (i, &(_, sl)) in seqs.iter().enumerate() {
+            let (r, p) = (i, sl - 1); // one row per sequence
+            for j in 0..kv {
+                let at = r * stride + q_size + j;
+                dense_k[i][p * kv + j] = f16::from_f32(roped[at]).to_f32();
+                dense_v[i][p * kv + j] = f16::from_f32(roped[at + kv]).to_f32();
+            }
+        }
+    }
     let mut sb = vec![];
     let mut start = 0;
     for (i, &(ql, sl)) in seqs.iter().enumerate() {
@@ -120,46 +282,6 @@ fn case(
     let a = PagedAttention::new(g, nh, nkv, d)
         .unwrap()
         .with_window(window);
-    let mut run = HostRun::new(g, &a, &qkv, stride, &batch, bs, &k_cache, &v_cache).unwrap();
-    assert_eq!(
-        run.plan.decode,
-        seqs.iter().all(|s| s.0 == 1),
-        "all-decode batches (only they) take the decode kernel"
-    );
-    let tiled: usize = seqs
-        .iter()
-        .filter(|s| s.0 >= PREFILL_MIN_ROWS)
-        .map(|s| s.0.div_ceil(a.prefill_rows()))
-        .sum();
-    assert_eq!(
-        run.layout.num_tiles, tiled,
-        "chunks of {PREFILL_MIN_ROWS}+ rows (only they) take the prefill kernel"
-    );
-    run.out_f32 = rng.random_bool(0.5);
-    run.launch(g, &a).unwrap();
-    let (out, kc, vc) = run.read(g).unwrap();
-
-    // The fused write filled exactly the new slots; every other unused slot is still NaN.
-    for (t, &s) in slot.iter().enumerate() {
-        for i in 0..kv {
-            assert_eq!(
-                kc[s as usize * kv + i].to_f32(),
-                qkv[t * stride + q_size + i],
-                "K slot {s}"
-            );
-            assert_eq!(
-                vc[s as usize * kv + i].to_f32(),
-                qkv[t * stride + q_size + kv + i],
-                "V slot {s}"
-            );
-        }
-    }
-    let used: usize = seqs.iter().map(|s| s.1).sum();
-    assert_eq!(
-        kc.iter().filter(|x| x.is_nan()).count(),
-        (num_blocks * bs - used) * kv
-    );
-
     let p = AttnParams {
         num_heads: nh,
         num_kv_heads: nkv,
@@ -169,25 +291,132 @@ fn case(
         f16_accum: false,
         sliding_window: window,
     };
-    let (mut num, mut den) = (0f64, 0f64);
-    for (i, &(ql, sl)) in seqs.iter().enumerate() {
-        let s0 = sb[i].query_start;
-        let q: Vec<f32> = (s0..s0 + ql)
-            .flat_map(|r| qkv[r * stride..r * stride + q_size].to_vec())
-            .collect();
-        let r = dense_reference(&p, &q, &dense_k[i], &dense_v[i], sl);
-        for (j, &x) in r.iter().enumerate() {
-            let got = out[s0 * q_size + j] as f64;
-            assert!(
-                got.is_finite(),
-                "non-finite output at seq {i} elem {j} ({:?}; NaN: a poisoned slot was read)",
-                run.plan
-            );
-            num += (got - x) * (got - x);
-            den += x * x;
+    let reference: Vec<Vec<f64>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(ql, sl))| {
+            let s0 = sb[i].query_start;
+            let q: Vec<f32> = (s0..s0 + ql)
+                .flat_map(|r| roped[r * stride..r * stride + q_size].to_vec())
+                .collect();
+            dense_reference(&p, &q, &dense_k[i], &dense_v[i], sl)
+        })
+        .collect();
+    let out_f32 = rng.random_bool(0.5);
+    // Forced split counts: None keeps the plan's.
+    let runs = match &rope {
+        Some((_, forced)) => vec![Some(1), None, Some(*forced)],
+        None => vec![None],
+    };
+    let mut worst = 0f64;
+    let mut unsplit: Option<Vec<f32>> = None;
+    for forced in runs {
+        let mut run = HostRun::new(g, &a, &qkv, stride, &batch, bs, &k_cache, &v_cache).unwrap();
+        assert_eq!(
+            run.plan.decode,
+            seqs.iter().all(|s| s.0 == 1),
+            "all-decode batches (only they) take the decode kernel"
+        );
+        let tiled: usize = seqs
+            .iter()
+            .filter(|s| s.0 >= PREFILL_MIN_ROWS)
+            .map(|s| s.0.div_ceil(a.prefill_rows()))
+            .sum();
+        assert_eq!(
+            run.layout.num_tiles, tiled,
+            "chunks of {PREFILL_MIN_ROWS}+ rows (only they) take the prefill kernel"
+        );
+        if let Some((r, _)) = &rope {
+            run.set_rope(g, &r.inputs()).unwrap();
+        }
+        if let Some(splits) = forced {
+            run.set_splits(g, &a, splits).unwrap();
+            assert_eq!(run.plan.splits, splits);
+            if splits > 1 {
+                assert!(
+                    run.plan.decode,
+                    "the split decode kernel merges its own splits"
+                );
+            }
+        }
+        run.out_f32 = out_f32;
+        run.launch(g, &a).unwrap();
+        let (out, kc, vc) = run.read(g).unwrap();
+
+        // The fused write filled exactly the new slots; every other unused slot is still NaN.
+        for (t, &s) in slot.iter().enumerate() {
+            for i in 0..kv {
+                let (k_got, v_got) = (kc[s as usize * kv + i], vc[s as usize * kv + i]);
+                let at = t * stride + q_size + i;
+                if rope.is_some() {
+                    let (k_want, v_want) =
+                        (f16::from_f32(roped[at]), f16::from_f32(roped[at + kv]));
+                    assert!(
+                        kv_close(k_got, k_want),
+                        "K slot {s} dim {i}: {k_got} vs host-roped {k_want}"
+                    );
+                    assert!(
+                        kv_close(v_got, v_want),
+                        "V slot {s} dim {i}: {v_got} vs host {v_want}"
+                    );
+                } else {
+                    assert_eq!(k_got.to_f32(), qkv[at], "K slot {s}");
+                    assert_eq!(v_got.to_f32(), qkv[at + kv], "V slot {s}");
+                }
+            }
+        }
+        let used: usize = seqs.iter().map(|s| s.1).sum();
+        assert_eq!(
+            kc.iter().filter(|x| x.is_nan()).count(),
+            (num_blocks * bs - used) * kv
+        );
+        // The decode kernel leaves its split counters at zero (the next launch's starting point).
+        let mut counters = vec![0i32; run.counters.len];
+        g.dtoh(&run.counters, &mut counters).unwrap();
+        assert!(
+            counters.iter().all(|&c| c == 0),
+            "split counters left at {counters:?} ({:?})",
+            run.plan
+        );
+        if rope.is_some() {
+            // The kernel read the rows, never wrote them back.
+            let mut back = vec![0f32; run.qkv.len];
+            g.dtoh(&run.qkv, &mut back).unwrap();
+            assert!(back == qkv, "the QKV rows were modified");
+        }
+
+        let (mut num, mut den) = (0f64, 0f64);
+        for (i, s) in sb.iter().enumerate() {
+            let s0 = s.query_start;
+            for (j, &x) in reference[i].iter().enumerate() {
+                let got = out[s0 * q_size + j] as f64;
+                assert!(
+                    got.is_finite(),
+                    "non-finite output at seq {i} elem {j} ({:?}; NaN: a poisoned slot was read)",
+                    run.plan
+                );
+                num += (got - x) * (got - x);
+                den += x * x;
+            }
+        }
+        worst = worst.max((num / den).sqrt());
+        // Split runs against the unsplit one: the same attention, summed in another order
+        // (outputs within a step or two of f16 rounding).
+        match &unsplit {
+            None if rope.is_some() => unsplit = Some(out),
+            Some(u) => {
+                for (j, (&x, &y)) in u.iter().zip(&out).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 2e-3 * x.abs().max(y.abs()) + 1e-4,
+                        "elem {j}: {y} with {:?}, {x} with one split",
+                        run.plan
+                    );
+                }
+            }
+            None => {}
         }
     }
-    (num / den).sqrt()
+    worst
 }
 
 #[test]
@@ -327,6 +556,113 @@ fn decode_splits_and_windows_match() {
         let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, window);
         assert!(err < 2e-3, "{seqs:?} window {window:?}: rel err {err:.2e}");
     }
+}
+
+/// The decode kernel on un-roped QKV rows (the forward pass's decode steps): it applies the QKV
+/// bias, QK-norm and RoPE itself and merges its own splits. Batches of 1 to 9 decode rows, GQA 1,
+/// 2, 3, 4 and 8, head dims 64 and 128, block sizes 16 and 128, every combination of bias, QK-norm
+/// and rotation style, rotations over part of the head (rope_dim = head_dim / 2, and 40), contexts
+/// from one key to a few thousand, some windows; then one long row, and head dim 256. Each case
+/// runs with one split, the planned splits and a forced count (short rows then leave most splits
+/// empty), against the dense reference on rows roped by the CPU backend's routines, the cache
+/// slots against the host-roped K/V, and the split outputs against the unsplit one.
+#[test]
+fn fused_rope_and_split_merge_match_host_rope_and_the_dense_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(31);
+    let mut worst = 0f64;
+    let mut i = 0usize;
+    for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
+        for d in [64, 128] {
+            let tile = 4096 / d;
+            for bs in [16, 128] {
+                let rows = rng.random_range(1..=9);
+                let seqs: Vec<(usize, usize)> = (0..rows)
+                    .map(|r| match r {
+                        0 => (1, 1),
+                        1 => (1, tile + 1),
+                        _ => (1, rng.random_range(2..3500)),
+                    })
+                    .collect();
+                let rope = Rope {
+                    rope_dim: match i % 5 {
+                        3 => d / 2,
+                        4 => 40,
+                        _ => d,
+                    },
+                    neox: i & 1 == 0,
+                    bias: i & 2 != 0,
+                    qk_norm: i & 4 != 0,
+                    theta: if i.is_multiple_of(3) { 1e6 } else { 1e4 },
+                };
+                let window = (i % 7 == 5).then(|| rng.random_range(1..500));
+                let forced = rng.random_range(5..40);
+                let err = case_with(
+                    &g,
+                    &mut rng,
+                    nh,
+                    nkv,
+                    d,
+                    bs,
+                    &seqs,
+                    window,
+                    Some((rope, forced)),
+                );
+                assert!(
+                    err < 2e-3,
+                    "fused RoPE Hq {nh} Hkv {nkv} D {d} block {bs} {rope:?} window {window:?} \
+                     rows {seqs:?}: rel err {err:.2e}"
+                );
+                worst = worst.max(err);
+                i += 1;
+            }
+        }
+    }
+    // One row over a long context: the planned splits are many (the B1 graph's case).
+    let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
+    assert!(
+        a.plan(g.sms, 1, 6000, true).splits > 1,
+        "one long row should split"
+    );
+    let rope = Rope {
+        rope_dim: 128,
+        neox: true,
+        bias: true,
+        qk_norm: true,
+        theta: 5e5,
+    };
+    let err = case_with(
+        &g,
+        &mut rng,
+        32,
+        8,
+        128,
+        16,
+        &[(1, 6000)],
+        None,
+        Some((rope, 64)),
+    );
+    assert!(
+        err < 2e-3,
+        "fused RoPE, one row of 6000 keys: rel err {err:.2e}"
+    );
+    // Head dim 256 (a quarter of it rotated), GQA 1 and 8.
+    for (nh, nkv) in [(4, 4), (16, 2)] {
+        let rope = Rope {
+            rope_dim: 64,
+            neox: false,
+            bias: true,
+            qk_norm: true,
+            theta: 1e4,
+        };
+        let seqs = [(1, 1), (1, 17), (1, 700)];
+        let err = case_with(&g, &mut rng, nh, nkv, 256, 32, &seqs, None, Some((rope, 9)));
+        assert!(
+            err < 2e-3,
+            "fused RoPE, D 256, Hq {nh} Hkv {nkv}: rel err {err:.2e}"
+        );
+    }
+    eprintln!("fused RoPE decode: worst relative error {worst:.2e}");
 }
 
 /// The prefill kernel: prompt chunks alone and on top of a cached context, beside decode rows and

@@ -1,12 +1,18 @@
-//! Paged attention on the GPU (kernels/attention.cu): the launch plan (which kernel, how many key
-//! splits), the per-step metadata layout, and a host-data entry point for parity tests and
-//! `attn-bench`.
+//! Paged attention on the GPU (kernels/attention.cu, decode.cu, prefill.cu): the launch plan
+//! (which kernel, how many key splits), the per-step metadata layout, and a host-data entry point
+//! for parity tests and `attn-bench`.
 //!
-//! Two kernels share one launch contract: `paged_attention` for any batch, and `paged_decode` for
+//! Two kernels share one launch shape: `paged_attention` for any batch, and `paged_decode` for
 //! batches whose rows are all decodes (every query_len 1), which streams the keys through shared
 //! memory with cp.async at memory bandwidth. The choice is made per launch on the host (`Plan`);
 //! CUDA graphs only capture decode steps, so a captured launch always takes the decode kernel, its
 //! splits fixed by the batch-size bucket and the cache's maximum context.
+//!
+//! A decode layer's attention is one launch: `paged_decode` applies the QKV bias, QK-norm and
+//! RoPE to what it reads of the QKV rows (`RopeArgs`; the forward pass then skips `rope_qkv`) and
+//! merges its own key splits (the last CTA of a (row, KV head) to finish merges them, counted in
+//! `AttnBuffers::counters`). `paged_attention`'s splits are merged by a second launch,
+//! `attention_reduce`.
 //!
 //! Sequences with a prompt chunk of at least `PREFILL_MIN_ROWS` rows go to a third kernel,
 //! `paged_prefill` (flash attention on tensor cores, one CTA per tile of query rows and KV head;
@@ -112,12 +118,12 @@ pub struct Plan {
     pub decode: bool,
 }
 
-/// Keys of one `paged_decode` tile (16 KB of K and V at any head_dim); see attention.cu.
+/// Keys of one `paged_decode` tile (16 KB of K and V at any head_dim); see decode.cu.
 fn decode_tile(head_dim: usize) -> usize {
     4096 / head_dim
 }
 
-/// Dynamic shared memory of `paged_decode` (attention.cu's DEC_SMEM): 3 stages of 16 KB of K and
+/// Dynamic shared memory of `paged_decode` (decode.cu's DEC_SMEM): 3 stages of 16 KB of K and
 /// V tiles, then the group's queries, 40 floats per 32 dims.
 fn decode_smem(head_dim: usize, gqa: usize) -> usize {
     3 * 2 * decode_tile(head_dim) * head_dim * 2 + gqa * head_dim / 32 * 40 * 4
@@ -140,6 +146,26 @@ pub struct PagedAttention {
     window: usize,
 }
 
+/// What `paged_decode` needs to apply the QKV bias, QK-norm and RoPE itself, as `rope_qkv` does
+/// (rope.cu): device addresses (0: none) and the rotation's shape. The rows' positions come from
+/// the step's metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeArgs {
+    /// `[q_size + 2 * kv_size]` (q | k | v), or 0.
+    pub bias: u64,
+    /// `[head_dim]` each (Qwen3's QK-norm), or 0.
+    pub q_norm: u64,
+    pub k_norm: u64,
+    /// `[max_pos, pairs]` (cos, sin) pairs of f32.
+    pub cs: u64,
+    /// rope_dim / 2.
+    pub pairs: usize,
+    /// Pairs (i, i + pairs) rather than (2i, 2i + 1).
+    pub neox: bool,
+    /// The QK-norm's epsilon.
+    pub eps: f32,
+}
+
 /// Device addresses one launch reads and writes.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnBuffers {
@@ -153,8 +179,17 @@ pub struct AttnBuffers {
     /// `[n, num_heads * head_dim]`: f16, or f32 when `out_f32`.
     pub out: u64,
     pub out_f32: bool,
+    /// `[n, num_heads, splits, head_dim]` and `[n, num_heads, splits]` (max, sum): the splits'
+    /// partial results.
     pub part_acc: u64,
     pub part_ml: u64,
+    /// `[n, num_kv_heads]` i32, all zero between launches (zeroed once when allocated; the decode
+    /// kernel leaves them zero): how many splits of each (row, KV head) have finished. Needed by
+    /// decode launches with more than one split.
+    pub counters: u64,
+    /// `Some`: the QKV rows are un-roped and the decode kernel applies bias, QK-norm and RoPE
+    /// (decode launches only). `None`: the rows come roped.
+    pub rope: Option<RopeArgs>,
 }
 
 impl PagedAttention {
@@ -256,7 +291,8 @@ impl PagedAttention {
         }
     }
 
-    /// Writes the step's K/V into the cache and attends every row into `b.out`.
+    /// Writes the step's K/V into the cache and attends every row into `b.out` (with `b.rope`,
+    /// applying bias, QK-norm and RoPE first: decode plans only).
     pub fn launch(
         &self,
         gpu: &Gpu,
@@ -266,6 +302,11 @@ impl PagedAttention {
         b: &AttnBuffers,
     ) -> Result<(), BackendError> {
         use KArg::{F, I, P};
+        if b.rope.is_some() && !plan.decode {
+            return Err(BackendError::InvalidBatch(
+                "fused RoPE needs a decode launch (every query_len 1)".into(),
+            ));
+        }
         let mp = |off: usize| P(b.meta + 4 * off as u64);
         let l = &b.layout;
         let scale = 1.0 / (self.head_dim as f32).sqrt();
@@ -298,35 +339,72 @@ impl PagedAttention {
         }
         // The other rows; those of tiled sequences are skipped.
         let skip = if l.num_tiles > 0 { PREFILL_MIN_ROWS } else { 0 } as i32;
-        let (f, smem) = if plan.decode {
-            (&self.decode, self.decode_smem)
-        } else {
-            (&self.attention, 0)
-        };
-        gpu.launch_smem(
-            f,
+        let mut args = vec![
+            P(b.qkv),
+            I(b.qkv_stride as i32),
+            P(b.k_cache),
+            P(b.v_cache),
+            mp(b.layout.row_seq),
+            mp(b.layout.seqs),
+            mp(b.layout.block_tables),
+            mp(b.layout.slots),
+            I(self.num_kv_heads as i32),
+            I(block_size.trailing_zeros() as i32),
+            F(scale),
+            I(self.window as i32),
+            P(b.out),
+            I(b.out_f32 as i32),
+            P(b.part_acc),
+            P(b.part_ml),
+            I(skip),
+        ];
+        if plan.decode {
+            if plan.splits > 1 && b.counters == 0 {
+                return Err(BackendError::Cuda(
+                    "a split decode launch needs its arrival counters".into(),
+                ));
+            }
+            let r = b.rope.unwrap_or(RopeArgs {
+                bias: 0,
+                q_norm: 0,
+                k_norm: 0,
+                cs: 0,
+                pairs: 0,
+                neox: false,
+                eps: 0.0,
+            });
+            if 2 * r.pairs > self.head_dim {
+                return Err(BackendError::Config(format!(
+                    "RoPE over {} dims of {}-dim heads",
+                    2 * r.pairs,
+                    self.head_dim
+                )));
+            }
+            args.extend([
+                P(b.counters),
+                P(r.bias),
+                P(r.q_norm),
+                P(r.k_norm),
+                P(r.cs),
+                mp(l.positions),
+                I(r.pairs as i32),
+                I(r.neox as i32),
+                F(r.eps),
+            ]);
+            // It merges its own splits: nothing follows.
+            return gpu.launch_smem(
+                &self.decode,
+                (n as u32, self.num_kv_heads as u32, plan.splits as u32),
+                (THREADS, 1, 1),
+                self.decode_smem,
+                &args,
+            );
+        }
+        gpu.launch(
+            &self.attention,
             (n as u32, self.num_kv_heads as u32, plan.splits as u32),
             (THREADS, 1, 1),
-            smem,
-            &[
-                P(b.qkv),
-                I(b.qkv_stride as i32),
-                P(b.k_cache),
-                P(b.v_cache),
-                mp(b.layout.row_seq),
-                mp(b.layout.seqs),
-                mp(b.layout.block_tables),
-                mp(b.layout.slots),
-                I(self.num_kv_heads as i32),
-                I(block_size.trailing_zeros() as i32),
-                F(scale),
-                I(self.window as i32),
-                P(b.out),
-                I(b.out_f32 as i32),
-                P(b.part_acc),
-                P(b.part_ml),
-                I(skip),
-            ],
+            &args,
         )?;
         if plan.splits > 1 {
             gpu.launch(
@@ -409,15 +487,60 @@ pub struct HostRun {
     pub out_f32: bool,
     pub part_acc: DBuf<f32>,
     pub part_ml: DBuf<f32>,
+    /// `[n, num_kv_heads]`: the decode kernel's split arrivals (zero before and after a launch).
+    pub counters: DBuf<i32>,
+    /// Set by `set_rope`: the decode kernel applies bias, QK-norm and RoPE.
+    pub rope: Option<HostRope>,
     pub plan: Plan,
     pub n: usize,
     pub qkv_stride: usize,
     pub block_size: usize,
 }
 
+/// Bias, QK-norm and RoPE inputs from host data (tests), for `HostRun::set_rope`.
+pub struct RopeInputs<'a> {
+    /// `[q_size + 2 * kv_size]` (q | k | v).
+    pub bias: Option<&'a [f32]>,
+    /// `[head_dim]` each.
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    /// `[max_pos, rope_dim / 2]` (cos, sin), as `RopeTable::angles` gives them per position.
+    pub cs: &'a [(f32, f32)],
+    /// rope_dim / 2.
+    pub pairs: usize,
+    pub neox: bool,
+    pub eps: f32,
+}
+
+/// `RopeInputs` on the device.
+pub struct HostRope {
+    pub bias: Option<DBuf<f32>>,
+    pub q_norm: Option<DBuf<f32>>,
+    pub k_norm: Option<DBuf<f32>>,
+    pub cs: DBuf<f32>,
+    pub pairs: usize,
+    pub neox: bool,
+    pub eps: f32,
+}
+
+impl HostRope {
+    fn args(&self) -> RopeArgs {
+        let ptr = |b: &Option<DBuf<f32>>| b.as_ref().map_or(0, |b| b.ptr);
+        RopeArgs {
+            bias: ptr(&self.bias),
+            q_norm: ptr(&self.q_norm),
+            k_norm: ptr(&self.k_norm),
+            cs: self.cs.ptr,
+            pairs: self.pairs,
+            neox: self.neox,
+            eps: self.eps,
+        }
+    }
+}
+
 impl HostRun {
-    /// Uploads a batch: `qkv` rows `[n, stride]` (q | k | v after RoPE), caches
-    /// `[num_slots, num_kv_heads, head_dim]`.
+    /// Uploads a batch: `qkv` rows `[n, stride]` (q | k | v after RoPE, or before it with
+    /// `set_rope`), caches `[num_slots, num_kv_heads, head_dim]`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -450,11 +573,49 @@ impl HostRun {
             out_f32: false,
             part_acc: gpu.alloc(part * a.head_dim)?,
             part_ml: gpu.alloc(part * 2)?,
+            counters: gpu.alloc(n * a.num_kv_heads)?,
+            rope: None,
             plan,
             n,
             qkv_stride,
             block_size,
         })
+    }
+
+    /// Makes the decode kernel apply bias, QK-norm and RoPE to the uploaded rows (decode plans
+    /// only, as in the forward pass).
+    pub fn set_rope(&mut self, gpu: &Gpu, r: &RopeInputs) -> Result<(), BackendError> {
+        if !self.plan.decode {
+            return Err(BackendError::InvalidBatch(
+                "fused RoPE needs a decode batch (every query_len 1)".into(),
+            ));
+        }
+        let up = |v: Option<&[f32]>| v.map(|v| gpu.upload(v)).transpose();
+        let cs: Vec<f32> = r.cs.iter().flat_map(|&(c, s)| [c, s]).collect();
+        self.rope = Some(HostRope {
+            bias: up(r.bias)?,
+            q_norm: up(r.q_norm)?,
+            k_norm: up(r.k_norm)?,
+            cs: gpu.upload(&cs)?,
+            pairs: r.pairs,
+            neox: r.neox,
+            eps: r.eps,
+        });
+        Ok(())
+    }
+
+    /// Forces `splits` key splits (tests), reallocating the partial results to fit.
+    pub fn set_splits(
+        &mut self,
+        gpu: &Gpu,
+        a: &PagedAttention,
+        splits: usize,
+    ) -> Result<(), BackendError> {
+        let part = self.n * a.num_heads * splits.max(1);
+        self.part_acc = gpu.alloc(part * a.head_dim)?;
+        self.part_ml = gpu.alloc(part * 2)?;
+        self.plan.splits = splits.max(1);
+        Ok(())
     }
 
     pub fn launch(&self, gpu: &Gpu, a: &PagedAttention) -> Result<(), BackendError> {
@@ -474,6 +635,8 @@ impl HostRun {
                 out_f32: self.out_f32,
                 part_acc: self.part_acc.ptr,
                 part_ml: self.part_ml.ptr,
+                counters: self.counters.ptr,
+                rope: self.rope.as_ref().map(HostRope::args),
             },
         )
     }

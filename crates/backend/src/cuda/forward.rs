@@ -1,7 +1,7 @@
 //! The kernel sequence of one forward pass, enqueued on the stream without host work in between,
 //! so the same code runs eagerly and under CUDA-graph capture.
 
-use super::attention::{AttnBuffers, Meta, Plan};
+use super::attention::{AttnBuffers, Meta, Plan, RopeArgs};
 use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, CudaFfn, Kernels};
@@ -45,9 +45,10 @@ impl CudaExecutor {
             s.act.as_ref().unwrap().ptr,
             s.logits.as_ref().unwrap().ptr,
         );
-        let (part_acc, part_ml) = (
+        let (part_acc, part_ml, counters) = (
             s.part_acc.as_ref().unwrap().ptr,
             s.part_ml.as_ref().unwrap().ptr,
+            s.attn_counters.as_ref().unwrap().ptr,
         );
         let meta_base = st.meta_base;
         let mp = |off: usize| KArg::P(meta_base + 4 * off as u64);
@@ -103,28 +104,40 @@ impl CudaExecutor {
             }
             let (b, f) = gemm_cost(&l.wqkv, hd, qkv_dim);
             prof.mark(g, "matmul_qkv", layer, b, f)?;
-            let opt = |b: &Option<DBuf<f32>>| P(b.as_ref().map_or(0, |b| b.ptr));
-            g.launch(
-                &k.rope,
-                (nu, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
-                (128, 1, 1),
-                &[
-                    P(qkv),
-                    opt(&l.bqkv),
-                    opt(&l.q_norm),
-                    opt(&l.k_norm),
-                    P(self.rope_cs.ptr),
-                    mp(meta.positions),
-                    I(qkv_dim as i32),
-                    I(c.num_heads as i32),
-                    I(c.num_kv_heads as i32),
-                    I(c.head_dim as i32),
-                    I((c.rope_dim / 2) as i32),
-                    I(matches!(c.rope_style, quire_core::RopeStyle::Neox) as i32),
-                    F(eps),
-                ],
-            )?;
-            prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
+            let opt = |b: &Option<DBuf<f32>>| b.as_ref().map_or(0, |b| b.ptr);
+            let rope = RopeArgs {
+                bias: opt(&l.bqkv),
+                q_norm: opt(&l.q_norm),
+                k_norm: opt(&l.k_norm),
+                cs: self.rope_cs.ptr,
+                pairs: c.rope_dim / 2,
+                neox: matches!(c.rope_style, quire_core::RopeStyle::Neox),
+                eps,
+            };
+            // A decode step's attention kernel applies bias, QK-norm and RoPE itself.
+            if !plan.decode {
+                g.launch(
+                    &k.rope,
+                    (nu, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
+                    (128, 1, 1),
+                    &[
+                        P(qkv),
+                        P(rope.bias),
+                        P(rope.q_norm),
+                        P(rope.k_norm),
+                        P(rope.cs),
+                        mp(meta.positions),
+                        I(qkv_dim as i32),
+                        I(c.num_heads as i32),
+                        I(c.num_kv_heads as i32),
+                        I(c.head_dim as i32),
+                        I(rope.pairs as i32),
+                        I(rope.neox as i32),
+                        F(eps),
+                    ],
+                )?;
+                prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
+            }
             // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
             let q8w = q8_in(&l.wo, n);
             k.attention.launch(
@@ -143,6 +156,8 @@ impl CudaExecutor {
                     out_f32: q8w,
                     part_acc,
                     part_ml,
+                    counters,
+                    rope: plan.decode.then_some(rope),
                 },
             )?;
             let kv_read = st.ctx_tokens * 2 * kvs * 2;

@@ -1,6 +1,7 @@
 //! The Llama-family forward pass on CUDA (Llama 2/3, SmolLM2, Mistral, Qwen2's QKV bias, Qwen3's
 //! QK-norm). Weights live on the GPU as f16, stacked like the CPU backend's (QKV, gate+up), so a
-//! layer is four cuBLAS GEMMs and five kernels; the residual adds ride on the GEMMs (beta = 1).
+//! layer is four cuBLAS GEMMs and five kernels (four in a decode step, whose attention kernel
+//! applies RoPE itself); the residual adds ride on the GEMMs (beta = 1).
 //! The residual stream is f32; GEMM inputs are f16. The KV cache is f16, one buffer per layer.
 
 use std::collections::HashMap;
@@ -81,6 +82,9 @@ pub(super) struct Scratch {
     pub(super) logits: Option<DBuf<f32>>, // [n, vocab]
     pub(super) part_acc: Option<DBuf<f32>>,
     pub(super) part_ml: Option<DBuf<f32>>,
+    /// [n, num_kv_heads] split arrivals of the decode attention kernel; zeroed when allocated,
+    /// left zero by every launch.
+    pub(super) attn_counters: Option<DBuf<i32>>,
     pub(super) meta: Option<DBuf<i32>>,
     /// Quantized activations for the quantized matmuls: [n, max(hidden, q, inter) / 32] blocks.
     pub(super) q8: Option<DBuf<u8>>,
@@ -425,6 +429,7 @@ impl CudaExecutor {
             s.gu = Some(g.alloc(cap * 2 * inter)?);
             s.act = Some(g.alloc(cap * inter)?);
             s.q8 = Some(g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?);
+            s.attn_counters = Some(g.alloc(cap * c.num_kv_heads)?);
             s.tokens = cap;
         }
         if let Some(m) = c.moe {

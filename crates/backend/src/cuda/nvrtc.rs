@@ -58,12 +58,13 @@ pub const MOE: KernelSource = KernelSource {
         include_str!("kernels/moe.cu")
     ),
 };
-/// Needs `HEAD_DIM` and `GQA` defined. The prefill kernel builds on attention.cu's helpers, so
-/// the two files are one module.
+/// Needs `HEAD_DIM` and `GQA` defined. The decode and prefill kernels build on attention.cu's
+/// helpers, so the three files are one module.
 pub const ATTENTION: KernelSource = KernelSource {
-    name: "attention.cu + prefill.cu",
+    name: "attention.cu + decode.cu + prefill.cu",
     src: concat!(
         include_str!("kernels/attention.cu"),
+        include_str!("kernels/decode.cu"),
         include_str!("kernels/prefill.cu")
     ),
 };
