@@ -226,4 +226,30 @@ pdl)  # programmatic dependent launch and the pipelined GEMV: parity, then tg128
     done
     "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -b 64 -r 3 2>&1 | grep -E "^\| llama"
     ;;
+dec)  # fused RoPE + in-kernel split merge in paged_decode, GEMV shapes: parity, then timings
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "^test |test result|panicked|FAILED|worst" | head -20
+    for sh in 1x8 2x4 1x16 2x8 4x4 4x2; do
+        QUIRE_CUDA_GEMV_SHAPE=$sh QUIRE_CUDA_GEMV_FUSE_K=16384 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked" | sed "s/\$/  (shape $sh)/"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    f="$W/smollm2-135m-f16.gguf"
+    QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|chain decode|test result|panicked" | head -20
+    for sh in 1x8 2x4 1x16 2x8 4x4 4x2; do
+        QUIRE_CUDA_GEMV_SHAPE=$sh "$W"/cuda_matmul_bench --reps 100 2>&1 | grep -E "F16 gemv" | sed "s/\$/  ($sh)/"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)"
+    done
+    QUIRE_CUDA_PDL=0 "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed 's/$/  (PDL off)/'
+    for sh in 1x8 2x4 1x16 2x8 4x4 4x2; do
+        QUIRE_CUDA_GEMV_SHAPE=$sh "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($sh)/"
+    done
+    for sh in 1x8 2x4 1x16 2x8; do
+        QUIRE_CUDA_GEMV_SHAPE=$sh "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($sh)/"
+    done
+    "$Q" profile -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 16 -r 3 2>&1 | sed -n '/decode step/,$p' | head -16
+    ;;
 esac
