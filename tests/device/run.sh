@@ -252,4 +252,23 @@ dec)  # fused RoPE + in-kernel split merge in paged_decode, GEMV shapes: parity,
     done
     "$Q" profile -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 16 -r 3 2>&1 | sed -n '/decode step/,$p' | head -16
     ;;
+tune)  # decode attention options and GEMV shapes, end to end (tg128), after the parity checks
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_attention)/'
+    QUIRE_CUDA_DECODE_MERGE=0 QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 decode 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_attention decode, merge by attention_reduce)/'
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked" | sed 's/$/  (cuda_ops)/'
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    for env in "X=1" "QUIRE_CUDA_GRAPH_CTX=max QUIRE_CUDA_FUSED_ROPE=0 QUIRE_CUDA_DECODE_MERGE=0"; do
+        env $env QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on|f16-dequantized|test result|panicked" | sed "s/\$/  ($env)/"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        for env in "X=1" "QUIRE_CUDA_FUSED_ROPE=0" "QUIRE_CUDA_DECODE_MERGE=0" "QUIRE_CUDA_FUSED_ROPE=0 QUIRE_CUDA_DECODE_MERGE=0" "QUIRE_CUDA_GRAPH_CTX=max" "QUIRE_CUDA_GRAPH_CTX=max QUIRE_CUDA_FUSED_ROPE=0 QUIRE_CUDA_DECODE_MERGE=0" \
+                   "QUIRE_CUDA_GEMV_SHAPE=2x4" "QUIRE_CUDA_GEMV_SHAPE=1x8" "QUIRE_CUDA_GEMV_SHAPE=2x4,1x8" "QUIRE_CUDA_GEMV_SHAPE=4x4" "QUIRE_CUDA_GEMV_SHAPE=4x2,2x4"; do
+            env $env "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)" | sed "s/\$/  ($env)/"
+        done
+    done
+    ;;
 esac

@@ -144,6 +144,12 @@ pub struct PagedAttention {
     pub head_dim: usize,
     /// Sliding window in keys; 0: none.
     window: usize,
+    /// Whether `paged_decode` merges its own splits (else `attention_reduce` follows it;
+    /// `QUIRE_CUDA_DECODE_MERGE=0`, for measurements).
+    decode_merges: bool,
+    /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
+    /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).
+    pub decode_ropes: bool,
 }
 
 /// What `paged_decode` needs to apply the QKV bias, QK-norm and RoPE itself, as `rope_qkv` does
@@ -238,6 +244,8 @@ impl PagedAttention {
             num_kv_heads,
             head_dim,
             window: 0,
+            decode_merges: std::env::var("QUIRE_CUDA_DECODE_MERGE").map_or(true, |v| v != "0"),
+            decode_ropes: std::env::var("QUIRE_CUDA_FUSED_ROPE").map_or(true, |v| v != "0"),
         })
     }
 
@@ -359,7 +367,8 @@ impl PagedAttention {
             I(skip),
         ];
         if plan.decode {
-            if plan.splits > 1 && b.counters == 0 {
+            let counters = if self.decode_merges { b.counters } else { 0 };
+            if plan.splits > 1 && self.decode_merges && counters == 0 {
                 return Err(BackendError::Cuda(
                     "a split decode launch needs its arrival counters".into(),
                 ));
@@ -381,7 +390,7 @@ impl PagedAttention {
                 )));
             }
             args.extend([
-                P(b.counters),
+                P(counters),
                 P(r.bias),
                 P(r.q_norm),
                 P(r.k_norm),
@@ -391,21 +400,24 @@ impl PagedAttention {
                 I(r.neox as i32),
                 F(r.eps),
             ]);
-            // It merges its own splits: nothing follows.
-            return gpu.launch_smem(
+            gpu.launch_smem(
                 &self.decode,
                 (n as u32, self.num_kv_heads as u32, plan.splits as u32),
                 (THREADS, 1, 1),
                 self.decode_smem,
                 &args,
-            );
+            )?;
+            if self.decode_merges {
+                return Ok(()); // it merged its own splits
+            }
+        } else {
+            gpu.launch(
+                &self.attention,
+                (n as u32, self.num_kv_heads as u32, plan.splits as u32),
+                (THREADS, 1, 1),
+                &args,
+            )?;
         }
-        gpu.launch(
-            &self.attention,
-            (n as u32, self.num_kv_heads as u32, plan.splits as u32),
-            (THREADS, 1, 1),
-            &args,
-        )?;
         if plan.splits > 1 {
             gpu.launch(
                 &self.reduce,

@@ -68,7 +68,9 @@ impl CudaExecutor {
             all[k * stride..k * stride + self.meta_host.len()].copy_from_slice(&self.meta_host);
         }
         let layout = layout.expect("steps >= 1");
-        let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos, true);
+        let last_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1) + steps - 1;
+        let ctx = self.graph_ctx(last_ctx);
+        let plan = self.k.attention.plan(self.gpu.sms, b, ctx, true);
         if self.grow(b, b, b * c.num_heads * plan.splits, all.len())? {
             self.graphs.clear();
         }
@@ -78,7 +80,7 @@ impl CudaExecutor {
         let meta_buf = self.s.meta.as_mut().unwrap();
         self.gpu.htod(&all, meta_buf, 0)?;
         let meta_base = meta_buf.ptr;
-        if !self.graphs.contains_key(&(b, steps)) {
+        if !self.graphs.contains_key(&(b, steps, ctx)) {
             let stream = self.gpu.stream.clone();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -90,9 +92,9 @@ impl CudaExecutor {
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert((b, steps), Graph(graph));
+            self.graphs.insert((b, steps, ctx), Graph(graph));
         }
-        self.graphs[&(b, steps)]
+        self.graphs[&(b, steps, ctx)]
             .0
             .launch()
             .map_err(cuda_err("launching the chain graph"))?;

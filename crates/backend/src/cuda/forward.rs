@@ -115,7 +115,8 @@ impl CudaExecutor {
                 eps,
             };
             // A decode step's attention kernel applies bias, QK-norm and RoPE itself.
-            if !plan.decode {
+            let fused_rope = plan.decode && k.attention.decode_ropes;
+            if !fused_rope {
                 g.launch(
                     &k.rope,
                     (nu, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
@@ -157,7 +158,7 @@ impl CudaExecutor {
                     part_acc,
                     part_ml,
                     counters,
-                    rope: plan.decode.then_some(rope),
+                    rope: fused_rope.then_some(rope),
                 },
             )?;
             let kv_read = st.ctx_tokens * 2 * kvs * 2;

@@ -39,8 +39,9 @@ pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4)
 pub struct Gemv {
     /// [input form][shape of `SHAPES`]
     f: [Vec<CudaFunction>; 3],
-    /// `QUIRE_CUDA_GEMV_SHAPE=RxU`: one shape of `SHAPES` for every matrix (measurements).
-    forced: Option<usize>,
+    /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
+    /// (measurements).
+    forced: Option<(usize, usize)>,
     sms: usize,
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
@@ -82,18 +83,23 @@ impl Gemv {
                 };
             }
         }
+        // `QUIRE_CUDA_GEMV_SHAPE=RxU` (every matrix) or `RxU,RxU` (matrices of few rows, of many).
+        let shape = |v: &str| {
+            SHAPES
+                .iter()
+                .position(|(r, u)| format!("{r}x{u}") == v)
+                .ok_or_else(|| {
+                    BackendError::Cuda(format!(
+                        "QUIRE_CUDA_GEMV_SHAPE: {v} is not one of {}",
+                        SHAPES.map(|(r, u)| format!("{r}x{u}")).join(", ")
+                    ))
+                })
+        };
         let forced = match std::env::var("QUIRE_CUDA_GEMV_SHAPE") {
-            Ok(v) => Some(
-                SHAPES
-                    .iter()
-                    .position(|(r, u)| format!("{r}x{u}") == v)
-                    .ok_or_else(|| {
-                        BackendError::Cuda(format!(
-                            "QUIRE_CUDA_GEMV_SHAPE={v}: not one of {}",
-                            SHAPES.map(|(r, u)| format!("{r}x{u}")).join(", ")
-                        ))
-                    })?,
-            ),
+            Ok(v) => Some(match v.split_once(',') {
+                Some((few, many)) => (shape(few)?, shape(many)?),
+                None => (shape(&v)?, shape(&v)?),
+            }),
             Err(_) => None,
         };
         Ok(Gemv {
@@ -146,11 +152,9 @@ impl Gemv {
         };
         // Fewer than four CTAs of 16 rows per SM: one row per warp (8 per CTA), 8 chunks in
         // flight; else 2 rows per warp, 4 chunks each.
-        let variant = self.forced.unwrap_or(if out.div_ceil(16) < 4 * self.sms {
-            0
-        } else {
-            1
-        });
+        let few = out.div_ceil(16) < 4 * self.sms;
+        let (v_few, v_many) = self.forced.unwrap_or((0, 1));
+        let variant = if few { v_few } else { v_many };
         let rows = SHAPES[variant].0 * 8;
         use KArg::{F, I, P};
         let one_group_per_warp = out.div_ceil(rows);

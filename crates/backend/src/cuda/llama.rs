@@ -116,10 +116,12 @@ pub struct CudaExecutor {
     pub(super) meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
     pub(super) use_graphs: bool,
+    /// Capture decode graphs for the longest context (`graph_ctx`).
+    pub(super) graph_ctx_max: bool,
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
-    /// Decode graphs by (padded batch size, chained steps).
-    pub(super) graphs: HashMap<(usize, usize), Graph>,
+    /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`).
+    pub(super) graphs: HashMap<(usize, usize, usize), Graph>,
 }
 
 /// A captured decode graph. cudarc leaves `CudaGraph` `!Send` (it holds raw driver handles); the
@@ -398,6 +400,7 @@ impl CudaExecutor {
             meta_host: vec![],
             prof: EventProfiler::default(),
             use_graphs: opts.graphs,
+            graph_ctx_max: std::env::var("QUIRE_CUDA_GRAPH_CTX").is_ok_and(|v| v == "max"),
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
             gpu,
@@ -572,7 +575,9 @@ impl CudaExecutor {
         let c = &self.cfg;
         let bs = self.kv.block_size;
         let layout = pack_meta_padded(batch, b, self.kv.num_blocks, bs, &mut self.meta_host);
-        let plan = self.k.attention.plan(self.gpu.sms, b, self.max_pos, true);
+        let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
+        let ctx = self.graph_ctx(max_ctx);
+        let plan = self.k.attention.plan(self.gpu.sms, b, ctx, true);
         if self.grow(b, b, b * c.num_heads * plan.splits, self.meta_host.len())? {
             self.graphs.clear();
         }
@@ -587,7 +592,7 @@ impl CudaExecutor {
             pairs: 0,
             ctx_tokens: 0,
         };
-        if !self.graphs.contains_key(&(b, 1)) {
+        if !self.graphs.contains_key(&(b, 1, ctx)) {
             let stream = self.gpu.stream.clone();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -599,12 +604,24 @@ impl CudaExecutor {
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert((b, 1), Graph(graph));
+            self.graphs.insert((b, 1, ctx), Graph(graph));
         }
-        self.graphs[&(b, 1)]
+        self.graphs[&(b, 1, ctx)]
             .0
             .launch()
             .map_err(super::gpu::cuda_err("launching the decode graph"))
+    }
+
+    /// The context bound a decode graph is captured for: `max_ctx` (the longest context of the
+    /// batch's last step) rounded up to a power of two, at least 256, or every position with
+    /// `QUIRE_CUDA_GRAPH_CTX=max`. The attention launch's split count follows it, so short
+    /// contexts do not pay for the splits (and their merge) the longest would need; the kernel
+    /// divides each row's own keys among the splits, so any context up to the bound is right.
+    pub(super) fn graph_ctx(&self, max_ctx: usize) -> usize {
+        if self.graph_ctx_max {
+            return self.max_pos;
+        }
+        max_ctx.max(256).next_power_of_two().min(self.max_pos)
     }
 
     pub(super) fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {

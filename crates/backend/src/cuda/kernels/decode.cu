@@ -172,7 +172,8 @@ __device__ __forceinline__ void load_dpl(const half_t* p, float* v) {
 
 // The first 17 arguments and their shapes: as paged_attention's (qkv rows un-roped when `cs` is
 // set), then
-// split_counters: [n, num_kv_heads] arrivals, all 0 between launches (needed when splits > 1);
+// split_counters: [n, num_kv_heads] arrivals, all 0 between launches; null: the partials are left
+// for attention_reduce (when splits > 1);
 // bias: [qkv_stride] (q | k | v) or null; q_norm, k_norm: [HEAD_DIM] or null;
 // cs: [max_pos, pairs] (cos, sin), or null: the rows come roped; positions: [n];
 // pairs: rope_dim / 2 (<= HEAD_DIM / 2); neox: pairs (i, i + pairs) rather than (2i, 2i + 1);
@@ -226,7 +227,7 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     int* const counter = split_counters + (long)row * num_kv_heads + kvh;
     if (start >= end) {  // an empty split (never split 0): nothing to attend, but it arrives
         if (tid < GQA) part_ml[part + (long)tid * splits] = make_float2(-INFINITY, 0.0f);
-        if (splits > 1)
+        if (splits > 1 && split_counters)
             arrive_and_merge(counter, splits, part_acc, part_ml, part0, out, out_f32, out0);
         return;
     }
@@ -451,5 +452,6 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     }
     __syncthreads();
     merge_warps(acc_s, m_s, l_s, row, kvh, q_size, splits, part, out, out_f32, part_acc, part_ml);
-    if (splits > 1) arrive_and_merge(counter, splits, part_acc, part_ml, part0, out, out_f32, out0);
+    if (splits > 1 && split_counters)
+        arrive_and_merge(counter, splits, part_acc, part_ml, part0, out, out_f32, out0);
 }
