@@ -266,7 +266,7 @@ tune)  # decode attention options and GEMV shapes, end to end (tg128), after the
     for preset in smollm2-135m llama3.2-1b llama3-8b; do
         f="$W/$preset-f16.gguf"
         for env in "X=1" "QUIRE_CUDA_FUSED_ROPE=0" "QUIRE_CUDA_DECODE_MERGE=0" "QUIRE_CUDA_FUSED_ROPE=0 QUIRE_CUDA_DECODE_MERGE=0" "QUIRE_CUDA_GRAPH_CTX=max" "QUIRE_CUDA_GRAPH_CTX=max QUIRE_CUDA_FUSED_ROPE=0 QUIRE_CUDA_DECODE_MERGE=0" \
-                   "QUIRE_CUDA_GEMV_SHAPE=2x4" "QUIRE_CUDA_GEMV_SHAPE=1x8" "QUIRE_CUDA_GEMV_SHAPE=2x4,1x8" "QUIRE_CUDA_GEMV_SHAPE=4x4" "QUIRE_CUDA_GEMV_SHAPE=4x2,2x4"; do
+                   "QUIRE_CUDA_GEMV_SHAPE=2x4" "QUIRE_CUDA_GEMV_SHAPE=1x8" "QUIRE_CUDA_GEMV_SHAPE=2x4,1x8" "QUIRE_CUDA_GEMV_SHAPE=4x4" "QUIRE_CUDA_GEMV_SHAPE=4x2,2x4" "QUIRE_CUDA_GEMV_SHAPE=rowbytes"; do
             env $env "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)" | sed "s/\$/  ($env)/"
         done
     done

@@ -96,6 +96,8 @@ impl Gemv {
                 })
         };
         let forced = match std::env::var("QUIRE_CUDA_GEMV_SHAPE") {
+            // By row length: one row per warp for rows of 8 KB and more, else two.
+            Ok(v) if v == "rowbytes" => Some((usize::MAX, usize::MAX)),
             Ok(v) => Some(match v.split_once(',') {
                 Some((few, many)) => (shape(few)?, shape(many)?),
                 None => (shape(&v)?, shape(&v)?),
@@ -154,7 +156,12 @@ impl Gemv {
         // flight; else 2 rows per warp, 4 chunks each.
         let few = out.div_ceil(16) < 4 * self.sms;
         let (v_few, v_many) = self.forced.unwrap_or((0, 1));
-        let variant = if few { v_few } else { v_many };
+        let variant = match (v_few, v_many) {
+            (usize::MAX, _) if k_in >= 4096 => 0,
+            (usize::MAX, _) => 1,
+            _ if few => v_few,
+            _ => v_many,
+        };
         let rows = SHAPES[variant].0 * 8;
         use KArg::{F, I, P};
         let one_group_per_warp = out.div_ceil(rows);
