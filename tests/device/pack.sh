@@ -18,6 +18,7 @@ while read -r bin; do
     cp "$bin" "$stage/$name"
 done < /tmp/quire-test-bins
 strip "$stage"/*
+git rev-parse --short HEAD > "$stage/COMMIT"  # run.sh stamps results with it
 mkdir -p .dev
 tar -cJf .dev/bin.tar.xz -C "$stage" .
 ls -la "$stage" .dev/bin.tar.xz

@@ -14,6 +14,8 @@ mkdir -p /work && [ -e /work/main ] || ln -s "$PWD" /work/main
 [ -f .dev/bin.tar.xz ] && tar -xJf .dev/bin.tar.xz -C "$W"
 for p in .dev/model.part*; do [ -f "$p" ] && cp "$p" "$W/"; done
 Q=$W/quire
+# The device's checkout may lag: stamp results with the commit the binaries were built from.
+[ -f "$W/COMMIT" ] && export QUIRE_COMMIT=$(cat "$W/COMMIT")
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 case "${1:-1}" in
 0) ;;  # unpack and keep the carried files only
@@ -270,5 +272,17 @@ tune)  # decode attention options and GEMV shapes, end to end (tg128), after the
             env $env "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| (llama|qwen)" | sed "s/\$/  ($env)/"
         done
     done
+    ;;
+final)  # the closing checks in one call after `0` + `llamacpp`: parity, decode attention vs SDPA, side by side
+    bash "$0" parity
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged|^\| dense"
+    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
+        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
+    done
+    bash "$0" sbs
+    "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed 's/$/  (-p 0)/'
     ;;
 esac

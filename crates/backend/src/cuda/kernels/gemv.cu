@@ -6,11 +6,10 @@
 // non-allocating loads, GV_UNROLL chunks per row in flight per lane (32 KB per CTA), and x comes
 // through L1 (every warp of the CTA reads the same x). Reduced with shuffles; lane 0 writes.
 //
-// Two shapes of one kernel: groups of 2 rows per warp with 4 chunks per row in flight, and, for
-// matrices with few rows (a 2048-row down projection is only 128 CTAs of 16 rows: less than one
-// per SM), groups of 1 row with 8 in flight. The host picks by row count, and the grid: one group
-// per warp, or (long matrices) as many CTAs as fit on the GPU at once, each warp walking a
-// contiguous run of groups, so there is no last partial wave of CTAs.
+// Several shapes of one kernel (rows per warp × chunks per row in flight, below). The host picks
+// 1 row × 8 chunks for rows of 8 KB and more and 2 rows × 4 chunks for shorter rows (measured end
+// to end, PERF.md stop 16), and the grid: one row group per warp, or (`QUIRE_CUDA_GEMV_CTAS`) as
+// many CTAs as fit on the GPU at once, each warp walking a contiguous run of groups.
 //
 // Requires in % 8 == 0 (16-byte chunks); rows past `out` are skipped.
 #define GV_WARPS 8
@@ -179,8 +178,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 }
 
 // Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
-// (gemv.rs) picks r2u4 for long matrices and r1u8 for matrices of few rows; the others are
-// there to be measured (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
+// (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
+// (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE)                                                      \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
