@@ -283,6 +283,13 @@ final)  # the closing checks in one call after `0` + `llamacpp`: parity, decode 
         python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
     done
     bash "$0" sbs
-    "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed 's/$/  (-p 0)/'
+    for preset in smollm2-135m llama3.2-1b; do
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed 's/$/  (-p 0)/'
+    done
+    for preset in llama3.2-1b llama3-8b; do
+        for k in 0 2048 4096; do
+            QUIRE_CUDA_GEMV_FUSE_K=$k "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p 0, fused inputs up to $k)/"
+        done
+    done
     ;;
 esac
