@@ -292,4 +292,17 @@ final)  # the closing checks in one call after `0` + `llamacpp`: parity, decode 
         done
     done
     ;;
+pcheck)  # does a prompt test before tg128 slow it? separate processes, clocks and temperatures after each
+    for preset in smollm2-135m llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+        for p in 0 512 0 512; do
+            "$Q" bench -m "$f" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p $p)/"
+            nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,temperature.memory,power.draw,clocks_throttle_reasons.active --format=csv,noheader
+        done
+        "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 --chain 0 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p 512 again)/"
+        QUIRE_CUDA_PDL=0 "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p 512, PDL off)/"
+        QUIRE_CUDA_PDL=0 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p 0, PDL off)/"
+    done
+    ;;
 esac
