@@ -305,4 +305,20 @@ pcheck)  # does a prompt test before tg128 slow it? separate processes, clocks a
         QUIRE_CUDA_PDL=0 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p 0, PDL off)/"
     done
     ;;
+mcheck)  # decode attention with the in-kernel merge against attention_reduce; a small prompt before tg128
+    for m in 1 0; do
+        export QUIRE_CUDA_DECODE_MERGE=$m
+        "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "^\| paged|splits" | sed "s/\$/  (merge $m, seed)/"
+        for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+            set -- $cfg
+            "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "^\| paged|splits" | sed "s/\$/  (merge $m, B$1 L$2)/"
+        done
+    done
+    unset QUIRE_CUDA_DECODE_MERGE
+    f="$W/smollm2-135m-f16.gguf"
+    "$Q" make-model --preset smollm2-135m --dtype f16 "$f" 2>&1 | tail -1
+    for p in 0 16 64 512; do
+        "$Q" bench -m "$f" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama.*tg128" | sed "s/\$/  (-p $p)/"
+    done
+    ;;
 esac
