@@ -321,4 +321,24 @@ mcheck)  # decode attention with the in-kernel merge against attention_reduce; a
         "$Q" bench -m "$f" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama.*tg128" | sed "s/\$/  (-p $p)/"
     done
     ;;
+confirm)  # the defaults after stage final: parity of both merge paths, attention vs the goals, tg128
+    for m in 0 1; do
+        QUIRE_CUDA_DECODE_MERGE=$m QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed "s/\$/  (cuda_attention, in-kernel merge $m)/"
+    done
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged"
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on|f16-dequantized|test result|panicked"
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        for p in 0 512; do
+            "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  (-p $p)/"
+        done
+    done
+    ;;
 esac
