@@ -341,4 +341,68 @@ confirm)  # the defaults after stage final: parity of both merge paths, attentio
         done
     done
     ;;
+trace)  # the decode timeline (QUIRE_CUDA_TRACE=1) beside untraced and chained tg128
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset)/"
+        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset, chain 16)/"
+        QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 > "$OUT/trace-$preset.txt" 2>&1
+        grep -E "^\| llama|steps ending|trace:" "$OUT/trace-$preset.txt" | sed "s/\$/  ($preset, traced)/"
+        grep -E "^\| [a-z]" "$OUT/trace-$preset.txt" | grep -v "^| model" | head -14
+        QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 --chain 16 > "$OUT/trace-chain-$preset.txt" 2>&1
+        grep -E "steps ending|trace:" "$OUT/trace-chain-$preset.txt" | sed "s/\$/  ($preset, traced chain)/"
+        grep -E "^\| [a-z]" "$OUT/trace-chain-$preset.txt" | grep -v "^| model" | head -6
+    done
+    ;;
+s17a)  # stop 17: decode attention's prologue before the wait, the GLU GEMV; per-kernel timelines
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    for t in cuda_ops cuda_attention; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$OUT/$t.txt" 2>&1
+        grep -E "test result|panicked|FAILED" "$OUT/$t.txt" | sed "s/\$/  ($t)/"
+    done
+    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on|f16-dequantized|test result|panicked"
+    tl() {  # label, env..., model: a traced tg128 into $OUT/tl-<label>.txt
+        local label=$1 f=$2; shift 2
+        env "$@" QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/$f-f16.gguf" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$label.txt" 2>&1
+    }
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset)/"
+        QUIRE_CUDA_GEMV_GLU=0 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset, GLU off)/"
+        QUIRE_CUDA_GEMV_GLU_SHAPE=2x8 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset, GLU 2x8)/"
+        tl $preset-default $preset X=1
+        for sh in 1x8 2x4 2x8 1x16 4x4; do tl $preset-$sh $preset QUIRE_CUDA_GEMV_SHAPE=$sh; done
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        grep -E "paged_decode|attention_reduce" "$OUT/tl-$preset-default.txt" | sed "s/\$/  ($preset)/"
+    done
+    ;;
+s17b)  # stop 17: split argmax, rope tables read before the wait, decode split sweep at short context
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    for t in cuda_ops cuda_attention cuda_sample; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$W/$t.txt" 2>&1
+        grep -E "test result|panicked|FAILED" "$W/$t.txt" | sed "s/\$/  ($t)/"
+    done
+    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on|f16-dequantized|chain|test result|panicked"
+    "$Q" generate -m "$W/llama3.2-1b-f16.gguf" --backend cuda --prompt "hello world" --max-tokens 64 2>&1 | tail -2
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset)/"
+        for tiles in 1 2; do for merge in 0 1; do
+            QUIRE_CUDA_DECODE_MIN_TILES=$tiles QUIRE_CUDA_DECODE_MERGE=$merge "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset, min tiles $tiles, merge $merge)/"
+        done; done
+        QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset.txt" 2>&1
+    done
+    QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/tl-smollm2-135m-p512.txt" 2>&1
+    ;;
 esac

@@ -171,6 +171,69 @@ fn rms_norm_embed_swiglu_and_argmax_match_the_cpu() {
     }
 }
 
+/// `argmax_split` (several CTAs per row, the last to arrive reduces) picks what the host argmax
+/// picks, ties to the lowest index across slices and NaN never winning, and leaves its arrival
+/// counters at 0, so launch after launch on the same buffers stays right.
+#[test]
+fn split_argmax_matches_the_host_argmax_launch_after_launch() {
+    use quire_backend::cuda::sample::{argmax_ctas, ARGMAX_MAX_CTAS};
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(37);
+    let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
+    let f = Gpu::function(&sample, "argmax_split").unwrap();
+    for dim in [128256usize, 49152, 4097, 100, 1] {
+        let rows = 5;
+        let ctas = argmax_ctas(dim);
+        let part = g.alloc::<f32>(rows * ARGMAX_MAX_CTAS * 2).unwrap();
+        let counters = g.alloc::<i32>(rows).unwrap();
+        for rep in 0..3 {
+            let mut logits = rnd(&mut rng, rows * dim, 10.0);
+            if dim > 4096 {
+                // Row 1: a tie across two slices; row 2: NaNs and the max in the last slice.
+                logits[dim + 7] = 50.0;
+                logits[dim + dim - 3] = 50.0;
+                logits[2 * dim] = f32::NAN;
+                logits[2 * dim + dim / 2] = f32::NAN;
+                logits[3 * dim - 1] = 60.0;
+            }
+            if rep == 2 {
+                logits[3 * dim..4 * dim].fill(f32::NEG_INFINITY); // row 3: nothing above -inf
+            }
+            let dl = g.upload(&logits).unwrap();
+            let dout = g.upload(&vec![-1i32; rows]).unwrap();
+            g.launch(
+                &f,
+                (ctas as u32, rows as u32, 1),
+                (256, 1, 1),
+                &[
+                    KArg::P(dl.ptr),
+                    KArg::I(dim as i32),
+                    KArg::P(dout.ptr),
+                    KArg::P(part.ptr),
+                    KArg::P(counters.ptr),
+                ],
+            )
+            .unwrap();
+            let mut got = vec![0i32; rows];
+            g.dtoh(&dout, &mut got).unwrap();
+            let want: Vec<i32> = logits
+                .chunks_exact(dim)
+                .map(|r| quire_backend::argmax(r) as i32)
+                .collect();
+            assert_eq!(
+                got, want,
+                "argmax_split dim {dim} ({ctas} CTAs), launch {rep}"
+            );
+            if dim > 4096 {
+                assert_eq!((got[1], got[2]), (7, (dim - 1) as i32));
+            }
+            let mut c = vec![1i32; rows];
+            g.dtoh(&counters, &mut c).unwrap();
+            assert!(c.iter().all(|&v| v == 0), "counters left at {c:?}");
+        }
+    }
+}
+
 #[test]
 fn rope_with_bias_and_qk_norm_matches_the_cpu() {
     let Some(g) = gpu() else { return };
@@ -375,6 +438,72 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
             let e = rel(&read(&dy), &want);
             assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
+        }
+    }
+}
+
+/// The GLU form of the GEMV (decode's gate/up projection with the SwiGLU on the way out) against
+/// silu(gate) · up of f64 dot products, for an f16 input and an RMSNorm input; the f16 output is
+/// poisoned with NaN first.
+#[test]
+fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(31);
+    let gv = Gemv::new(&g).unwrap();
+    for (k, inter) in [
+        (576usize, 1536usize),
+        (2048, 8192),
+        (4096, 1024),
+        (1000, 5),
+        (24, 17),
+    ] {
+        let w: Vec<f16> = rnd(&mut rng, 2 * k * inter, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let dw = g.upload(&w).unwrap();
+        let x: Vec<f16> = rnd(&mut rng, k, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let xs = rnd(&mut rng, 3 * k, 3.0);
+        let nw = rnd(&mut rng, k, 2.0);
+        let mut normed = vec![0f32; k];
+        ops::rms_norm(&xs[2 * k..], &nw, 1e-5, &mut normed);
+        let normed: Vec<f16> = normed.iter().map(|&a| f16::from_f32(a)).collect();
+        let (dx, dxs, dnw) = (
+            g.upload(&x).unwrap(),
+            g.upload(&xs).unwrap(),
+            g.upload(&nw).unwrap(),
+        );
+        let idx = g.upload(&[2i32]).unwrap();
+        for (name, input, v) in [
+            ("f16", GemvInput::F16 { x: dx.ptr }, &x),
+            (
+                "norm",
+                GemvInput::Norm {
+                    x: dxs.ptr,
+                    rows_idx: idx.ptr,
+                    norm_w: dnw.ptr,
+                    eps: 1e-5,
+                },
+                &normed,
+            ),
+        ] {
+            let dot =
+                |r: usize| -> f64 { (0..k).map(|i| w[r * k + i].to_f64() * v[i].to_f64()).sum() };
+            let want: Vec<f32> = (0..inter)
+                .map(|i| {
+                    let (gs, us) = (dot(i), dot(inter + i));
+                    (gs / (1.0 + (-gs).exp()) * us) as f32
+                })
+                .collect();
+            let da = g.upload(&vec![f16::NAN; inter]).unwrap();
+            gv.run_glu(&g, dw.ptr, input, da.ptr, k, inter).unwrap();
+            let got = read_f16(&g, &da);
+            let e = rel(&got, &want);
+            assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
         }
     }
 }

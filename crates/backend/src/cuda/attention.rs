@@ -149,6 +149,8 @@ pub struct PagedAttention {
     /// the last-arriver merge costs the kernel 3–5 µs (B16 L4096 116.0 vs 110.9 µs) and saves
     /// one launch, worth ≤ 1.5% of tg128 on the 135M model and nothing on the 8B.
     decode_merges: bool,
+    /// Fewest key tiles per decode split (`QUIRE_CUDA_DECODE_MIN_TILES`, 4 by default).
+    decode_min_tiles: usize,
     /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
     /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).
     pub decode_ropes: bool,
@@ -247,6 +249,11 @@ impl PagedAttention {
             head_dim,
             window: 0,
             decode_merges: std::env::var("QUIRE_CUDA_DECODE_MERGE").is_ok_and(|v| v == "1"),
+            decode_min_tiles: std::env::var("QUIRE_CUDA_DECODE_MIN_TILES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&t| t >= 1)
+                .unwrap_or(4),
             decode_ropes: std::env::var("QUIRE_CUDA_FUSED_ROPE").map_or(true, |v| v != "0"),
         })
     }
@@ -283,7 +290,9 @@ impl PagedAttention {
                 0 => max_seq_len,
                 w => max_seq_len.min(w),
             };
-            let max_splits = keys.div_ceil(4 * decode_tile(self.head_dim)).max(1);
+            let max_splits = keys
+                .div_ceil(self.decode_min_tiles * decode_tile(self.head_dim))
+                .max(1);
             return Plan {
                 splits: (slots / ctas).clamp(1, max_splits),
                 decode: true,

@@ -8,7 +8,7 @@
 //! single decode graphs); anything else, or graphs off or the profiler on, runs step by step
 //! (`chain::by_steps`), which gives the same tokens.
 
-use super::gpu::{cuda_err, KArg};
+use super::gpu::cuda_err;
 use super::llama::{pack_meta_padded, CudaExecutor, Graph, MAX_GRAPH_BATCH};
 use crate::chain::{self, MAX_CHAIN};
 use crate::{BackendError, ForwardBatch};
@@ -82,19 +82,23 @@ impl CudaExecutor {
         let meta_base = meta_buf.ptr;
         if !self.graphs.contains_key(&(b, steps, ctx)) {
             let stream = self.gpu.stream.clone();
+            let mark0 = self.gpu.trace_len();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(cuda_err("beginning graph capture"))?;
             let r = self.enqueue_chain(b, steps, stride, meta_base, layout, plan);
+            let marks = self.gpu.trace_take(mark0);
             let graph = stream
                 .end_capture(CUgraphInstantiate_flags(0))
                 .map_err(cuda_err("instantiating the chain graph"));
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert((b, steps, ctx), Graph(graph));
+            self.graphs.insert((b, steps, ctx), Graph(graph, marks));
         }
-        self.graphs[&(b, steps, ctx)]
+        let graph = &self.graphs[&(b, steps, ctx)];
+        self.gpu.trace_replay(&graph.1);
+        graph
             .0
             .launch()
             .map_err(cuda_err("launching the chain graph"))?;
@@ -118,7 +122,6 @@ impl CudaExecutor {
         plan: super::attention::Plan,
     ) -> Result<(), BackendError> {
         let ids = self.s.chain_ids.as_ref().unwrap().ptr;
-        let logits = self.s.logits.as_ref().unwrap().ptr;
         for k in 0..steps {
             let base = meta_base + 4 * (k * stride) as u64;
             self.enqueue(Step {
@@ -131,16 +134,7 @@ impl CudaExecutor {
                 ctx_tokens: 0,
             })?;
             let out = ids + 4 * (k * b) as u64;
-            self.gpu.launch(
-                &self.k.argmax,
-                (b as u32, 1, 1),
-                (1024, 1, 1),
-                &[
-                    KArg::P(logits),
-                    KArg::I(self.cfg.vocab_size as i32),
-                    KArg::P(out),
-                ],
-            )?;
+            self.launch_argmax(b, out)?;
             if k + 1 < steps {
                 let next_tokens = meta_base + 4 * ((k + 1) * stride + layout.tokens) as u64;
                 // SAFETY: both ranges lie in live device buffers (b ids; the next step's token

@@ -216,7 +216,23 @@ impl CudaExecutor {
                 norm_w: l.ffn_norm.ptr,
                 eps,
             };
+            let act_f16 = GemvInput::F16 { x: act };
             if let Some((gv, wp)) = one_token_gemv(k, w_gate_up, n, hd, &normed) {
+                // With the SwiGLU on the gate/up GEMV's way out, the down GEMV reads f16 rows.
+                if gv.glu && one_token_gemv(k, w_down, n, inter, &act_f16).is_some() {
+                    gv.run_glu(g, wp, normed, act, hd, inter)?;
+                    let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
+                    prof.mark(g, "matmul_gate_up", layer, b, f)?;
+                    let mm = MatMul {
+                        n,
+                        wdq,
+                        q8_in: false,
+                    };
+                    mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
+                    let (b, f) = gemm_cost(w_down, inter, hd);
+                    prof.mark(g, "matmul_down", layer, b, f)?;
+                    continue;
+                }
                 gv.run(g, wp, normed, gu, hd, 2 * inter, 0.0)?;
             } else {
                 norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;

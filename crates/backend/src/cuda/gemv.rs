@@ -39,6 +39,10 @@ pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4)
 pub struct Gemv {
     /// [input form][shape of `SHAPES`]
     f: [Vec<CudaFunction>; 3],
+    /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
+    glu_f: [CudaFunction; 2],
+    /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
+    pub glu: bool,
     /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
     /// (measurements).
     forced: Option<(usize, usize)>,
@@ -61,6 +65,20 @@ impl Gemv {
             get("gemv_f16")?,
             get("gemv_f16_norm")?,
             get("gemv_f16_swiglu")?,
+        ];
+        // `QUIRE_CUDA_GEMV_GLU_SHAPE=2x8` measures the deeper shape (2x4 by default).
+        let glu_shape = match std::env::var("QUIRE_CUDA_GEMV_GLU_SHAPE").as_deref() {
+            Ok("2x8") => "r2u8",
+            Ok("2x4") | Err(_) => "r2u4",
+            Ok(v) => {
+                return Err(BackendError::Cuda(format!(
+                    "QUIRE_CUDA_GEMV_GLU_SHAPE: {v} is not 2x4 or 2x8"
+                )))
+            }
+        };
+        let glu_f = [
+            Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
+            Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
         ];
         // `QUIRE_CUDA_GEMV_CTAS`: CTAs per SM of a persistent grid ("max": as many as fit); by
         // default 0, one row group per warp. Measured on the H100 (PERF.md, stop 16) the
@@ -104,6 +122,8 @@ impl Gemv {
         };
         Ok(Gemv {
             f,
+            glu_f,
+            glu: std::env::var("QUIRE_CUDA_GEMV_GLU").map_or(true, |v| v != "0"),
             forced,
             ctas_per_sm,
             sms: gpu.sms as usize,
@@ -120,6 +140,59 @@ impl Gemv {
         k_in > 0
             && k_in.is_multiple_of(8)
             && (matches!(input, GemvInput::F16 { .. }) || k_in <= self.max_fused_k)
+    }
+
+    /// The gate/up projection with the SwiGLU applied on the way out: `w` `[2 * inter, k_in]`
+    /// (gate rows, then up rows), `act[i] = silu(gate_i) · up_i` as f16 `[inter]`, one gate row
+    /// and its up row per warp (gemv.cu's GLU form). Input forms as `run`; not the SwiGLU one.
+    pub fn run_glu(
+        &self,
+        g: &Gpu,
+        w: u64,
+        input: GemvInput,
+        act: u64,
+        k_in: usize,
+        inter: usize,
+    ) -> Result<(), BackendError> {
+        let (form, x, rows_idx, norm_w, eps, smem) = match input {
+            GemvInput::F16 { x } => (0, x, 0, 0, 0.0, 0),
+            GemvInput::Norm {
+                x,
+                rows_idx,
+                norm_w,
+                eps,
+            } => (1, x, rows_idx, norm_w, eps, k_in * 2),
+            GemvInput::SwiGlu { .. } => {
+                return Err(BackendError::InvalidBatch(
+                    "the GLU GEMV takes an f16 or RMSNorm input".into(),
+                ))
+            }
+        };
+        if !self.fits(k_in, &input) {
+            return Err(BackendError::InvalidBatch(format!(
+                "gemv_f16_glu needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
+                self.max_fused_k
+            )));
+        }
+        use KArg::{F, I, P};
+        // One (gate, up) pair per warp, eight warps per CTA.
+        g.launch_smem(
+            &self.glu_f[form],
+            (inter.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            smem as u32,
+            &[
+                P(w),
+                P(x),
+                P(rows_idx),
+                P(norm_w),
+                F(eps),
+                P(act),
+                I(k_in as i32),
+                I(inter as i32),
+                F(0.0),
+            ],
+        )
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).

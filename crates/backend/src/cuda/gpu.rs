@@ -119,6 +119,8 @@ pub struct Gpu {
     /// next kernel's CTAs are scheduled while this one finishes and wait in `pdl_enter`
     /// (common.cuh) for its writes, hiding most of the ~1 µs gap between two small kernels.
     pub pdl: bool,
+    /// The decode timeline (`QUIRE_CUDA_TRACE=1`, trace.rs); `None` normally.
+    pub trace: Option<super::trace::Tracer>,
 }
 
 /// Fails with the library names tried when the CUDA driver, cuBLAS or NVRTC cannot be loaded
@@ -177,7 +179,21 @@ impl Gpu {
         let sms = ctx
             .attribute(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(cuda_err("multiprocessor count"))? as u32;
+        let trace = if super::trace::wanted() {
+            let buf = stream
+                .alloc_zeros::<u64>(super::trace::TRACE_CAP + 1)
+                .map_err(cuda_err("allocating the trace buffer"))?;
+            let (ptr, _) = buf.device_ptr(&stream);
+            Some(super::trace::Tracer::new(DBuf {
+                ptr,
+                len: super::trace::TRACE_CAP + 1,
+                _buf: buf,
+            }))
+        } else {
+            None
+        };
         Ok(Self {
+            trace,
             name: ctx.name().unwrap_or_else(|_| "CUDA device".into()),
             ctx,
             stream,
@@ -187,6 +203,29 @@ impl Gpu {
             sms,
             pdl: major >= 9 && std::env::var("QUIRE_CUDA_PDL").map_or(true, |v| v != "0"),
         })
+    }
+
+    /// Marks logged for the decode timeline so far (0 untraced); a graph capture takes its marks
+    /// back with `trace_take` and replays them with `trace_replay` (trace.rs).
+    pub fn trace_len(&self) -> usize {
+        self.trace.as_ref().map_or(0, |t| t.len())
+    }
+
+    pub fn trace_take(&self, from: usize) -> Vec<super::trace::Mark> {
+        self.trace.as_ref().map_or(vec![], |t| t.split_off(from))
+    }
+
+    pub fn trace_replay(&self, marks: &[super::trace::Mark]) {
+        if let Some(t) = &self.trace {
+            t.extend(marks);
+        }
+    }
+
+    /// Logs the end mark of the kernel just launched (`argmax_rows` makes one).
+    pub fn trace_end(&self) {
+        if let Some(t) = &self.trace {
+            t.note(super::trace::Mark::End);
+        }
     }
 
     /// Free and total device memory in bytes.
@@ -199,10 +238,19 @@ impl Gpu {
         k: &KernelSource,
         defines: &[(&str, String)],
     ) -> Result<Arc<CudaModule>, BackendError> {
-        let (cubin, _) = nvrtc::compile(k, defines, &self.arch)?;
-        self.ctx
+        let mut defines = defines.to_vec();
+        if self.trace.is_some() {
+            defines.push(("QUIRE_TRACE", "1".into()));
+        }
+        let (cubin, _) = nvrtc::compile(k, &defines, &self.arch)?;
+        let m = self
+            .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(cuda_err(k.name))
+            .map_err(cuda_err(k.name))?;
+        if let Some(t) = &self.trace {
+            super::trace::attach(self, &m, t)?;
+        }
+        Ok(m)
     }
 
     pub fn function(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, BackendError> {
@@ -456,6 +504,9 @@ impl Gpu {
         smem: u32,
         args: &[KArg],
     ) -> Result<(), BackendError> {
+        if let Some(t) = &self.trace {
+            t.note(super::trace::Mark::Kernel(f.cu_function() as usize));
+        }
         // Kernel parameters: one pointer to each argument's value.
         let mut vals: Vec<u64> = Vec::with_capacity(args.len());
         for a in args {

@@ -14,7 +14,7 @@ use quire_gguf::GgmlType;
 
 use super::attention::{pack_meta, Meta, PagedAttention};
 use super::forward::Step;
-use super::gpu::{DBuf, Gpu, KArg};
+use super::gpu::{DBuf, Gpu};
 use super::moe::{MoeKernels, MoeLayer, MoeScratch};
 use super::nvrtc;
 use super::qmat::{
@@ -93,6 +93,10 @@ pub(super) struct Scratch {
     /// The largest quantized matrix dequantized to f16, for many-token matmuls (allocated at load).
     pub(super) wdq: Option<DBuf<f16>>,
     pub(super) ids: Option<DBuf<i32>>,
+    /// `argmax_split`'s slices `[rows, ARGMAX_MAX_CTAS]` (value, index) and its per-row arrival
+    /// counters (zeroed when allocated, left zero by every launch); grown with the logits.
+    pub(super) argmax_part: Option<DBuf<f32>>,
+    pub(super) argmax_counters: Option<DBuf<i32>>,
     /// Chain decode's token ids, `[MAX_CHAIN][MAX_GRAPH_BATCH]` (allocated at first use, never moved).
     pub(super) chain_ids: Option<DBuf<i32>>,
 }
@@ -124,10 +128,28 @@ pub struct CudaExecutor {
     pub(super) graphs: HashMap<(usize, usize, usize), Graph>,
 }
 
+/// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        if let Some(t) = &self.gpu.trace {
+            let r = self
+                .gpu
+                .ctx
+                .bind_to_thread()
+                .map_err(super::gpu::cuda_err("binding the context"))
+                .and_then(|_| t.report(&self.gpu));
+            match r {
+                Ok(table) => eprintln!("decode timeline (QUIRE_CUDA_TRACE=1):\n{table}"),
+                Err(e) => eprintln!("decode timeline: {e}"),
+            }
+        }
+    }
+}
+
 /// A captured decode graph. cudarc leaves `CudaGraph` `!Send` (it holds raw driver handles); the
 /// executor moves between threads (built on one, stepped on the engine's) but is used by one at a
 /// time, and binds its context before every use.
-pub(super) struct Graph(pub(super) CudaGraph);
+pub(super) struct Graph(pub(super) CudaGraph, pub(super) Vec<super::trace::Mark>);
 // SAFETY: see above; CUDA graph handles are not tied to the thread that created them.
 unsafe impl Send for Graph {}
 
@@ -233,7 +255,7 @@ impl CudaExecutor {
             embed: Gpu::function(&embed_m, "embed_f16")?,
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,
-            argmax: Gpu::function(&sample, "argmax_rows")?,
+            argmax: Gpu::function(&sample, "argmax_split")?,
             sample: SampleKernel::new(&gpu, &sample)?,
             attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
                 .with_window(c.sliding_window),
@@ -442,6 +464,8 @@ impl CudaExecutor {
             let rows = nl.next_power_of_two();
             s.logits = Some(g.alloc(rows * c.vocab_size)?);
             s.ids = Some(g.alloc(rows)?);
+            s.argmax_part = Some(g.alloc(rows * super::sample::ARGMAX_MAX_CTAS * 2)?);
+            s.argmax_counters = Some(g.alloc(rows)?);
             moved = true;
         }
         if s.part_acc
@@ -594,19 +618,23 @@ impl CudaExecutor {
         };
         if !self.graphs.contains_key(&(b, 1, ctx)) {
             let stream = self.gpu.stream.clone();
+            let mark0 = self.gpu.trace_len();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(super::gpu::cuda_err("beginning graph capture"))?;
             let r = self.enqueue(step);
+            let marks = self.gpu.trace_take(mark0);
             let graph = stream
                 .end_capture(CUgraphInstantiate_flags(0))
                 .map_err(super::gpu::cuda_err("instantiating the decode graph"));
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert((b, 1, ctx), Graph(graph));
+            self.graphs.insert((b, 1, ctx), Graph(graph, marks));
         }
-        self.graphs[&(b, 1, ctx)]
+        let graph = &self.graphs[&(b, 1, ctx)];
+        self.gpu.trace_replay(&graph.1);
+        graph
             .0
             .launch()
             .map_err(super::gpu::cuda_err("launching the decode graph"))
@@ -636,20 +664,11 @@ impl CudaExecutor {
     fn forward_greedy_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
         self.run(batch)?;
         let nl = batch.logits_indices.len();
-        let logits = self.s.logits.as_ref().unwrap().ptr;
-        let ids = self.s.ids.as_ref().unwrap();
         if nl > 0 {
-            self.gpu.launch(
-                &self.k.argmax,
-                (nl as u32, 1, 1),
-                (1024, 1, 1),
-                &[
-                    KArg::P(logits),
-                    KArg::I(self.cfg.vocab_size as i32),
-                    KArg::P(ids.ptr),
-                ],
-            )?;
+            let ids = self.s.ids.as_ref().unwrap().ptr;
+            self.launch_argmax(nl, ids)?;
         }
+        let ids = self.s.ids.as_ref().unwrap();
         self.host_ids.resize(nl, 0);
         self.gpu.dtoh(ids, &mut self.host_ids)?;
         self.prof.finish(&self.gpu)

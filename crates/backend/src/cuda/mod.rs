@@ -66,6 +66,8 @@ mod profile;
 pub mod qmat;
 #[cfg(feature = "cuda")]
 pub mod sample;
+#[cfg(feature = "cuda")]
+pub mod trace;
 
 #[cfg(feature = "cuda")]
 pub use llama::CudaExecutor;

@@ -83,6 +83,20 @@ pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
             ));
         }
     }
+    // The decode timeline's builds (`QUIRE_CUDA_TRACE=1`: every module with `QUIRE_TRACE`).
+    let traced: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV]
+        .into_iter()
+        .map(|k| (k, vec![("QUIRE_TRACE", "1".to_string())]))
+        .chain([(
+            ATTENTION,
+            vec![
+                ("HEAD_DIM", "128".to_string()),
+                ("GQA", "4".to_string()),
+                ("QUIRE_TRACE", "1".to_string()),
+            ],
+        )])
+        .collect();
+    v.extend(traced);
     v
 }
 

@@ -129,7 +129,39 @@ impl SampleKernel {
     }
 }
 
+/// Most CTAs `argmax_split` gives a row; see `argmax_ctas`.
+pub const ARGMAX_MAX_CTAS: usize = 64;
+
+/// CTAs per row of `argmax_split`: slices of about 4096 logits (a 128K vocabulary takes 32).
+pub fn argmax_ctas(vocab: usize) -> usize {
+    vocab.div_ceil(4096).clamp(1, ARGMAX_MAX_CTAS)
+}
+
 impl CudaExecutor {
+    /// The greedy pick of the first `rows` logits rows into `out` (`rows` i32 on the device).
+    pub(super) fn launch_argmax(&self, rows: usize, out: u64) -> Result<(), BackendError> {
+        use super::gpu::KArg::{I, P};
+        let s = &self.s;
+        let vocab = self.cfg.vocab_size;
+        self.gpu.launch(
+            &self.k.argmax,
+            (argmax_ctas(vocab) as u32, rows as u32, 1),
+            (256, 1, 1),
+            &[
+                P(s.logits.as_ref().expect("grown by run").ptr),
+                I(vocab as i32),
+                P(out),
+                P(s.argmax_part.as_ref().expect("grown with the logits").ptr),
+                P(s.argmax_counters
+                    .as_ref()
+                    .expect("grown with the logits")
+                    .ptr),
+            ],
+        )?;
+        self.gpu.trace_end();
+        Ok(())
+    }
+
     /// Runs the batch and leaves one token per logits row in `host_ids`, picked on the device
     /// (on the host when the device has no `sample_rows`).
     pub(super) fn forward_sample_inner(

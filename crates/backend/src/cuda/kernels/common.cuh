@@ -48,6 +48,32 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return warp_sum(t);
 }
 
+// The decode timeline (`QUIRE_CUDA_TRACE=1`, cuda/trace.rs): compiled in only then. The first CTA
+// appends the global timer to the buffer the host points `quire_trace` at ([0]: count).
+#ifdef QUIRE_TRACE
+#define QUIRE_TRACE_CAP (1ull << 20)
+extern "C" {
+__device__ unsigned long long* quire_trace;
+}
+// One mark, by the calling thread.
+__device__ __forceinline__ void trace_stamp() {
+    if (quire_trace) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        const unsigned long long i = atomicAdd(quire_trace, 1ull);
+        if (i < QUIRE_TRACE_CAP) quire_trace[1 + i] = t;
+    }
+}
+// One mark per launch: by the grid's first thread.
+__device__ __forceinline__ void trace_mark() {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0)
+        trace_stamp();
+}
+#else
+__device__ __forceinline__ void trace_stamp() {}
+__device__ __forceinline__ void trace_mark() {}
+#endif
+
 // Programmatic dependent launch (sm_90+; the Rust side launches with the attribute). The first
 // statement of every kernel, unconditionally: wait until the grid before this one on the stream
 // has finished and its writes are visible (so every earlier grid has too: each of them waited the
@@ -58,4 +84,5 @@ __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+    trace_mark();  // after the trigger, so the mark's atomic does not hold the next grid back
 }

@@ -77,12 +77,13 @@ static_assert(WARPS * HEAD_DIM * 4 <= DEC_STAGE_HALVES * 2, "rope scratch fits o
 // Bias, QK-norm and RoPE of one head of this row by one warp, as rope_qkv computes them: x holds
 // dims lane + 32 * j (j < DPL), un-roped on entry, roped on exit.
 // bias_h: the head's [HEAD_DIM] bias or null; nw: its [HEAD_DIM] norm weight or null;
-// c: [pairs] (cos, sin) at the row's position; rotate: a q or k head (v gets the bias only);
+// c: pairs lane, lane + 32, ... of the (cos, sin) at the row's position (RC_N per lane, loaded
+// before the kernel's wait); rotate: a q or k head (v gets the bias only);
 // buf: the warp's [HEAD_DIM] f32 scratch
+#define RC_N (DPL / 2 > 0 ? DPL / 2 : 1)  // pairs <= HEAD_DIM / 2 = 16 * DPL: per lane, DPL / 2
 __device__ __forceinline__ void rope_head(float* x, const float* __restrict__ bias_h,
-                                          const float* __restrict__ nw,
-                                          const float2* __restrict__ c, bool rotate, int pairs,
-                                          int neox, float eps, float* buf) {
+                                          const float* __restrict__ nw, const float2 (&c)[RC_N],
+                                          bool rotate, int pairs, int neox, float eps, float* buf) {
     const int lane = threadIdx.x & 31;
     if (bias_h) {
 #pragma unroll
@@ -110,9 +111,12 @@ __device__ __forceinline__ void rope_head(float* x, const float* __restrict__ bi
 #pragma unroll
         for (int j = 0; j < DPL; j++) buf[lane + 32 * j] = x[j];
         __syncwarp();
-        for (int i = lane; i < pairs; i += 32) {
+#pragma unroll
+        for (int j = 0; j < RC_N; j++) {
+            const int i = lane + 32 * j;
+            if (i >= pairs) break;
             const int a = neox ? i : 2 * i, b = neox ? i + pairs : 2 * i + 1;
-            const float x0 = buf[a], x1 = buf[b], co = c[i].x, si = c[i].y;
+            const float x0 = buf[a], x1 = buf[b], co = c[j].x, si = c[j].y;
             buf[a] = fmaf(x0, co, -(x1 * si));
             buf[b] = fmaf(x0, si, x1 * co);
         }
@@ -190,7 +194,14 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
              const float* __restrict__ q_norm, const float* __restrict__ k_norm,
              const float2* __restrict__ cs, const int* __restrict__ positions, int pairs,
              int neox, float eps) {
-    pdl_enter();
+    // With the fused RoPE the kernel before this one (the QKV matmul) wrote nothing but the QKV
+    // rows: the metadata came from the host before the step, and the cached keys from earlier
+    // steps, whose kernels are complete once this one runs (every kernel waits for the one before
+    // it before letting the next start). So everything up to the rope step, block-table reads and
+    // the first tiles' copies included, is done before waiting for the QKV rows, while the
+    // matmul still runs. Without it the rows (and the KV write) come first.
+    const bool fused = cs != nullptr;  // bias, QK-norm and RoPE applied here
+    if (!fused) pdl_enter();
     extern __shared__ __align__(16) unsigned char dec_smem[];
     half_t* stages = reinterpret_cast<half_t*>(dec_smem);
     float* q_s = reinterpret_cast<float*>(dec_smem + DEC_STAGES * DEC_STAGE_HALVES * 2);
@@ -211,7 +222,6 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     const int first_new = s.seq_len - s.query_len;
     const int ctx = first_new + (row - s.query_start) + 1;  // causal: keys 0..=pos
     const float* qrow = qkv + (long)row * qkv_stride;
-    const bool fused = cs != nullptr;  // bias, QK-norm and RoPE applied here
 
     if (split == 0 && !fused)  // the fused KV write (the fused RoPE's does it itself)
         write_step_kv(qrow, q_size, kv_size, kvh, k_cache, v_cache, slot_mapping[row], num_kv_heads);
@@ -226,6 +236,7 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     const long out0 = (long)row * q_size + kvh * GQA * HEAD_DIM;
     int* const counter = split_counters + (long)row * num_kv_heads + kvh;
     if (start >= end) {  // an empty split (never split 0): nothing to attend, but it arrives
+        if (fused) pdl_enter();  // no global write before the wait
         if (tid < GQA) part_ml[part + (long)tid * splits] = make_float2(-INFINITY, 0.0f);
         if (splits > 1 && split_counters)
             arrive_and_merge(counter, splits, part_acc, part_ml, part0, out, out_f32, out0);
@@ -309,7 +320,15 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
         if (t < ntiles) load_tile(t);
         cp_async_commit();
     }
+    float2 c[RC_N];  // this lane's (cos, sin) pairs for the rope step, read before the wait
     if (fused) {
+        const float2* cp = cs + (long)positions[row] * pairs;
+#pragma unroll
+        for (int j = 0; j < RC_N; j++)
+            c[j] = lane + 32 * j < pairs ? cp[lane + 32 * j] : make_float2(1.0f, 0.0f);
+    }
+    if (fused) {
+        pdl_enter();  // the QKV rows are written from here on (see the top)
         // The rope step: warp w takes heads w, w + WARPS, ... of [q_0 .. q_{GQA-1}, k, v] (k and
         // v only where they are needed: the fused KV write on split 0, the own key's split).
         const bool own = end == ctx;        // this split holds the row's own key ...
@@ -320,7 +339,6 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
         const int k_at = r_p / DEC_TILE * DEC_STAGE_HALVES + r_t * HEAD_DIM;
         const int v_at = k_at + DEC_TILE * HEAD_DIM;
         const long slot_row = ((long)slot_mapping[row] * num_kv_heads + kvh) * HEAD_DIM;
-        const float2* c = cs + (long)positions[row] * pairs;
         float* buf = reinterpret_cast<float*>(stages + (DEC_STAGES - 1) * DEC_STAGE_HALVES) +
                      warp * HEAD_DIM;
         const int nh = GQA + (split == 0 || own ? 2 : 0);

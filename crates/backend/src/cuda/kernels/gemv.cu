@@ -64,11 +64,18 @@ __device__ __forceinline__ uint2 pack4h(float a, float b, float c, float d) {
                       (unsigned)f2h(c) | ((unsigned)f2h(d) << 16));
 }
 
-template <int RPW, int UNROLL, int MODE>
+//
+// GLU (the gate/up projection of a decode step): w holds the gate rows [0, out) and then the up
+// rows [out, 2 * out); a warp's row group pairs gate row i with up row out + i (RPW is 2) and lane
+// 0 writes silu(gate) · up rounded to f16 into yv[i] (swiglu_f16's arithmetic on the same sums), so
+// the down projection reads f16 rows and no SwiGLU runs anywhere else. Otherwise y is f32.
+template <int RPW, int UNROLL, int MODE, bool GLU>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
-                                          float* __restrict__ y, int in, int out, float beta) {
+                                          void* __restrict__ yv, int in, int out, float beta) {
+    static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
+    float* __restrict__ y = reinterpret_cast<float*>(yv);
     extern __shared__ __align__(16) unsigned char gv_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int chunks = in >> 3;
@@ -77,14 +84,16 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     // With one warp per group (the host's grid for short matrices) that is at most one group;
     // with a grid of a few CTAs per SM, each warp walks many rows and the loads of the next
     // group are in flight while the last batch of a group is summed.
-    const long groups = (out + RPW - 1) / RPW, total_warps = (long)gridDim.x * GV_WARPS;
+    const long groups = GLU ? out : (out + RPW - 1) / RPW, total_warps = (long)gridDim.x * GV_WARPS;
     const long gw = (long)blockIdx.x * GV_WARPS + warp;
     const int g_begin = (int)(gw * groups / total_warps);
     const int g_end = (int)((gw + 1) * groups / total_warps);
     auto rows_of = [&](int g, const uint4* (&wr)[RPW]) {
 #pragma unroll
         for (int r = 0; r < RPW; r++)
-            wr[r] = reinterpret_cast<const uint4*>(w + (long)min(g * RPW + r, out - 1) * in);
+            wr[r] = reinterpret_cast<const uint4*>(
+                w + (GLU ? (long)min(g, out - 1) + (long)r * out : (long)min(g * RPW + r, out - 1)) *
+                        in);
     };
     const uint4* wr[RPW];
     rows_of(g_begin, wr);
@@ -158,13 +167,20 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             }
         }
         if (bn == 0) {  // group g is complete
+            if (GLU) {
+                const float gs = warp_sum(acc[0]), us = warp_sum(acc[RPW - 1]);
+                if (lane == 0 && g < out)
+                    reinterpret_cast<half_t*>(yv)[g] = f2h(gs / (1.0f + expf(-gs)) * us);
+            } else {
 #pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                const float s = warp_sum(acc[r]);
-                const int i = g * RPW + r;
-                if (lane == 0 && i < out) y[i] = beta != 0.0f ? s + beta * y[i] : s;
-                acc[r] = 0.0f;
+                for (int r = 0; r < RPW; r++) {
+                    const float s = warp_sum(acc[r]);
+                    const int i = g * RPW + r;
+                    if (lane == 0 && i < out) y[i] = beta != 0.0f ? s + beta * y[i] : s;
+                }
             }
+#pragma unroll
+            for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
             if (gn >= g_end) break;
         }
 #pragma unroll
@@ -180,20 +196,25 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 // Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
 // (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
 // (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
-#define GEMV_ENTRY(name, RPW, UNROLL, MODE)                                                      \
+#define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU)                                                 \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         float* __restrict__ y, int in, int out, float beta) {                                 \
-        gemv_rows<RPW, UNROLL, MODE>(w, xin, rows_idx, nw, eps, y, in, out, beta);             \
+         void* __restrict__ y, int in, int out, float beta) {                                  \
+        gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta);        \
     }
-#define GEMV_SHAPES(prefix, MODE)                  \
-    GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE)          \
-    GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE)          \
-    GEMV_ENTRY(prefix##_r1u16, 1, 16, MODE)        \
-    GEMV_ENTRY(prefix##_r2u8, 2, 8, MODE)          \
-    GEMV_ENTRY(prefix##_r4u4, 4, 4, MODE)          \
-    GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE)
+#define GEMV_SHAPES(prefix, MODE)                         \
+    GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
+    GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)          \
+    GEMV_ENTRY(prefix##_r1u16, 1, 16, MODE, false)        \
+    GEMV_ENTRY(prefix##_r2u8, 2, 8, MODE, false)          \
+    GEMV_ENTRY(prefix##_r4u4, 4, 4, MODE, false)          \
+    GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE, false)
 GEMV_SHAPES(gemv_f16, 0)
 GEMV_SHAPES(gemv_f16_norm, 1)
 GEMV_SHAPES(gemv_f16_swiglu, 2)
+// The GLU forms (gate/up with the SwiGLU applied on the way out), f16 or RMSNorm input.
+GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
+GEMV_ENTRY(gemv_f16_glu_r2u8, 2, 8, 0, true)
+GEMV_ENTRY(gemv_f16_norm_glu_r2u4, 2, 4, 1, true)
+GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)

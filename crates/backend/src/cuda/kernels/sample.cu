@@ -34,6 +34,75 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int voc
         }
         if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
     }
+    trace_mark();  // the step's end, for the decode timeline
+}
+
+// argmax_split: argmax_rows over several CTAs per row, for long rows (a 128K vocabulary is 28 µs
+// in one CTA, ~3 µs over 32). CTA c takes the c-th slice of the row, parks its (value, index) in
+// part, and counts its arrival on the row's counter; the last to arrive reduces the slices (ties
+// to the lowest index, NaN never wins, as argmax_rows) and resets the counter, so no CTA waits for
+// another and the counters are 0 again for the next launch. Same picks as argmax_rows.
+// logits: [rows, vocab] f32; out: [rows]; part: [rows, ctas] (value, index bits);
+// counters: [rows], 0 before the launch. grid: (ctas, rows); block: 256.
+extern "C" __global__ void argmax_split(const float* __restrict__ logits, int vocab,
+                                        int* __restrict__ out, float2* __restrict__ part,
+                                        int* __restrict__ counters) {
+    pdl_enter();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    __shared__ int last_s;
+    const int row = blockIdx.y, ctas = gridDim.x;
+    const int per = (vocab + ctas - 1) / ctas;
+    const int lo = blockIdx.x * per, hi = min(vocab, lo + per);
+    const float* l = logits + (long)row * vocab;
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+#pragma unroll 4
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float v = l[i];
+        if (v > best) { best = v; idx = i; }
+    }
+    auto reduce = [&](float& b, int& x) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, b, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, x, o);
+            if (ov > b || (ov == b && oi < x)) { b = ov; x = oi; }
+        }
+    };
+    reduce(best, idx);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) { bv[warp] = best; bi[warp] = idx; }
+    __syncthreads();
+    if (warp != 0) return;
+    best = lane < nw ? bv[lane] : -INFINITY;
+    idx = lane < nw ? bi[lane] : 0x7fffffff;
+    reduce(best, idx);
+    float2* prow = part + (long)row * ctas;
+    if (lane == 0) {
+        prow[blockIdx.x] = make_float2(best, __int_as_float(idx));
+        __threadfence();  // release the slice before the arrival
+        const int last = atomicAdd(&counters[row], 1) == ctas - 1;
+        if (last) {
+            counters[row] = 0;  // every slice has arrived: clean for the next launch
+            __threadfence();    // acquire the other slices
+        }
+        last_s = last;
+    }
+    __syncwarp();
+    if (!last_s) return;
+    best = -INFINITY;
+    idx = 0x7fffffff;
+    for (int c = lane; c < ctas; c += 32) {  // slices in order: a lane keeps its first best
+        const float2 p = __ldcg(prow + c);
+        const int pi = __float_as_int(p.y);
+        if (p.x > best || (p.x == best && pi < idx)) { best = p.x; idx = pi; }
+    }
+    reduce(best, idx);
+    if (lane == 0) {
+        out[row] = idx == 0x7fffffff ? 0 : idx;
+        if (row == 0) trace_stamp();  // the step's end, for the decode timeline
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
