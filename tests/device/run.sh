@@ -405,4 +405,61 @@ s17b)  # stop 17: split argmax, rope tables read before the wait, decode split s
     done
     QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/tl-smollm2-135m-p512.txt" 2>&1
     ;;
+s17c)  # stop 17: min tiles 2, 2x4 for the 8B q/k/v and o, pinned metadata; the carveout and a prompt first
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    for t in cuda_ops cuda_attention; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$W/$t.txt" 2>&1
+        grep -E "test result|panicked|FAILED" "$W/$t.txt" | sed "s/\$/  ($t)/"
+    done
+    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "^\| paged" | sed "s/\$/  (B$1 L$2)/"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        for p in 0 512; do
+            "$Q" bench -m "$f" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p $p)/"
+        done
+        [ $preset = llama3-8b ] && continue
+        for co in 0 100; do for p in 0 512; do
+            QUIRE_CUDA_CARVEOUT=$co "$Q" bench -m "$f" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p $p, carveout $co)/"
+        done; done
+        QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset.txt" 2>&1
+    done
+    ;;
+final17)  # stop 17's closing checks after `0` + `llamacpp`: parity, decode attention vs SDPA, side by side
+    bash "$0" parity
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged"
+    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
+        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
+    done
+    bash "$0" sbs
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed 's/$/  (-p 0)/'
+    done
+    ;;
+s17d)  # stop 17: small steps keep their own activations (tg128 after a prompt), the defaults checked
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    for t in cuda_ops cuda_attention; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$W/$t.txt" 2>&1
+        grep -E "test result|panicked|FAILED" "$W/$t.txt" | sed "s/\$/  ($t)/"
+    done
+    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
+    "$Q" attn-bench --backend cuda --batch 1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size 16 --max-blocks 256 --active-blocks 256 --repeats 100 2>&1 | grep -E "^\| paged" | sed "s/\$/  (B1 L4096)/"
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        for p in 0 512; do
+            "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p $p)/"
+        done
+    done
+    ;;
 esac

@@ -149,7 +149,10 @@ pub struct PagedAttention {
     /// the last-arriver merge costs the kernel 3–5 µs (B16 L4096 116.0 vs 110.9 µs) and saves
     /// one launch, worth ≤ 1.5% of tg128 on the 135M model and nothing on the 8B.
     decode_merges: bool,
-    /// Fewest key tiles per decode split (`QUIRE_CUDA_DECODE_MIN_TILES`, 4 by default).
+    /// Fewest key tiles per decode split (`QUIRE_CUDA_DECODE_MIN_TILES`, 4 by default), but up to
+    /// four splits of at least two tiles whatever the context (see `plan`). Measured on the H100
+    /// (PERF.md, stop 17): two tiles everywhere gave the 8B model's tg128 +0.8% but a single
+    /// sequence at 4,096 keys 23.3 µs instead of 18.6; one tile lost 13% on the 135M model.
     decode_min_tiles: usize,
     /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
     /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).
@@ -279,7 +282,8 @@ impl PagedAttention {
     ///
     /// Decode: as many splits as fill the GPU's CTA slots in one wave (slots = SMs × CTAs per SM,
     /// splits = slots / (rows × KV heads), rounded down so no second partial wave trails), with at
-    /// least 4 tiles (64 KB of K and V) per split, so every CTA overlaps copies with compute. Every
+    /// least `decode_min_tiles` tiles (4 by default: 64 KB of K and V) per split, so every CTA
+    /// overlaps copies with compute, yet up to four splits of two tiles for short contexts. Every
     /// resident CTA keeps two 16 KB tiles in flight. Otherwise: splits until about eight CTAs per
     /// multiprocessor are in flight, at least 128 keys per split.
     pub fn plan(&self, sms: u32, num_tokens: usize, max_seq_len: usize, decode: bool) -> Plan {
@@ -290,8 +294,12 @@ impl PagedAttention {
                 0 => max_seq_len,
                 w => max_seq_len.min(w),
             };
+            let tile = decode_tile(self.head_dim);
+            // Short contexts (the graph's smallest bucket) may go down to two tiles a split, up
+            // to four splits, so a single sequence's few CTAs each have less to walk.
             let max_splits = keys
-                .div_ceil(self.decode_min_tiles * decode_tile(self.head_dim))
+                .div_ceil(self.decode_min_tiles * tile)
+                .max(keys.div_ceil(2 * tile).min(4))
                 .max(1);
             return Plan {
                 splits: (slots / ctas).clamp(1, max_splits),

@@ -31,24 +31,25 @@ impl CudaExecutor {
         let qkv_dim = qs + 2 * kvs;
         let g = &self.gpu;
         let s = &self.s;
-        let q8 = s.q8.as_ref().unwrap().ptr;
+        let a = s.acts(n);
+        let q8 = a.q8.as_ref().unwrap().ptr;
         let wdq = s.wdq.as_ref().map_or(0, |b| b.ptr);
         // Whether a matmul on `w` over `rows` tokens takes 8-bit blocks (else f16 rows).
         let dq_min = self.dequant_gemm_tokens;
         let q8_in = |w: &WMat, rows: usize| w.quant_type().is_some() && rows < dq_min;
         let (x, h, qkv, attn, gu, act, logits) = (
-            s.x.as_ref().unwrap().ptr,
-            s.h.as_ref().unwrap().ptr,
-            s.qkv.as_ref().unwrap().ptr,
-            s.attn.as_ref().unwrap().ptr,
-            s.gu.as_ref().unwrap().ptr,
-            s.act.as_ref().unwrap().ptr,
+            a.x.as_ref().unwrap().ptr,
+            a.h.as_ref().unwrap().ptr,
+            a.qkv.as_ref().unwrap().ptr,
+            a.attn.as_ref().unwrap().ptr,
+            a.gu.as_ref().unwrap().ptr,
+            a.act.as_ref().unwrap().ptr,
             s.logits.as_ref().unwrap().ptr,
         );
         let (part_acc, part_ml, counters) = (
             s.part_acc.as_ref().unwrap().ptr,
             s.part_ml.as_ref().unwrap().ptr,
-            s.attn_counters.as_ref().unwrap().ptr,
+            a.attn_counters.as_ref().unwrap().ptr,
         );
         let meta_base = st.meta_base;
         let mp = |off: usize| KArg::P(meta_base + 4 * off as u64);

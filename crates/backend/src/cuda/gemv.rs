@@ -223,15 +223,17 @@ impl Gemv {
             } => (1, x, rows_idx, norm_w, eps, k_in * 2),
             GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
         };
-        // Rows of 8 KB and more (k >= 4096): one row per warp, 8 chunks in flight (a warp's
-        // row is at least two batches); shorter rows: two rows per warp, 4 chunks each. Measured
-        // end to end on the H100 (PERF.md, stop 16) against every compiled shape and the
-        // earlier pick by row count: 135M 2,086 tok/s (1,931 by row count), 1B 929 (875), 8B
-        // 178.3 (176.9).
+        // Long rows (k >= 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
+        // projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
+        // otherwise two rows per warp, 4 chunks each. Measured end to end on the H100 (PERF.md,
+        // stop 16) against every compiled shape: 135M 2,086 tok/s (1,931 by row count), 1B 929
+        // (875), 8B 178.3 (176.9); per kernel with the decode timeline (stop 17), the 8B model's
+        // q/k/v and o matrices (k 4096) take 20.05 and 13.75 µs at 2 × 4 against 20.36 and 14.02
+        // at 1 × 8, its 14336-long down rows 40.2 at 1 × 8 against 46.3.
         let variant = match self.forced {
             Some((few, _)) if out.div_ceil(16) < 4 * self.sms => few,
             Some((_, many)) => many,
-            None if k_in >= 4096 => 0,
+            None if k_in >= 8192 || (k_in >= 4096 && out >= 65536) => 0,
             None => 1,
         };
         let rows = SHAPES[variant].0 * 8;

@@ -254,8 +254,22 @@ impl Gpu {
     }
 
     pub fn function(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, BackendError> {
-        m.load_function(name)
-            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))
+        let f = m
+            .load_function(name)
+            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))?;
+        // `QUIRE_CUDA_CARVEOUT=P`: ask for P% of the unified L1/shared memory as shared memory
+        // for every quire kernel (a measurement switch; the driver picks by default).
+        if let Some(p) = std::env::var("QUIRE_CUDA_CARVEOUT")
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok())
+        {
+            f.set_attribute(
+                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                p,
+            )
+            .map_err(cuda_err("setting the shared memory carveout"))?;
+        }
+        Ok(f)
     }
 
     pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(

@@ -69,25 +69,41 @@ pub(super) struct Kernels {
     pub(super) moe: Option<MoeKernels>,
 }
 
-/// Device activations, grown to the largest batch seen.
+/// Steps of at most this many tokens (single-sequence decode, small decode batches) use their own
+/// activations, allocated once and never regrown.
+pub(super) const SMALL_ROWS: usize = 16;
+
+/// One set of per-token activations for up to `tokens` rows.
 #[derive(Default)]
-pub(super) struct Scratch {
+pub(super) struct Acts {
     tokens: usize,
-    pub(super) x: Option<DBuf<f32>>,      // [n, hidden]
-    pub(super) h: Option<DBuf<f16>>,      // [n, hidden]
-    pub(super) qkv: Option<DBuf<f32>>,    // [n, q + 2kv]
-    pub(super) attn: Option<DBuf<f32>>,   // [n, q] f16 or f32 (see AttnBuffers::out_f32)
-    pub(super) gu: Option<DBuf<f32>>,     // [n, 2 inter]
-    pub(super) act: Option<DBuf<f16>>,    // [n, inter]
-    pub(super) logits: Option<DBuf<f32>>, // [n, vocab]
-    pub(super) part_acc: Option<DBuf<f32>>,
-    pub(super) part_ml: Option<DBuf<f32>>,
+    pub(super) x: Option<DBuf<f32>>,    // [n, hidden]
+    pub(super) h: Option<DBuf<f16>>,    // [n, hidden]
+    pub(super) qkv: Option<DBuf<f32>>,  // [n, q + 2kv]
+    pub(super) attn: Option<DBuf<f32>>, // [n, q] f16 or f32 (see AttnBuffers::out_f32)
+    pub(super) gu: Option<DBuf<f32>>,   // [n, 2 inter]
+    pub(super) act: Option<DBuf<f16>>,  // [n, inter]
     /// [n, num_kv_heads] split arrivals of the decode attention kernel; zeroed when allocated,
     /// left zero by every launch.
     pub(super) attn_counters: Option<DBuf<i32>>,
-    pub(super) meta: Option<DBuf<i32>>,
     /// Quantized activations for the quantized matmuls: [n, max(hidden, q, inter) / 32] blocks.
     pub(super) q8: Option<DBuf<u8>>,
+}
+
+/// Device activations. Why two sets: a decode step touches one row of each activation buffer,
+/// and after a long prompt had grown them to megabytes those rows sat in different pages, whose
+/// translations the step's weight stream evicts between uses; tg128 after a 512-token prompt ran
+/// 8% slower on the 135M model (PERF.md, stop 17). Small steps keep their buffers together.
+#[derive(Default)]
+pub(super) struct Scratch {
+    /// Steps of up to `SMALL_ROWS` tokens.
+    pub(super) small: Acts,
+    /// Larger steps, grown to the largest seen.
+    pub(super) large: Acts,
+    pub(super) logits: Option<DBuf<f32>>, // [n, vocab]
+    pub(super) part_acc: Option<DBuf<f32>>,
+    pub(super) part_ml: Option<DBuf<f32>>,
+    pub(super) meta: Option<DBuf<i32>>,
     /// The MoE FFN's routing and expert activations.
     pub(super) moe: MoeScratch,
     /// The largest quantized matrix dequantized to f16, for many-token matmuls (allocated at load).
@@ -442,20 +458,25 @@ impl CudaExecutor {
         let g = &self.gpu;
         let s = &mut self.s;
         let mut moved = false;
-        if n > s.tokens {
+        let a = if n <= SMALL_ROWS {
+            &mut s.small
+        } else {
+            &mut s.large
+        };
+        if n > a.tokens {
             moved = true;
-            let cap = n.next_power_of_two().max(16);
+            let cap = n.next_power_of_two().max(SMALL_ROWS);
             let (hd, qs, kvs, inter) =
                 (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-            s.x = Some(g.alloc(cap * hd)?);
-            s.h = Some(g.alloc(cap * hd)?);
-            s.qkv = Some(g.alloc(cap * (qs + 2 * kvs))?);
-            s.attn = Some(g.alloc(cap * qs)?);
-            s.gu = Some(g.alloc(cap * 2 * inter)?);
-            s.act = Some(g.alloc(cap * inter)?);
-            s.q8 = Some(g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?);
-            s.attn_counters = Some(g.alloc(cap * c.num_kv_heads)?);
-            s.tokens = cap;
+            a.x = Some(g.alloc(cap * hd)?);
+            a.h = Some(g.alloc(cap * hd)?);
+            a.qkv = Some(g.alloc(cap * (qs + 2 * kvs))?);
+            a.attn = Some(g.alloc(cap * qs)?);
+            a.gu = Some(g.alloc(cap * 2 * inter)?);
+            a.act = Some(g.alloc(cap * inter)?);
+            a.q8 = Some(g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?);
+            a.attn_counters = Some(g.alloc(cap * c.num_kv_heads)?);
+            a.tokens = cap;
         }
         if let Some(m) = c.moe {
             moved |= s.moe.grow(g, n, &m, c.hidden_size)?;
@@ -481,6 +502,17 @@ impl CudaExecutor {
             moved = true;
         }
         Ok(moved)
+    }
+}
+
+impl Scratch {
+    /// The activations a step of `n` tokens uses.
+    pub(super) fn acts(&self, n: usize) -> &Acts {
+        if n <= SMALL_ROWS {
+            &self.small
+        } else {
+            &self.large
+        }
     }
 }
 
@@ -576,8 +608,8 @@ impl CudaExecutor {
         if self.grow(n, nl, n * c.num_heads * plan.splits, self.meta_host.len())? {
             self.graphs.clear();
         }
-        let meta_buf = self.s.meta.as_mut().unwrap();
-        self.gpu.htod(&self.meta_host, meta_buf, 0)?;
+        self.upload_meta()?;
+        let meta_buf = self.s.meta.as_ref().unwrap();
         let step = Step {
             n,
             nl,
@@ -605,8 +637,8 @@ impl CudaExecutor {
         if self.grow(b, b, b * c.num_heads * plan.splits, self.meta_host.len())? {
             self.graphs.clear();
         }
-        let meta_buf = self.s.meta.as_mut().unwrap();
-        self.gpu.htod(&self.meta_host, meta_buf, 0)?;
+        self.upload_meta()?;
+        let meta_buf = self.s.meta.as_ref().unwrap();
         let step = Step {
             n: b,
             nl: b,
@@ -638,6 +670,14 @@ impl CudaExecutor {
             .0
             .launch()
             .map_err(super::gpu::cuda_err("launching the decode graph"))
+    }
+
+    /// Copies `meta_host` to the device's metadata buffer. From pageable memory on purpose: the
+    /// driver carries a copy this small in its command stream, which measured faster than a DMA
+    /// from page-locked memory (PERF.md, stop 17: 135M tg128 2,358 against 2,388).
+    fn upload_meta(&mut self) -> Result<(), BackendError> {
+        let meta_buf = self.s.meta.as_mut().expect("grown before the upload");
+        self.gpu.htod(&self.meta_host, meta_buf, 0)
     }
 
     /// The context bound a decode graph is captured for: `max_ctx` (the longest context of the
