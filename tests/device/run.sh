@@ -441,8 +441,14 @@ final17)  # stop 17's closing checks after `0` + `llamacpp`: parity, decode atte
         python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
     done
     bash "$0" sbs
+    ;;
+final17b)  # after final17 (model.part2 carried): parity on the default model, decode alone, module loading
+    bash "$0" parity
     for preset in smollm2-135m llama3.2-1b llama3-8b; do
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed 's/$/  (-p 0)/'
+    done
+    for p in 0 512; do
+        CUDA_MODULE_LOADING=EAGER "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  (-p $p, eager module loading)/"
     done
     ;;
 s17d)  # stop 17: small steps keep their own activations (tg128 after a prompt), the defaults checked
