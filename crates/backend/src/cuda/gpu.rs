@@ -208,7 +208,7 @@ impl Gpu {
     /// Marks logged for the decode timeline so far (0 untraced); a graph capture takes its marks
     /// back with `trace_take` and replays them with `trace_replay` (trace.rs).
     pub fn trace_len(&self) -> usize {
-        self.trace.as_ref().map_or(0, |t| t.len())
+        self.trace.as_ref().map_or(0, |t| t.logged())
     }
 
     pub fn trace_take(&self, from: usize) -> Vec<super::trace::Mark> {

@@ -55,7 +55,7 @@ impl Tracer {
     }
 
     /// Marks logged so far (a graph capture takes what it logged back off with `split_off`).
-    pub fn len(&self) -> usize {
+    pub fn logged(&self) -> usize {
         self.log.borrow().len()
     }
 
