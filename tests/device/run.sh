@@ -468,4 +468,14 @@ s17d)  # stop 17: small steps keep their own activations (tg128 after a prompt),
         done
     done
     ;;
+shapes17)  # stop 17: the one-token GEMV shape for matrices of few rows, end to end
+    for preset in llama3.2-1b smollm2-135m; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+        for sh in default 1x8,2x4 2x8,2x4 4x4,2x4 default; do
+            if [ $sh = default ]; then e=X=1; else e=QUIRE_CUDA_GEMV_SHAPE=$sh; fi
+            env $e "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset, $sh)/"
+        done
+    done
+    ;;
 esac
