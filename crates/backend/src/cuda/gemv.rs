@@ -230,10 +230,16 @@ impl Gemv {
         // (875), 8B 178.3 (176.9); per kernel with the decode timeline (stop 17), the 8B model's
         // q/k/v and o matrices (k 4096) take 20.05 and 13.75 µs at 2 × 4 against 20.36 and 14.02
         // at 1 × 8, its 14336-long down rows 40.2 at 1 × 8 against 46.3.
+        // Short rows of a matrix of few rows (the 135M model's per-layer matrices: k 576 and
+        // 1536): also 1 × 8, a warp's whole row in one batch issued before the wait; tg128
+        // 2,427 / 2,486 against 2,375 / 2,368 at 2 × 4 (stop 17). The 1B model's 4 KB rows lose
+        // at 1 × 8 (938 against 969), so they stay at 2 × 4.
+        let few_rows = out.div_ceil(16) < 4 * self.sms;
         let variant = match self.forced {
-            Some((few, _)) if out.div_ceil(16) < 4 * self.sms => few,
+            Some((few, _)) if few_rows => few,
             Some((_, many)) => many,
             None if k_in >= 8192 || (k_in >= 4096 && out >= 65536) => 0,
+            None if k_in < 2048 && few_rows => 0,
             None => 1,
         };
         let rows = SHAPES[variant].0 * 8;
