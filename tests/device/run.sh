@@ -478,4 +478,16 @@ shapes17)  # stop 17: the one-token GEMV shape for matrices of few rows, end to 
         done
     done
     ;;
+confirm17)  # stop 17's final defaults: parity on the random 135M file, tg128 with and without a prompt
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked" | sed 's/$/  (cuda_ops)/'
+    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 5 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0)/"
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512)/"
+    done
+    ;;
 esac
