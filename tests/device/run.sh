@@ -17,6 +17,13 @@ Q=$W/quire
 # The device's checkout may lag: stamp results with the commit the binaries were built from.
 [ -f "$W/COMMIT" ] && export QUIRE_COMMIT=$(cat "$W/COMMIT")
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+# The three random f16 files of real shapes, written once per machine.
+make_models() {
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        f="$W/$preset-f16.gguf"
+        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
+    done
+}
 case "${1:-1}" in
 0) ;;  # unpack and keep the carried files only
 1)
@@ -212,10 +219,7 @@ pdl)  # programmatic dependent launch and the pipelined GEMV: parity, then tg128
         QUIRE_CUDA_GEMV_CTAS=$c QUIRE_CUDA_GEMV_FUSE_K=16384 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked" | sed "s/\$/  (fused, $c CTAs per SM)/"
     done
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED"
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     f="$W/smollm2-135m-f16.gguf"
     QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|chain decode|test result|panicked" | head -20
     "$W"/cuda_matmul_bench --reps 100 2>&1 | grep -E "F16|shape|---"
@@ -233,10 +237,7 @@ dec)  # fused RoPE + in-kernel split merge in paged_decode, GEMV shapes: parity,
     for sh in 1x8 2x4 1x16 2x8 4x4 4x2; do
         QUIRE_CUDA_GEMV_SHAPE=$sh QUIRE_CUDA_GEMV_FUSE_K=16384 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked" | sed "s/\$/  (shape $sh)/"
     done
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     f="$W/smollm2-135m-f16.gguf"
     QUIRE_PARITY_MODEL="$f" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "CUDA|parts at|chain decode|test result|panicked" | head -20
     for sh in 1x8 2x4 1x16 2x8 4x4 4x2; do
@@ -258,10 +259,7 @@ tune)  # decode attention options and GEMV shapes, end to end (tg128), after the
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_attention)/'
     QUIRE_CUDA_DECODE_MERGE=0 QUIRE_REQUIRE_GPU=1 "$W"/cuda_attention --test-threads 1 decode 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_attention decode, merge by attention_reduce)/'
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked" | sed 's/$/  (cuda_ops)/'
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     for env in "X=1" "QUIRE_CUDA_GRAPH_CTX=max QUIRE_CUDA_FUSED_ROPE=0 QUIRE_CUDA_DECODE_MERGE=0"; do
         env $env QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on|f16-dequantized|test result|panicked" | sed "s/\$/  ($env)/"
     done
@@ -330,10 +328,7 @@ confirm)  # the defaults after stage final: parity of both merge paths, attentio
         set -- $cfg
         "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
     done
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on|f16-dequantized|test result|panicked"
     for preset in smollm2-135m llama3.2-1b llama3-8b; do
         for p in 0 512; do
@@ -342,10 +337,7 @@ confirm)  # the defaults after stage final: parity of both merge paths, attentio
     done
     ;;
 trace)  # the decode timeline (QUIRE_CUDA_TRACE=1) beside untraced and chained tg128
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     for preset in smollm2-135m llama3.2-1b llama3-8b; do
         f="$W/$preset-f16.gguf"
         "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset)/"
@@ -359,10 +351,7 @@ trace)  # the decode timeline (QUIRE_CUDA_TRACE=1) beside untraced and chained t
     done
     ;;
 s17a)  # stop 17: decode attention's prologue before the wait, the GLU GEMV; per-kernel timelines
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     for t in cuda_ops cuda_attention; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$OUT/$t.txt" 2>&1
         grep -E "test result|panicked|FAILED" "$OUT/$t.txt" | sed "s/\$/  ($t)/"
@@ -385,10 +374,7 @@ s17a)  # stop 17: decode attention's prologue before the wait, the GLU GEMV; per
     done
     ;;
 s17b)  # stop 17: split argmax, rope tables read before the wait, decode split sweep at short context
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     for t in cuda_ops cuda_attention cuda_sample; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$W/$t.txt" 2>&1
         grep -E "test result|panicked|FAILED" "$W/$t.txt" | sed "s/\$/  ($t)/"
@@ -406,10 +392,7 @@ s17b)  # stop 17: split argmax, rope tables read before the wait, decode split s
     QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/tl-smollm2-135m-p512.txt" 2>&1
     ;;
 s17c)  # stop 17: min tiles 2, 2x4 for the 8B q/k/v and o, pinned metadata; the carveout and a prompt first
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     for t in cuda_ops cuda_attention; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$W/$t.txt" 2>&1
         grep -E "test result|panicked|FAILED" "$W/$t.txt" | sed "s/\$/  ($t)/"
@@ -452,10 +435,7 @@ final17b)  # after final17 (model.part2 carried): parity on the default model, d
     done
     ;;
 s17d)  # stop 17: small steps keep their own activations (tg128 after a prompt), the defaults checked
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     for t in cuda_ops cuda_attention; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 > "$W/$t.txt" 2>&1
         grep -E "test result|panicked|FAILED" "$W/$t.txt" | sed "s/\$/  ($t)/"
@@ -479,10 +459,7 @@ shapes17)  # stop 17: the one-token GEMV shape for matrices of few rows, end to 
     done
     ;;
 confirm17)  # stop 17's final defaults: parity on the random 135M file, tg128 with and without a prompt
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
-    done
+    make_models
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked" | sed 's/$/  (cuda_ops)/'
     QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
     for preset in smollm2-135m llama3.2-1b llama3-8b; do

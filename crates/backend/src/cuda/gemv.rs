@@ -142,6 +142,32 @@ impl Gemv {
             && (matches!(input, GemvInput::F16 { .. }) || k_in <= self.max_fused_k)
     }
 
+    /// The input form's index (`f`'s first axis), its kernel arguments (x, rows_idx, norm_w, eps)
+    /// and the dynamic shared memory it needs, once `fits` holds; `name` for the error.
+    fn input_args(
+        &self,
+        input: GemvInput,
+        k_in: usize,
+        name: &str,
+    ) -> Result<(usize, u64, u64, u64, f32, usize), BackendError> {
+        if !self.fits(k_in, &input) {
+            return Err(BackendError::InvalidBatch(format!(
+                "{name} needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
+                self.max_fused_k
+            )));
+        }
+        Ok(match input {
+            GemvInput::F16 { x } => (0, x, 0, 0, 0.0, 0),
+            GemvInput::Norm {
+                x,
+                rows_idx,
+                norm_w,
+                eps,
+            } => (1, x, rows_idx, norm_w, eps, k_in * 2),
+            GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
+        })
+    }
+
     /// The gate/up projection with the SwiGLU applied on the way out: `w` `[2 * inter, k_in]`
     /// (gate rows, then up rows), `act[i] = silu(gate_i) · up_i` as f16 `[inter]`, one gate row
     /// and its up row per warp (gemv.cu's GLU form). Input forms as `run`; not the SwiGLU one.
@@ -154,26 +180,13 @@ impl Gemv {
         k_in: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
-        let (form, x, rows_idx, norm_w, eps, smem) = match input {
-            GemvInput::F16 { x } => (0, x, 0, 0, 0.0, 0),
-            GemvInput::Norm {
-                x,
-                rows_idx,
-                norm_w,
-                eps,
-            } => (1, x, rows_idx, norm_w, eps, k_in * 2),
-            GemvInput::SwiGlu { .. } => {
-                return Err(BackendError::InvalidBatch(
-                    "the GLU GEMV takes an f16 or RMSNorm input".into(),
-                ))
-            }
-        };
-        if !self.fits(k_in, &input) {
-            return Err(BackendError::InvalidBatch(format!(
-                "gemv_f16_glu needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
-                self.max_fused_k
-            )));
+        if matches!(input, GemvInput::SwiGlu { .. }) {
+            return Err(BackendError::InvalidBatch(
+                "the GLU GEMV takes an f16 or RMSNorm input".into(),
+            ));
         }
+        let (form, x, rows_idx, norm_w, eps, smem) =
+            self.input_args(input, k_in, "gemv_f16_glu")?;
         use KArg::{F, I, P};
         // One (gate, up) pair per warp, eight warps per CTA.
         g.launch_smem(
@@ -207,22 +220,7 @@ impl Gemv {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        if !self.fits(k_in, &input) {
-            return Err(BackendError::InvalidBatch(format!(
-                "gemv_f16 needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
-                self.max_fused_k
-            )));
-        }
-        let (form, x, rows_idx, norm_w, eps, smem) = match input {
-            GemvInput::F16 { x } => (0, x, 0, 0, 0.0, 0),
-            GemvInput::Norm {
-                x,
-                rows_idx,
-                norm_w,
-                eps,
-            } => (1, x, rows_idx, norm_w, eps, k_in * 2),
-            GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
-        };
+        let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         // Long rows (k >= 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
         // projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
         // otherwise two rows per warp, 4 chunks each. Measured end to end on the H100 (PERF.md,

@@ -67,6 +67,8 @@ pub mod qmat;
 #[cfg(feature = "cuda")]
 pub mod sample;
 #[cfg(feature = "cuda")]
+mod scratch;
+#[cfg(feature = "cuda")]
 pub mod trace;
 
 #[cfg(feature = "cuda")]

@@ -320,14 +320,12 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
         if (t < ntiles) load_tile(t);
         cp_async_commit();
     }
-    float2 c[RC_N];  // this lane's (cos, sin) pairs for the rope step, read before the wait
     if (fused) {
+        float2 c[RC_N];  // this lane's (cos, sin) pairs for the rope step, read before the wait
         const float2* cp = cs + (long)positions[row] * pairs;
 #pragma unroll
         for (int j = 0; j < RC_N; j++)
             c[j] = lane + 32 * j < pairs ? cp[lane + 32 * j] : make_float2(1.0f, 0.0f);
-    }
-    if (fused) {
         pdl_enter();  // the QKV rows are written from here on (see the top)
         // The rope step: warp w takes heads w, w + WARPS, ... of [q_0 .. q_{GQA-1}, k, v] (k and
         // v only where they are needed: the fused KV write on split 0, the own key's split).
