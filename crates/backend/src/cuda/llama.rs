@@ -89,6 +89,8 @@ pub struct CudaExecutor {
     pub(super) use_graphs: bool,
     /// Capture decode graphs for the longest context (`graph_ctx`).
     pub(super) graph_ctx_max: bool,
+    /// The smallest context bound of a decode graph (`GRAPH_CTX_MIN` unless measuring).
+    pub(super) graph_ctx_min: usize,
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
     /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`).
@@ -390,6 +392,12 @@ impl CudaExecutor {
             prof: EventProfiler::default(),
             use_graphs: opts.graphs,
             graph_ctx_max: std::env::var("QUIRE_CUDA_GRAPH_CTX").is_ok_and(|v| v == "max"),
+            // `QUIRE_CUDA_GRAPH_CTX=N`: the smallest bound (a measurement switch; 256 was the
+            // bound of stop 17).
+            graph_ctx_min: std::env::var("QUIRE_CUDA_GRAPH_CTX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(GRAPH_CTX_MIN),
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
             gpu,
@@ -562,15 +570,21 @@ impl CudaExecutor {
     }
 
     /// The context bound a decode graph is captured for: `max_ctx` (the longest context of the
-    /// batch's last step) rounded up to a power of two, at least 256, or every position with
-    /// `QUIRE_CUDA_GRAPH_CTX=max`. The attention launch's split count follows it, so short
-    /// contexts do not pay for the splits (and their merge) the longest would need; the kernel
-    /// divides each row's own keys among the splits, so any context up to the bound is right.
+    /// batch's last step) rounded up to a power of two, at least `GRAPH_CTX_MIN`, or every
+    /// position with `QUIRE_CUDA_GRAPH_CTX=max`. The attention launch's split count follows it,
+    /// so short contexts do not pay for the splits (and their merge launch) the longest would
+    /// need; the kernel divides each row's own keys among the splits, so any context up to the
+    /// bound is right. The bound once started at 256, which gave a one-sequence decode at 128
+    /// keys two splits and a merge launch per layer when the cache could hold 256 positions, but
+    /// not when it held only 128: that was the "slower decode after a prompt" (PERF.md, stop 18).
     pub(super) fn graph_ctx(&self, max_ctx: usize) -> usize {
         if self.graph_ctx_max {
             return self.max_pos;
         }
-        max_ctx.max(256).next_power_of_two().min(self.max_pos)
+        max_ctx
+            .max(self.graph_ctx_min)
+            .next_power_of_two()
+            .min(self.max_pos)
     }
 
     pub(super) fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
@@ -595,6 +609,10 @@ impl CudaExecutor {
         self.prof.finish(&self.gpu)
     }
 }
+
+/// The smallest context bound of a decode graph: at 64 keys every model's decode attention takes
+/// one split (no merge launch).
+pub(super) const GRAPH_CTX_MIN: usize = 64;
 
 /// Largest decode batch run through a CUDA graph (buckets are powers of two up to it).
 pub(super) const MAX_GRAPH_BATCH: usize = 256;
