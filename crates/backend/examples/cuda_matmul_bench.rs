@@ -1,5 +1,4 @@
-//! Microbenchmark of the GPU matmuls a decode step runs: cuBLAS and quire's one-token GEMV (weights
-//! through registers or staged in shared memory) on f16 weights against the
+//! Microbenchmark of the GPU matmuls a decode step runs: cuBLAS on f16 weights against the
 //! quantized kernels (Q8_0, Q4_0, Q4_1, and Q4_K/Q5_K/Q6_K where rows hold whole super-blocks,
 //! with 8-bit activations) on the weight shapes of Llama-3-8B,
 //! Llama-3.2-1B and SmolLM2-135M, for 1 and 8 tokens. Every case is timed with CUDA events over
@@ -33,10 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let reps = arg("--reps", 100.0) as usize;
     let ceiling = arg("--ceiling-gbs", 3000.0);
-    use quire_backend::cuda::gemv::Staged;
     let g = Gpu::new(0)?;
     let q = QuantKernels::new(&g)?;
-    let mut gemv = quire_backend::cuda::gemv::Gemv::new(&g)?;
+    let gemv = quire_backend::cuda::gemv::Gemv::new(&g)?;
     println!(
         "device: {} ({}), {reps} timed launches per case",
         g.name, g.arch
@@ -47,12 +45,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---:|---:|---:|---:|---:|");
     let shapes = [
         ("8B qkv", 4096usize, 6144usize),
-        ("8B o", 4096, 4096),
         ("8B gate_up", 4096, 28672),
         ("8B down", 14336, 4096),
         ("8B output", 4096, 128256),
-        ("1B qkv", 2048, 3072),
-        ("1B o", 2048, 2048),
         ("1B gate_up", 2048, 16384),
         ("1B down", 8192, 2048),
         ("135M gate_up", 576, 3072),
@@ -96,17 +91,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bytes.extend_from_slice(&row);
             }
             let dw = g.upload(&bytes)?;
-            // (tokens, quire's GEMV rather than cuBLAS, in which form): the GEMV is the
-            // one-token f16 path, weights through registers or staged in shared memory.
-            let mut cases = vec![(1usize, None), (8, None)];
+            // (tokens, quire's GEMV rather than cuBLAS): the GEMV is the one-token f16 path.
+            let mut cases = vec![(1usize, false), (8, false)];
             if dtype == GgmlType::F16 {
-                cases.insert(1, (1, Some(Staged::Off)));
-                cases.insert(2, (1, Some(Staged::All)));
+                cases.insert(1, (1, true));
             }
-            for (n, form) in cases {
-                let use_gemv = form.is_some();
-                gemv.staged = form.unwrap_or(Staged::Off);
-                let gemv = &gemv;
+            for (n, use_gemv) in cases {
                 let launch = || -> Result<(), Box<dyn std::error::Error>> {
                     if use_gemv {
                         gemv.run(
@@ -143,12 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "| {name} | {k} x {out} | {}{} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
                     dtype.name(),
-                    match form {
-                        Some(Staged::All) => " gemv staged",
-                        Some(_) => " gemv",
-                        None if dtype == GgmlType::F16 => " cuBLAS",
-                        None => "",
-                    },
+                    if use_gemv { " gemv" } else if dtype == GgmlType::F16 { " cuBLAS" } else { "" },
                     100.0 * gbs / ceiling
                 );
             }

@@ -326,14 +326,13 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// shapes of the 135M/1B/8B layers plus odd ones (rows not a multiple of the CTA's 16, lengths
 /// not a multiple of the unrolled 1024 elements), beta 0 over a NaN-poisoned output and beta 1
 /// (the residual add); then its fused inputs, RMSNorm (with a row gather) and SwiGLU, against the
-/// CPU's ops rounded to f16 the same way. Both forms: registers and staged (shared memory; its
-/// several rows per warp at 576 × 4096, a short last column chunk at 5120).
+/// CPU's ops rounded to f16 the same way.
 #[test]
 fn gemv_matches_an_f64_dot_product_and_cublas() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput, Staged};
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
-    let mut gv = Gemv::new(&g).unwrap();
+    let gv = Gemv::new(&g).unwrap();
     let f16_in = GemvInput::F16 { x: 0 };
     assert!(!gv.fits(100, &f16_in) && gv.fits(104, &f16_in));
     assert!(gv.fits(4096, &f16_in));
@@ -350,24 +349,18 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
         g.dtoh(b, &mut v).unwrap();
         v
     };
-    for (staged, k, out) in [Staged::Off, Staged::All].into_iter().flat_map(|s| {
-        [
-            (576usize, 960usize),
-            (576, 4096),
-            (5120, 1024),
-            (1536, 576),
-            (2048, 16384),
-            (4096, 6144),
-            (14336, 4096),
-            (8192, 2048),
-            (1544, 1003),
-            (1000, 1003),
-            (8, 1),
-            (24, 17),
-        ]
-        .map(|(k, out)| (s, k, out))
-    }) {
-        gv.staged = staged;
+    for (k, out) in [
+        (576usize, 960usize),
+        (1536, 576),
+        (2048, 16384),
+        (4096, 6144),
+        (14336, 4096),
+        (8192, 2048),
+        (1544, 1003),
+        (1000, 1003),
+        (8, 1),
+        (24, 17),
+    ] {
         let w: Vec<f16> = rnd(&mut rng, k * out, 1.0)
             .into_iter()
             .map(f16::from_f32)
@@ -400,16 +393,13 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             .unwrap();
             let got = read(&dy);
             let e = rel(&got, &want);
-            assert!(
-                e < 1e-5,
-                "gemv ({staged:?}) {k}x{out} beta {beta}: rel err {e:.2e}"
-            );
+            assert!(e < 1e-5, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
             let db = g.upload(&init).unwrap();
             g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
             let eb = rel(&got, &read(&db));
             assert!(
                 eb < 1e-4,
-                "gemv ({staged:?}) vs cuBLAS {k}x{out} beta {beta}: rel err {eb:.2e}"
+                "gemv vs cuBLAS {k}x{out} beta {beta}: rel err {eb:.2e}"
             );
         }
         // RMSNorm of row 2 of a 3-row residual (gathered through rows_idx), then SwiGLU.
@@ -447,35 +437,27 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let dy = g.upload(&vec![f32::NAN; out]).unwrap();
             gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
             let e = rel(&read(&dy), &want);
-            assert!(
-                e < 2e-3,
-                "gemv ({staged:?}) with {name} {k}x{out}: rel err {e:.2e}"
-            );
+            assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
         }
     }
 }
 
 /// The GLU form of the GEMV (decode's gate/up projection with the SwiGLU on the way out) against
-/// silu(gate) · up of f64 dot products, for an f16 input and an RMSNorm input, in both forms
-/// (registers, staged); the f16 output is poisoned with NaN first.
+/// silu(gate) · up of f64 dot products, for an f16 input and an RMSNorm input; the f16 output is
+/// poisoned with NaN first.
 #[test]
 fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput, Staged};
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
-    let mut gv = Gemv::new(&g).unwrap();
-    for (staged, k, inter) in [Staged::Off, Staged::All].into_iter().flat_map(|s| {
-        [
-            (576usize, 1536usize),
-            (2048, 8192),
-            (4096, 1024),
-            (5120, 600),
-            (1000, 5),
-            (24, 17),
-        ]
-        .map(|(k, i)| (s, k, i))
-    }) {
-        gv.staged = staged;
+    let gv = Gemv::new(&g).unwrap();
+    for (k, inter) in [
+        (576usize, 1536usize),
+        (2048, 8192),
+        (4096, 1024),
+        (1000, 5),
+        (24, 17),
+    ] {
         let w: Vec<f16> = rnd(&mut rng, 2 * k * inter, 1.0)
             .into_iter()
             .map(f16::from_f32)
@@ -521,10 +503,7 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
             gv.run_glu(&g, dw.ptr, input, da.ptr, k, inter).unwrap();
             let got = read_f16(&g, &da);
             let e = rel(&got, &want);
-            assert!(
-                e < 2e-3,
-                "glu gemv ({staged:?}, {name}) {k}x{inter}: rel err {e:.2e}"
-            );
+            assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
         }
     }
 }

@@ -4,7 +4,6 @@
 //! input as the RMSNorm of the residual row or the SwiGLU of the gate/up row, computing it itself,
 //! which removes those launches from a decode step.
 
-use cudarc::driver::sys::CUfunction_attribute as FuncAttr;
 use cudarc::driver::CudaFunction;
 
 use super::gpu::{Gpu, KArg};
@@ -51,30 +50,7 @@ pub struct Gemv {
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
-    /// The staged forms (gemv.cu's `gemv_stg_*`): [f16, RMSNorm] × [plain, GLU].
-    stg: [[CudaFunction; 2]; 2],
-    /// Which matrices take the staged form (`QUIRE_CUDA_GEMV_STAGED`).
-    pub staged: Staged,
 }
-
-/// Which matrices the staged GEMV takes (the SwiGLU input form never: it has none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Staged {
-    /// None: every GEMV streams its weights through registers.
-    Off,
-    /// Matrices of at most `STAGED_SMALL_BYTES`.
-    Small,
-    /// Every matrix.
-    All,
-}
-
-/// The largest matrix `Staged::Small` stages: about what the rings of all CTAs hold at once
-/// (3 × 32 KB on each of the H100's 132 SMs is 12.7 MB), doubled.
-pub const STAGED_SMALL_BYTES: usize = 32 << 20;
-
-/// The staged GEMV's dynamic shared memory: gemv.cu's ring (GS_STAGES × GS_STAGE f16), then the
-/// RMSNorm input's f16 row.
-const STAGED_RING_BYTES: usize = 3 * 8 * 2048 * 2;
 
 impl Gemv {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
@@ -148,45 +124,7 @@ impl Gemv {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(MAX_FUSED_K);
-        let stg_fn = |name: &str| -> Result<CudaFunction, BackendError> {
-            let f = Gpu::function(&m, name)?;
-            let smem = (STAGED_RING_BYTES + 2 * max_fused_k).min(227 << 10);
-            f.set_attribute(
-                FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .and_then(|_| {
-                f.set_attribute(
-                    FuncAttr::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                    100,
-                )
-            })
-            .map_err(|e| {
-                BackendError::Cuda(format!("{name} ({smem} bytes of shared memory): {e}"))
-            })?;
-            Ok(f)
-        };
-        let stg = [
-            [stg_fn("gemv_stg_f16")?, stg_fn("gemv_stg_f16_glu")?],
-            [
-                stg_fn("gemv_stg_f16_norm")?,
-                stg_fn("gemv_stg_f16_norm_glu")?,
-            ],
-        ];
-        let staged = match std::env::var("QUIRE_CUDA_GEMV_STAGED").as_deref() {
-            Ok("0") | Ok("off") => Staged::Off,
-            Ok("small") => Staged::Small,
-            Ok("1") | Ok("all") => Staged::All,
-            Err(_) => Staged::Off,
-            Ok(v) => {
-                return Err(BackendError::Cuda(format!(
-                    "QUIRE_CUDA_GEMV_STAGED: {v} is not 0, small or all"
-                )))
-            }
-        };
         Ok(Gemv {
-            stg,
-            staged,
             f,
             glu_f,
             glu: std::env::var("QUIRE_CUDA_GEMV_GLU").map_or(true, |v| v != "0"),
@@ -251,20 +189,6 @@ impl Gemv {
         let (form, x, rows_idx, norm_w, eps, smem) =
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
-        if self.takes_staged(2 * inter * k_in) {
-            // Four (gate, up) pairs per group at one row per warp.
-            return self.launch_staged(
-                g,
-                &self.stg[form][1],
-                inter.div_ceil(4),
-                smem,
-                args,
-                k_in,
-                inter,
-                eps,
-                0.0,
-            );
-        }
         // One (gate, up) pair per warp, eight warps per CTA.
         launch_gemv(
             g,
@@ -276,43 +200,6 @@ impl Gemv {
             inter,
             eps,
             0.0,
-        )
-    }
-
-    /// Whether a matrix of `elems` f16 takes the staged form.
-    fn takes_staged(&self, elems: usize) -> bool {
-        match self.staged {
-            Staged::Off => false,
-            Staged::Small => 2 * elems <= STAGED_SMALL_BYTES,
-            Staged::All => true,
-        }
-    }
-
-    /// The staged form over `groups` row groups (at one row per warp): one CTA per SM at most.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_staged(
-        &self,
-        g: &Gpu,
-        f: &CudaFunction,
-        groups: usize,
-        x_smem: usize,
-        args: [u64; 5],
-        k_in: usize,
-        out: usize,
-        eps: f32,
-        beta: f32,
-    ) -> Result<(), BackendError> {
-        let grid = groups.min(self.sms);
-        launch_gemv(
-            g,
-            f,
-            grid,
-            STAGED_RING_BYTES + x_smem,
-            args,
-            k_in,
-            out,
-            eps,
-            beta,
         )
     }
 
@@ -340,20 +227,6 @@ impl Gemv {
         // 1536): also 1 × 8, a warp's whole row in one batch issued before the wait; tg128
         // 2,427 / 2,486 against 2,375 / 2,368 at 2 × 4 (stop 17). The 1B model's 4 KB rows lose
         // at 1 × 8 (938 against 969), so they stay at 2 × 4.
-        if form < 2 && self.takes_staged(out * k_in) {
-            let args = [w, x, rows_idx, norm_w, y];
-            return self.launch_staged(
-                g,
-                &self.stg[form][0],
-                out.div_ceil(8),
-                smem,
-                args,
-                k_in,
-                out,
-                eps,
-                beta,
-            );
-        }
         let few_rows = out.div_ceil(16) < 4 * self.sms;
         let variant = match self.forced {
             Some((few, _)) if few_rows => few,

@@ -139,6 +139,26 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
     pdl_enter();
 
+    // The next batch (this group's, or the first of the next group) is always in flight while a
+    // batch is summed; the second batch's loads go out before the input vector is computed, so
+    // memory stays busy through the RMSNorm prologue too.
+    int g = g_begin, bt = 0, gn = g, bn = 1;
+    auto advance = [&]() {
+        gn = g;
+        bn = bt + 1;
+        if (bn == bpr) {
+            gn = g + 1;
+            bn = 0;
+        }
+    };
+    advance();
+    uint4 nx[RPW][UNROLL];
+    auto load_next = [&]() {
+        const uint4* wn[RPW];
+        rows_of(min(gn, g_end - 1), wn);
+        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
+    };
+    load_next();
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
         gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
@@ -149,7 +169,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
-    int g = g_begin, bt = 0;
     while (true) {
         const int c = lane + bt * 32 * UNROLL;
         uint4 xx[UNROLL];
@@ -158,16 +177,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             const int cu = min(c + 32 * u, chunks - 1);  // in range; unused past the end
             xx[u] = MODE == 0 ? __ldg(xv + cu) : xv[cu];
         }
-        // The next batch: this group's, or the first of the next group.
-        int gn = g, bn = bt + 1;
-        if (bn == bpr) {
-            gn = g + 1;
-            bn = 0;
-        }
-        const uint4* wn[RPW];
-        rows_of(min(gn, g_end - 1), wn);
-        uint4 nx[RPW][UNROLL];
-        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (c + 32 * u < chunks) {
@@ -199,6 +208,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         }
         g = gn;
         bt = bn;
+        advance();
+        load_next();
     }
 }
 
@@ -227,138 +238,3 @@ GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
 GEMV_ENTRY(gemv_f16_glu_r2u8, 2, 8, 0, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u4, 2, 4, 1, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
-
-// ---------------------------------------------------------------------------------------------
-// The staged GEMV: the same products (every input form but SwiGLU, the GLU output), with the
-// weights streamed into shared memory by cp.async through a ring of GS_STAGES stages instead of
-// into registers.
-//
-// Why: under programmatic dependent launch a kernel can fetch its weights before its input
-// exists, but the register form can hold only a warp's first batch (~4 KB), and a decode step's
-// smaller matrices (the 1B model's q/k/v and o: 12.6 and 8.4 MB) then spend most of their time
-// in the latency after the wait. Shared memory holds GS_STAGES · 32 KB per CTA, ~12.7 MB over
-// the H100's SMs: all of those matrices, fetched while the kernel before still runs. A CTA uses
-// under half an SM's shared memory, so this kernel's CTAs sit beside the previous kernel's.
-//
-// Work: a persistent grid (one CTA per SM, at most one per row group); CTA b takes a contiguous
-// run of row groups. A row group is 8·m rows, m per warp (m > 1 only when rows are short, so a
-// stage is still ~32 KB, and only while there are groups for every CTA); GLU groups are 4·m gate
-// rows and their 4·m up rows (warps 0–3 gate, 4–7 up). A stage is one group's columns
-// [k0, k0 + kc), kc = min(in, GS_KC); the CTA's stages run group by group, column chunk by
-// column chunk. Every lane sums its 16-byte chunks c, c + 32, ... of a row in order, across
-// stages, then the warp reduces: a fixed order, independent of the grid.
-//
-// grid: min(#SMs, groups at m = 1); block: 32 * GS_WARPS; dynamic shared memory:
-// GS_STAGES * GS_STAGE * 2 bytes (+ in * 2 for MODE 1). Requires in % 8 == 0.
-#define GS_WARPS 8
-#define GS_STAGES 3
-#define GS_KC 2048
-#define GS_STAGE (GS_WARPS * GS_KC)
-
-template <int MODE, bool GLU>
-__device__ __forceinline__ void gemv_staged(const half_t* __restrict__ w, const void* __restrict__ xin,
-                                            const int* __restrict__ rows_idx,
-                                            const float* __restrict__ nw, float eps,
-                                            void* __restrict__ yv, int in, int out, float beta) {
-    static_assert(MODE == 0 || MODE == 1, "the staged GEMV takes an f16 or RMSNorm input");
-    extern __shared__ __align__(16) unsigned char gs_smem[];
-    __shared__ float glu_sum[GS_WARPS * 8];
-    half_t* ring = reinterpret_cast<half_t*>(gs_smem);  // [GS_STAGES][GS_STAGE]
-    uint2* xs = reinterpret_cast<uint2*>(gs_smem + GS_STAGES * GS_STAGE * 2);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int kc = min(in, GS_KC), nk = (in + kc - 1) / kc;
-    const int per = GLU ? GS_WARPS / 2 : GS_WARPS;  // outputs per group at m = 1
-    const int m = nk > 1 ? 1 : max(1, min(min(GS_KC / in, 8), out / (per * (int)gridDim.x)));
-    const int rows_g = GS_WARPS * m, outs_g = per * m;
-    const int groups = (out + outs_g - 1) / outs_g;
-    const int g_begin = (int)((long)blockIdx.x * groups / gridDim.x);
-    const int g_end = (int)((long)(blockIdx.x + 1) * groups / gridDim.x);
-    const int total = (g_end - g_begin) * nk;
-    // Row r of group g (clamped into the matrix: the rows past `out` are read, never written).
-    auto row_of = [&](int g, int r) -> long {
-        if (GLU) {
-            const int o = r < outs_g ? r : r - outs_g;
-            return (long)min(g * outs_g + o, out - 1) + (r < outs_g ? 0 : (long)out);
-        }
-        return (long)min(g * rows_g + r, out - 1);
-    };
-    // Stage s of this CTA into ring slot `slot`: all threads, 16 bytes each at a time.
-    auto issue = [&](int s, int slot) {
-        const int g = g_begin + s / nk, k0 = (s % nk) * kc;
-        const int cpr = (min(kc, in - k0)) >> 3;  // 16-byte chunks per row in this stage
-        half_t* dst = ring + (long)slot * GS_STAGE;
-        for (int i = tid; i < rows_g * cpr; i += blockDim.x) {
-            const int r = i / cpr, c = i - r * cpr;
-            cp_async16(smem_u32(dst + r * kc + c * 8), w + row_of(g, r) * in + k0 + c * 8);
-        }
-    };
-#pragma unroll
-    for (int s = 0; s < GS_STAGES; s++) {
-        if (s < total) issue(s, s);
-        cp_async_commit();
-    }
-    pdl_enter();
-
-    if (MODE == 1) gv_input<MODE>(xin, rows_idx, nw, eps, in, xs);  // visible after the first sync
-    const uint4* xv = MODE == 1 ? reinterpret_cast<const uint4*>(xs)
-                                : reinterpret_cast<const uint4*>(xin);
-    float acc[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc[i] = 0.0f;
-    for (int s = 0; s < total; s++) {
-        cp_async_wait<GS_STAGES - 1>();
-        __syncthreads();
-        const int g = g_begin + s / nk, kk = s % nk, k0 = kk * kc;
-        const int cpr = (min(kc, in - k0)) >> 3;
-        const half_t* st = ring + (long)(s % GS_STAGES) * GS_STAGE;
-        const bool last = kk == nk - 1;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if (i < m) {
-                const int r = warp * m + i;
-                const uint4* wr = reinterpret_cast<const uint4*>(st + r * kc);
-                float sum = acc[i];
-                for (int c = lane; c < cpr; c += 32) {
-                    const uint4 xx = MODE == 0 ? __ldg(xv + (k0 >> 3) + c) : xv[(k0 >> 3) + c];
-                    sum += dot8(wr[c], xx);
-                }
-                acc[i] = sum;
-                if (last) {
-                    const float t = warp_sum(sum);
-                    acc[i] = 0.0f;
-                    if (GLU) {
-                        if (lane == 0) glu_sum[r] = t;
-                    } else {
-                        const int o = g * rows_g + r;
-                        float* y = reinterpret_cast<float*>(yv);
-                        if (lane == 0 && o < out) y[o] = beta != 0.0f ? t + beta * y[o] : t;
-                    }
-                }
-            }
-        }
-        if (GLU && last) {
-            __syncthreads();
-            if (tid < outs_g) {
-                const int o = g * outs_g + tid;
-                const float gs = glu_sum[tid], us = glu_sum[outs_g + tid];
-                if (o < out) reinterpret_cast<half_t*>(yv)[o] = f2h(gs / (1.0f + expf(-gs)) * us);
-            }
-        }
-        __syncthreads();  // the slot is free again
-        if (s + GS_STAGES < total) issue(s + GS_STAGES, s % GS_STAGES);
-        cp_async_commit();
-    }
-    cp_async_wait<0>();
-}
-
-#define GEMV_STAGED_ENTRY(name, MODE, GLU)                                                       \
-    extern "C" __global__ void __launch_bounds__(32 * GS_WARPS)                                  \
-    name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
-         const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         void* __restrict__ y, int in, int out, float beta) {                                  \
-        gemv_staged<MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta);                   \
-    }
-GEMV_STAGED_ENTRY(gemv_stg_f16, 0, false)
-GEMV_STAGED_ENTRY(gemv_stg_f16_norm, 1, false)
-GEMV_STAGED_ENTRY(gemv_stg_f16_glu, 0, true)
-GEMV_STAGED_ENTRY(gemv_stg_f16_norm_glu, 1, true)
