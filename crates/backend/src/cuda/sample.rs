@@ -175,8 +175,7 @@ impl CudaExecutor {
             self.forward_inner(batch)?;
             let mut cand = Vec::new();
             self.host_ids = self
-                .host_logits
-                .slice(self.host_logits_len)
+                .host_logits()
                 .chunks_exact(vocab.max(1))
                 .zip(rows)
                 .map(|(l, p)| sample_row_with(l, p, &mut cand) as i32)
