@@ -490,8 +490,7 @@ s18a)  # stop 18: graph context bound 64 (vs 256), the staged GEMV (parity, per 
         done
     done
     ;;
-s18b)  # stop 18: GEMV second batch before the RMSNorm prologue, logits copied behind the output
-    # projection; against the binaries of d312b59 (.dev/bin-old.tar.xz), alternating
+s18b)  # stop 18: the GEMV's second batch before the RMSNorm prologue; old binaries (.dev/bin-old.tar.xz) alternating
     make_models
     mkdir -p "$W/old" && tar -xJf .dev/bin-old.tar.xz -C "$W/old"
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
@@ -499,14 +498,12 @@ s18b)  # stop 18: GEMV second batch before the RMSNorm prologue, logits copied b
     for preset in llama3.2-1b llama3-8b smollm2-135m; do
         f="$W/$preset-f16.gguf"
         for rep in 1 2; do
-            for b in old new nobehind; do
-                q="$Q"; e=X=1
-                [ $b = old ] && q="$W/old/quire"
-                [ $b = nobehind ] && e=QUIRE_CUDA_LOGITS_BEHIND=0
-                env $e "$q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, $b)/"
+            for b in old new; do
+                if [ $b = old ]; then q="$W/old/quire"; else q="$Q"; fi
+                "$q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, $b)/"
             done
         done
-        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0, new)/"
+        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0, new)/"
         QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset.txt" 2>&1
     done
     ;;

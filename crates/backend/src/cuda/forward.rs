@@ -18,9 +18,6 @@ pub(super) struct Step {
     pub plan: Plan,
     pub meta_base: u64,
     pub layout: Meta,
-    /// A page-locked host buffer of `vocab` f32 that the logits of a one-row step are copied
-    /// into while the output projection still runs (`LOGITS_PARTS`), or 0: the caller copies.
-    pub logits_host: u64,
     /// For the profiler: Σ query_len · seq_len and Σ seq_len over the sequences.
     pub pairs: usize,
     pub ctx_tokens: usize,
@@ -289,21 +286,7 @@ impl CudaExecutor {
                 norm_w: self.output_norm.ptr,
                 eps,
             };
-            let gemv = one_token_gemv(k, out_w, nl, hd, &normed);
-            if let (Some((gv, wp)), true) = (gemv, st.logits_host != 0 && nl == 1) {
-                // The projection in parts, each part's logits crossing to the host on the copy
-                // stream while the next part is computed: only the last part's copy is exposed.
-                let (v, part) = (c.vocab_size, c.vocab_size.div_ceil(LOGITS_PARTS));
-                for (i, r0) in (0..v).step_by(part).enumerate() {
-                    let r = part.min(v - r0);
-                    let (w0, y0) = (wp + (2 * r0 * hd) as u64, logits + 4 * r0 as u64);
-                    gv.run_part(g, w0, normed, y0, hd, r, 0.0, v)?;
-                    // SAFETY: `logits_host` holds `vocab` f32 for as long as the executor (and
-                    // its graphs) live, and is read only after the stream is synchronized.
-                    unsafe { g.copy_behind(i, y0, (st.logits_host as *mut f32).add(r0), r)? };
-                }
-                g.join_copies()?;
-            } else if let Some((gv, wp)) = gemv {
+            if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
                 gv.run(g, wp, normed, logits, hd, c.vocab_size, 0.0)?;
             } else {
                 norm_for(
@@ -335,10 +318,6 @@ impl CudaExecutor {
         Ok(())
     }
 }
-
-/// How many parts the output projection of a one-row decode graph is cut into so its logits
-/// cross to the host behind it (at most `gpu::MAX_COPIES_BEHIND`).
-pub(super) const LOGITS_PARTS: usize = 4;
 
 /// The GEMV and the weight's address when a matmul of `n` tokens over `w` (rows `k_in` long, input
 /// `input`) takes the one-token GEMV: one token, f16 weights, the GEMV on.

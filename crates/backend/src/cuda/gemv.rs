@@ -215,23 +215,6 @@ impl Gemv {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        self.run_part(g, w, input, y, k_in, out, beta, out)
-    }
-
-    /// `run` over `out` rows of a matrix of `rows` rows (`w` and `y` already offset to the
-    /// part), in the shape the whole matrix would take.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_part(
-        &self,
-        g: &Gpu,
-        w: u64,
-        input: GemvInput,
-        y: u64,
-        k_in: usize,
-        out: usize,
-        beta: f32,
-        rows: usize,
-    ) -> Result<(), BackendError> {
         let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         // Long rows (k >= 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
         // projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
@@ -244,11 +227,11 @@ impl Gemv {
         // 1536): also 1 × 8, a warp's whole row in one batch issued before the wait; tg128
         // 2,427 / 2,486 against 2,375 / 2,368 at 2 × 4 (stop 17). The 1B model's 4 KB rows lose
         // at 1 × 8 (938 against 969), so they stay at 2 × 4.
-        let few_rows = rows.div_ceil(16) < 4 * self.sms;
+        let few_rows = out.div_ceil(16) < 4 * self.sms;
         let variant = match self.forced {
             Some((few, _)) if few_rows => few,
             Some((_, many)) => many,
-            None if k_in >= 8192 || (k_in >= 4096 && rows >= 65536) => 0,
+            None if k_in >= 8192 || (k_in >= 4096 && out >= 65536) => 0,
             None if k_in < 2048 && few_rows => 0,
             None => 1,
         };

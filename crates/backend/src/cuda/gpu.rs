@@ -121,16 +121,7 @@ pub struct Gpu {
     pub pdl: bool,
     /// The decode timeline (`QUIRE_CUDA_TRACE=1`, trace.rs); `None` normally.
     pub trace: Option<super::trace::Tracer>,
-    /// A second stream for device-to-host copies that overlap the main stream's kernels
-    /// (`copy_behind`), joined back with `join_copies`; inside a graph capture, a fork.
-    copy: Arc<CudaStream>,
-    /// `copy_behind`'s fork points, one per copy of a step, and the join point.
-    fork_events: Vec<cudarc::driver::CudaEvent>,
-    join_event: cudarc::driver::CudaEvent,
 }
-
-/// The most copies `copy_behind` forks between two `join_copies`.
-pub const MAX_COPIES_BEHIND: usize = 8;
 
 /// Fails with the library names tried when the CUDA driver, cuBLAS or NVRTC cannot be loaded
 /// (cudarc would panic on first use).
@@ -201,19 +192,8 @@ impl Gpu {
         } else {
             None
         };
-        let copy = ctx
-            .new_stream()
-            .map_err(cuda_err("creating the copy stream"))?;
-        let fork_events = (0..MAX_COPIES_BEHIND)
-            .map(|_| ctx.new_event(None))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(cuda_err("creating events"))?;
-        let join_event = ctx.new_event(None).map_err(cuda_err("creating an event"))?;
         Ok(Self {
             trace,
-            copy,
-            fork_events,
-            join_event,
             name: ctx.name().unwrap_or_else(|_| "CUDA device".into()),
             ctx,
             stream,
@@ -347,47 +327,6 @@ impl Gpu {
         unsafe { cudarc::driver::result::memcpy_dtoh_async(out, src.ptr, self.stream.cu_stream()) }
             .map_err(cuda_err("device-to-host copy"))?;
         self.sync()
-    }
-
-    /// Copy `i` of a step (below `MAX_COPIES_BEHIND`): `len` elements from device `src` to
-    /// page-locked host `dst`, on the copy stream once the main stream's work so far is done,
-    /// while the main stream goes on. `join_copies` makes the main stream wait for them.
-    ///
-    /// # Safety
-    /// `dst` must stay valid for `len` elements until the copy has run (every replay of a graph
-    /// that captured it), and nothing may read it before the main stream is synchronized.
-    pub unsafe fn copy_behind<T: DeviceRepr>(
-        &self,
-        i: usize,
-        src: u64,
-        dst: *mut T,
-        len: usize,
-    ) -> Result<(), BackendError> {
-        let ev = &self.fork_events[i];
-        ev.record(&self.stream)
-            .map_err(cuda_err("recording a fork"))?;
-        self.copy.wait(ev).map_err(cuda_err("waiting on a fork"))?;
-        let bytes = len * std::mem::size_of::<T>();
-        // SAFETY: the caller keeps `dst` valid; `src` is a device range of `bytes`.
-        let r = unsafe {
-            drv_sys::cuMemcpyDtoHAsync_v2(
-                dst as *mut std::ffi::c_void,
-                src,
-                bytes,
-                self.copy.cu_stream(),
-            )
-        };
-        r.result().map_err(cuda_err("device-to-host copy behind"))
-    }
-
-    /// The main stream waits for every `copy_behind` so far.
-    pub fn join_copies(&self) -> Result<(), BackendError> {
-        self.join_event
-            .record(&self.copy)
-            .map_err(cuda_err("recording the join"))?;
-        self.stream
-            .wait(&self.join_event)
-            .map_err(cuda_err("waiting on the copies"))
     }
 
     pub fn sync(&self) -> Result<(), BackendError> {

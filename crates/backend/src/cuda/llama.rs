@@ -93,20 +93,8 @@ pub struct CudaExecutor {
     pub(super) graph_ctx_min: usize,
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
-    /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`, whether
-    /// the graph copies the logits to `host_logits_graph` itself).
-    pub(super) graphs: HashMap<(usize, usize, usize, bool), Graph>,
-    /// Whether the step about to run should leave its logits on the host (`forward`), not only
-    /// on the device (greedy and sampled steps pick there).
-    pub(super) want_host_logits: bool,
-    /// Whether the last step's graph copied its logits to `host_logits_graph` (else `forward`
-    /// copies them to `host_logits` after the step).
-    pub(super) logits_behind: bool,
-    /// One row of logits, page-locked, allocated once: one-row decode graphs copy into it.
-    pub(super) host_logits_graph: super::gpu::HostBuf<f32>,
-    /// Whether one-row decode graphs copy their logits behind the output projection
-    /// (`QUIRE_CUDA_LOGITS_BEHIND=0` turns it off: a measurement switch).
-    pub(super) copy_logits_behind: bool,
+    /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`).
+    pub(super) graphs: HashMap<(usize, usize, usize), Graph>,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -412,11 +400,6 @@ impl CudaExecutor {
                 .unwrap_or(GRAPH_CTX_MIN),
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
-            want_host_logits: false,
-            logits_behind: false,
-            host_logits_graph: Default::default(),
-            copy_logits_behind: std::env::var("QUIRE_CUDA_LOGITS_BEHIND")
-                .map_or(true, |v| v != "0"),
             gpu,
         })
     }
@@ -445,7 +428,7 @@ impl Executor for CudaExecutor {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
         self.forward_inner(batch)?;
-        Ok(self.host_logits())
+        Ok(self.host_logits.slice(self.host_logits_len))
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
@@ -516,14 +499,12 @@ impl CudaExecutor {
         }
         self.upload_meta()?;
         let meta_buf = self.s.meta.as_ref().unwrap();
-        self.logits_behind = false;
         let step = Step {
             n,
             nl,
             plan,
             meta_base: meta_buf.ptr,
             layout,
-            logits_host: 0,
             pairs: batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum(),
             ctx_tokens: batch.seqs.iter().map(|q| q.seq_len).sum(),
         };
@@ -546,16 +527,6 @@ impl CudaExecutor {
             self.graphs.clear();
         }
         self.upload_meta()?;
-        // A one-row step whose logits go to the host copies them inside its graph, behind the
-        // output projection (forward.rs, `LOGITS_PARTS`).
-        let behind = self.want_host_logits && self.copy_logits_behind && b == 1;
-        let logits_host = if behind {
-            let vocab = self.cfg.vocab_size;
-            self.host_logits_graph.slice_mut(vocab)?.as_mut_ptr() as u64
-        } else {
-            0
-        };
-        self.logits_behind = behind;
         let meta_buf = self.s.meta.as_ref().unwrap();
         let step = Step {
             n: b,
@@ -563,12 +534,10 @@ impl CudaExecutor {
             plan,
             meta_base: meta_buf.ptr,
             layout,
-            logits_host,
             pairs: 0,
             ctx_tokens: 0,
         };
-        let key = (b, 1, ctx, behind);
-        if !self.graphs.contains_key(&key) {
+        if !self.graphs.contains_key(&(b, 1, ctx)) {
             let stream = self.gpu.stream.clone();
             let mark0 = self.gpu.trace_len();
             stream
@@ -582,9 +551,9 @@ impl CudaExecutor {
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert(key, Graph(graph, marks));
+            self.graphs.insert((b, 1, ctx), Graph(graph, marks));
         }
-        let graph = &self.graphs[&key];
+        let graph = &self.graphs[&(b, 1, ctx)];
         self.gpu.trace_replay(&graph.1);
         graph
             .0
@@ -619,28 +588,12 @@ impl CudaExecutor {
     }
 
     pub(super) fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
-        self.want_host_logits = true;
-        let r = self.run(batch);
-        self.want_host_logits = false;
-        r?;
+        self.run(batch)?;
         let nl = batch.logits_indices.len();
         self.host_logits_len = nl * self.cfg.vocab_size;
-        if self.logits_behind {
-            self.gpu.sync()?;
-        } else {
-            let out = self.host_logits.slice_mut(self.host_logits_len)?;
-            self.gpu.dtoh(self.s.logits.as_ref().unwrap(), out)?;
-        }
+        let out = self.host_logits.slice_mut(self.host_logits_len)?;
+        self.gpu.dtoh(self.s.logits.as_ref().unwrap(), out)?;
         self.prof.finish(&self.gpu)
-    }
-
-    /// The logits `forward_inner` left on the host.
-    pub(super) fn host_logits(&self) -> &[f32] {
-        if self.logits_behind {
-            self.host_logits_graph.slice(self.host_logits_len)
-        } else {
-            self.host_logits.slice(self.host_logits_len)
-        }
     }
 
     fn forward_greedy_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {

@@ -175,7 +175,8 @@ impl CudaExecutor {
             self.forward_inner(batch)?;
             let mut cand = Vec::new();
             self.host_ids = self
-                .host_logits()
+                .host_logits
+                .slice(self.host_logits_len)
                 .chunks_exact(vocab.max(1))
                 .zip(rows)
                 .map(|(l, p)| sample_row_with(l, p, &mut cand) as i32)
