@@ -507,4 +507,23 @@ s18b)  # stop 18: the GEMV's second batch before the RMSNorm prologue; old binar
         QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset.txt" 2>&1
     done
     ;;
+final18)  # stop 18's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged"
+    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
+        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
+    done
+    bash "$0" sbs
+    ;;
+final18b)  # after final18 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
+    bash "$0" parity
+    for t in cuda_ops cuda_attention cuda_sample; do
+        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed "s/\$/  ($t)/"
+    done
+    for preset in smollm2-135m llama3.2-1b llama3-8b; do
+        "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0)/"
+    done
+    ;;
 esac

@@ -49,7 +49,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 // Asynchronous 16-byte copies from global to shared memory (sm_80+), for the kernels that stage
-// their inputs through shared memory (decode and prefill attention, the staged GEMV).
+// their inputs through shared memory (decode and prefill attention).
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));

@@ -139,26 +139,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
     pdl_enter();
 
-    // The next batch (this group's, or the first of the next group) is always in flight while a
-    // batch is summed; the second batch's loads go out before the input vector is computed, so
-    // memory stays busy through the RMSNorm prologue too.
-    int g = g_begin, bt = 0, gn = g, bn = 1;
-    auto advance = [&]() {
-        gn = g;
-        bn = bt + 1;
-        if (bn == bpr) {
-            gn = g + 1;
-            bn = 0;
-        }
-    };
-    advance();
-    uint4 nx[RPW][UNROLL];
-    auto load_next = [&]() {
-        const uint4* wn[RPW];
-        rows_of(min(gn, g_end - 1), wn);
-        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
-    };
-    load_next();
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
         gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
@@ -169,6 +149,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    int g = g_begin, bt = 0;
     while (true) {
         const int c = lane + bt * 32 * UNROLL;
         uint4 xx[UNROLL];
@@ -177,6 +158,16 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             const int cu = min(c + 32 * u, chunks - 1);  // in range; unused past the end
             xx[u] = MODE == 0 ? __ldg(xv + cu) : xv[cu];
         }
+        // The next batch: this group's, or the first of the next group.
+        int gn = g, bn = bt + 1;
+        if (bn == bpr) {
+            gn = g + 1;
+            bn = 0;
+        }
+        const uint4* wn[RPW];
+        rows_of(min(gn, g_end - 1), wn);
+        uint4 nx[RPW][UNROLL];
+        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (c + 32 * u < chunks) {
@@ -208,8 +199,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         }
         g = gn;
         bt = bn;
-        advance();
-        load_next();
     }
 }
 
