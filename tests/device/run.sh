@@ -526,21 +526,4 @@ final18b)  # after final18 (model.part2 carried): parity on the default model, k
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0)/"
     done
     ;;
-s18c)  # stop 18: the second batch before the RMSNorm prologue, written without closures (MODE 1/2
-    # only); against the binaries of de18b23 (.dev/bin-old.tar.xz), alternating
-    make_models
-    mkdir -p "$W/old" && tar -xJf .dev/bin-old.tar.xz -C "$W/old"
-    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
-    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
-    for preset in llama3.2-1b llama3-8b smollm2-135m; do
-        f="$W/$preset-f16.gguf"
-        for rep in 1 2; do
-            for b in old new; do
-                q="$Q"; [ $b = old ] && q="$W/old/quire"
-                "$q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, $b)/"
-            done
-        done
-        QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset.txt" 2>&1
-    done
-    ;;
 esac

@@ -139,17 +139,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
     pdl_enter();
 
-    // With an input vector to compute (MODE 1, 2), the loads of a warp's second batch go out
-    // before that prologue, so memory stays busy through it (the first batch went out before
-    // the wait); the loop then skips its first issue. MODE 0 has no prologue and no change.
-    uint4 nx[RPW][UNROLL];
-    bool pre = false;
-    if (MODE != 0 && bpr > 1 && g_begin < g_end) {
-        const uint4* wn[RPW];
-        rows_of(g_begin, wn);
-        gv_load<RPW, UNROLL>(wn, lane + 32 * UNROLL, chunks, nx);
-        pre = true;
-    }
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
         gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
@@ -175,12 +164,10 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             gn = g + 1;
             bn = 0;
         }
-        if (!pre) {
-            const uint4* wn[RPW];
-            rows_of(min(gn, g_end - 1), wn);
-            gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
-        }
-        pre = false;
+        const uint4* wn[RPW];
+        rows_of(min(gn, g_end - 1), wn);
+        uint4 nx[RPW][UNROLL];
+        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (c + 32 * u < chunks) {
