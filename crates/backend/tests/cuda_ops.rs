@@ -507,3 +507,92 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
         }
     }
 }
+
+/// The GEMV whose input is one decode row's attention splits (the o projection taking the merge
+/// launch's place) against an f64 merge of the same partials, rounded to f16, then f64 dot
+/// products: 1 to 4 splits, empty splits (max -inf) with NaN-poisoned partials that must be
+/// skipped, head sizes of the 8B and 1B models, beta 1 (the residual add).
+#[test]
+fn gemv_merges_decode_splits_as_attention_reduce_does() {
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(37);
+    let gv = Gemv::new(&g).unwrap();
+    for (heads, head_dim, splits, out) in [
+        (32usize, 128usize, 2usize, 4096usize),
+        (32, 64, 4, 2048),
+        (9, 64, 3, 576),
+        (4, 128, 1, 100),
+    ] {
+        let k = heads * head_dim;
+        let mut acc = rnd(&mut rng, heads * splits * head_dim, 2.0);
+        let mut ml: Vec<f32> = (0..heads * splits)
+            .flat_map(|_| {
+                let m = rng.random_range(-3.0f32..3.0);
+                [m, rng.random_range(0.5f32..2.0)]
+            })
+            .collect();
+        // Every head's last split is empty when there are several (a context shorter than the
+        // splits); its partials hold NaN.
+        if splits > 1 {
+            for h in 0..heads {
+                let s = h * splits + splits - 1;
+                ml[2 * s] = f32::NEG_INFINITY;
+                acc[s * head_dim..(s + 1) * head_dim].fill(f32::NAN);
+            }
+        }
+        let merged: Vec<f16> = (0..k)
+            .map(|e| {
+                let (h, d) = (e / head_dim, e % head_dim);
+                let parts: Vec<usize> = (h * splits..(h + 1) * splits)
+                    .filter(|&s| ml[2 * s] != f32::NEG_INFINITY)
+                    .collect();
+                let mx = parts
+                    .iter()
+                    .map(|&s| ml[2 * s] as f64)
+                    .fold(f64::MIN, f64::max);
+                let (mut a, mut sum) = (0.0f64, 0.0f64);
+                for &s in &parts {
+                    let f = (ml[2 * s] as f64 - mx).exp();
+                    a += acc[s * head_dim + d] as f64 * f;
+                    sum += ml[2 * s + 1] as f64 * f;
+                }
+                f16::from_f64(a / sum)
+            })
+            .collect();
+        let w: Vec<f16> = rnd(&mut rng, k * out, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let y0 = rnd(&mut rng, out, 1.0);
+        let want: Vec<f32> = (0..out)
+            .map(|r| {
+                let d: f64 = (0..k)
+                    .map(|i| w[r * k + i].to_f64() * merged[i].to_f64())
+                    .sum();
+                (d + y0[r] as f64) as f32
+            })
+            .collect();
+        let (dw, dacc, dml, dy) = (
+            g.upload(&w).unwrap(),
+            g.upload(&acc).unwrap(),
+            g.upload(&ml).unwrap(),
+            g.upload(&y0).unwrap(),
+        );
+        let input = GemvInput::Merge {
+            part_acc: dacc.ptr,
+            part_ml: dml.ptr,
+            splits,
+            head_dim,
+        };
+        assert!(gv.fits(k, &input));
+        gv.run(&g, dw.ptr, input, dy.ptr, k, out, 1.0).unwrap();
+        let mut got = vec![0f32; out];
+        g.dtoh(&dy, &mut got).unwrap();
+        let e = rel(&got, &want);
+        assert!(
+            e < 2e-3,
+            "merged gemv {heads}x{head_dim}, {splits} splits, {out} rows: rel err {e:.2e}"
+        );
+    }
+}
