@@ -526,25 +526,4 @@ final18b)  # after final18 (model.part2 carried): parity on the default model, k
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0)/"
     done
     ;;
-s18d)  # stop 18: a few decode splits merged by the o projection's GEMV instead of attention_reduce
-    make_models
-    for t in cuda_ops cuda_attention; do
-        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED|rel err" | sed "s/\$/  ($t)/"
-    done
-    for m in 1 0; do
-        QUIRE_CUDA_MERGE_IN_GEMV=$m QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  (merge in gemv $m)/"
-    done
-    for preset in llama3-8b llama3.2-1b smollm2-135m; do
-        f="$W/$preset-f16.gguf"
-        for rep in 1 2; do
-            for v in "1 4" "0 4" "1 1"; do
-                set -- $v
-                QUIRE_CUDA_MERGE_IN_GEMV=$1 QUIRE_CUDA_DECODE_MIN_TILES=$2 "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, merge in gemv $1, min tiles $2)/"
-            done
-        done
-    done
-    "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 0 -n 128 -r 3 -d 1024 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  (8B, depth 1024)/"
-    QUIRE_CUDA_MERGE_IN_GEMV=0 "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 0 -n 128 -r 3 -d 1024 2>&1 | grep -E "^\| llama" | sed "s/\$/  (8B, depth 1024, merge in gemv 0)/"
-    QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-8b.txt" 2>&1
-    ;;
 esac

@@ -157,13 +157,7 @@ pub struct PagedAttention {
     /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
     /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).
     pub decode_ropes: bool,
-    /// Whether one-row decode steps merge a few splits in the o projection's GEMV instead of
-    /// an `attention_reduce` launch (`QUIRE_CUDA_MERGE_IN_GEMV=0` turns it off).
-    merge_in_gemv: bool,
 }
-
-/// The most decode splits the o projection's GEMV merges (`PagedAttention::merges_later`).
-pub const MAX_SPLITS_MERGED_LATER: usize = 4;
 
 /// What `paged_decode` needs to apply the QKV bias, QK-norm and RoPE itself, as `rope_qkv` does
 /// (rope.cu): device addresses (0: none) and the rotation's shape. The rows' positions come from
@@ -209,10 +203,6 @@ pub struct AttnBuffers {
     /// `Some`: the QKV rows are un-roped and the decode kernel applies bias, QK-norm and RoPE
     /// (decode launches only). `None`: the rows come roped.
     pub rope: Option<RopeArgs>,
-    /// A decode launch of several splits leaves its partials for the next kernel to merge (the
-    /// o projection's GEMV, `GemvInput::Merge`) instead of launching `attention_reduce`; `out`
-    /// is then not written. See `merges_later`.
-    pub merge_later: bool,
 }
 
 impl PagedAttention {
@@ -268,7 +258,6 @@ impl PagedAttention {
                 .filter(|&t| t >= 1)
                 .unwrap_or(4),
             decode_ropes: std::env::var("QUIRE_CUDA_FUSED_ROPE").map_or(true, |v| v != "0"),
-            merge_in_gemv: std::env::var("QUIRE_CUDA_MERGE_IN_GEMV").map_or(true, |v| v != "0"),
         })
     }
 
@@ -331,17 +320,6 @@ impl PagedAttention {
 
     /// Writes the step's K/V into the cache and attends every row into `b.out` (with `b.rope`,
     /// applying bias, QK-norm and RoPE first: decode plans only).
-    /// Whether a decode launch of `plan` may leave its splits to the next kernel
-    /// (`AttnBuffers::merge_later`): 2 to `MAX_SPLITS_MERGED_LATER` splits, the kernel's own
-    /// merge off. More splits stay with `attention_reduce`: every CTA of the next GEMV reads
-    /// all partials, which at 32 splits would be megabytes of L2 reads per CTA.
-    pub fn merges_later(&self, plan: Plan) -> bool {
-        plan.decode
-            && (2..=MAX_SPLITS_MERGED_LATER).contains(&plan.splits)
-            && !self.decode_merges
-            && self.merge_in_gemv
-    }
-
     pub fn launch(
         &self,
         gpu: &Gpu,
@@ -448,8 +426,8 @@ impl PagedAttention {
                 self.decode_smem,
                 &args,
             )?;
-            if self.decode_merges || b.merge_later {
-                return Ok(()); // it merged its own splits, or the next kernel merges them
+            if self.decode_merges {
+                return Ok(()); // it merged its own splits
             }
         } else {
             gpu.launch(
@@ -690,7 +668,6 @@ impl HostRun {
                 part_ml: self.part_ml.ptr,
                 counters: self.counters.ptr,
                 rope: self.rope.as_ref().map(HostRope::args),
-                merge_later: false,
             },
         )
     }

@@ -140,18 +140,8 @@ impl CudaExecutor {
                 )?;
                 prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
             }
-            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows; for
-            // one row of a few splits, the splits themselves, merged by the o GEMV.
+            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
             let q8w = q8_in(&l.wo, n);
-            let merged = GemvInput::Merge {
-                part_acc,
-                part_ml,
-                splits: plan.splits,
-                head_dim: c.head_dim,
-            };
-            let merge_o = (n == 1 && !q8w && k.attention.merges_later(plan))
-                .then(|| one_token_gemv(k, &l.wo, n, qs, &merged))
-                .flatten();
             k.attention.launch(
                 g,
                 n,
@@ -170,7 +160,6 @@ impl CudaExecutor {
                     part_ml,
                     counters,
                     rope: fused_rope.then_some(rope),
-                    merge_later: merge_o.is_some(),
                 },
             )?;
             let kv_read = st.ctx_tokens * 2 * kvs * 2;
@@ -184,12 +173,8 @@ impl CudaExecutor {
             if q8w {
                 k.q.quantize(g, attn, true, q8, n, qs)?;
             }
-            if let Some((gv, wp)) = merge_o {
-                gv.run(g, wp, merged, x, qs, hd, 1.0)?;
-            } else {
-                let mm = MatMul { n, wdq, q8_in: q8w };
-                mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
-            }
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
             let (b, f) = gemm_cost(&l.wo, qs, hd);
             prof.mark(g, "matmul_o", layer, b, f)?;
             let (w_gate_up, w_down) = match &l.ffn {

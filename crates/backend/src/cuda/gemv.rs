@@ -24,15 +24,6 @@ pub enum GemvInput {
     },
     /// SwiGLU of the f32 gate/up row `gu` `[2k]`: silu(gate) · up.
     SwiGlu { gu: u64 },
-    /// One decode row's attention splits merged (attention_reduce's arithmetic, rounded to
-    /// f16): `part_acc` `[k / head_dim, splits, head_dim]` f32, `part_ml` `[k / head_dim,
-    /// splits]` (max, sum) f32 pairs.
-    Merge {
-        part_acc: u64,
-        part_ml: u64,
-        splits: usize,
-        head_dim: usize,
-    },
 }
 
 /// Longest input the fused forms take by default (`QUIRE_CUDA_GEMV_FUSE_K` overrides). Every CTA
@@ -46,8 +37,8 @@ const MAX_FUSED_K: usize = 8192;
 pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
 
 pub struct Gemv {
-    /// [input form: f16, RMSNorm, SwiGLU, split merge][shape of `SHAPES`]
-    f: [Vec<CudaFunction>; 4],
+    /// [input form][shape of `SHAPES`]
+    f: [Vec<CudaFunction>; 3],
     /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
     glu_f: [CudaFunction; 2],
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
@@ -58,7 +49,7 @@ pub struct Gemv {
     sms: usize,
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
-    ctas_per_sm: [[usize; SHAPES.len()]; 4],
+    ctas_per_sm: [[usize; SHAPES.len()]; 3],
 }
 
 impl Gemv {
@@ -74,7 +65,6 @@ impl Gemv {
             get("gemv_f16")?,
             get("gemv_f16_norm")?,
             get("gemv_f16_swiglu")?,
-            get("gemv_f16_merge")?,
         ];
         // `QUIRE_CUDA_GEMV_GLU_SHAPE=2x8` measures the deeper shape (2x4 by default).
         let glu_shape = match std::env::var("QUIRE_CUDA_GEMV_GLU_SHAPE").as_deref() {
@@ -99,7 +89,7 @@ impl Gemv {
             Ok(v) => Some(v.parse().unwrap_or(0)),
             Err(_) => Some(0),
         };
-        let mut ctas_per_sm = [[0usize; SHAPES.len()]; 4];
+        let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
                 ctas_per_sm[form][variant] = match env_ctas {
@@ -148,69 +138,34 @@ impl Gemv {
     /// Whether `run` takes a matrix of rows `k_in` long with this input form (whole 16-byte
     /// chunks; the fused forms up to `max_fused_k`).
     pub fn fits(&self, k_in: usize, input: &GemvInput) -> bool {
-        let merge_ok = match *input {
-            GemvInput::Merge {
-                splits, head_dim, ..
-            } => splits > 0 && head_dim.is_multiple_of(4) && k_in.is_multiple_of(head_dim),
-            _ => true,
-        };
         k_in > 0
             && k_in.is_multiple_of(8)
-            && merge_ok
             && (matches!(input, GemvInput::F16 { .. }) || k_in <= self.max_fused_k)
     }
 
-    /// The input form's index (`f`'s first axis), its kernel arguments and the dynamic shared
-    /// memory it needs, once `fits` holds; `name` for the error.
+    /// The input form's index (`f`'s first axis), its kernel arguments (x, rows_idx, norm_w, eps)
+    /// and the dynamic shared memory it needs, once `fits` holds; `name` for the error.
     fn input_args(
         &self,
         input: GemvInput,
         k_in: usize,
         name: &str,
-    ) -> Result<(usize, InputArgs, usize), BackendError> {
+    ) -> Result<(usize, u64, u64, u64, f32, usize), BackendError> {
         if !self.fits(k_in, &input) {
             return Err(BackendError::InvalidBatch(format!(
-                "{name} needs rows of a multiple of 8 elements (whole heads of a multiple of 4 \
-                 for a split merge), at most {} when fused (got {k_in})",
+                "{name} needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
                 self.max_fused_k
             )));
         }
-        let a = InputArgs::default();
         Ok(match input {
-            GemvInput::F16 { x } => (0, InputArgs { x, ..a }, 0),
+            GemvInput::F16 { x } => (0, x, 0, 0, 0.0, 0),
             GemvInput::Norm {
                 x,
                 rows_idx,
                 norm_w,
                 eps,
-            } => (
-                1,
-                InputArgs {
-                    x,
-                    rows_idx,
-                    norm_w,
-                    eps,
-                    ..a
-                },
-                k_in * 2,
-            ),
-            GemvInput::SwiGlu { gu } => (2, InputArgs { x: gu, ..a }, k_in * 2),
-            GemvInput::Merge {
-                part_acc,
-                part_ml,
-                splits,
-                head_dim,
-            } => (
-                3,
-                InputArgs {
-                    x: part_acc,
-                    norm_w: part_ml,
-                    splits: splits as i32,
-                    head_dim: head_dim as i32,
-                    ..a
-                },
-                k_in * 2,
-            ),
+            } => (1, x, rows_idx, norm_w, eps, k_in * 2),
+            GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
         })
     }
 
@@ -226,13 +181,14 @@ impl Gemv {
         k_in: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
-        if !matches!(input, GemvInput::F16 { .. } | GemvInput::Norm { .. }) {
+        if matches!(input, GemvInput::SwiGlu { .. }) {
             return Err(BackendError::InvalidBatch(
                 "the GLU GEMV takes an f16 or RMSNorm input".into(),
             ));
         }
-        let (form, a, smem) = self.input_args(input, k_in, "gemv_f16_glu")?;
-        let args = (w, a, act);
+        let (form, x, rows_idx, norm_w, eps, smem) =
+            self.input_args(input, k_in, "gemv_f16_glu")?;
+        let args = [w, x, rows_idx, norm_w, act];
         // One (gate, up) pair per warp, eight warps per CTA.
         launch_gemv(
             g,
@@ -242,6 +198,7 @@ impl Gemv {
             args,
             k_in,
             inter,
+            eps,
             0.0,
         )
     }
@@ -258,7 +215,7 @@ impl Gemv {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        let (form, a, smem) = self.input_args(input, k_in, "gemv_f16")?;
+        let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         // Long rows (k >= 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
         // projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
         // otherwise two rows per warp, 4 chunks each. Measured end to end on the H100 (PERF.md,
@@ -284,37 +241,37 @@ impl Gemv {
             0 => one_group_per_warp,
             c => one_group_per_warp.min(c * self.sms),
         };
-        let args = (w, a, y);
-        launch_gemv(g, &self.f[form][variant], grid, smem, args, k_in, out, beta)
+        let args = [w, x, rows_idx, norm_w, y];
+        launch_gemv(
+            g,
+            &self.f[form][variant],
+            grid,
+            smem,
+            args,
+            k_in,
+            out,
+            eps,
+            beta,
+        )
     }
 }
 
-/// The input vector's kernel arguments (gemv.cu's entry points share one list).
-#[derive(Debug, Clone, Copy, Default)]
-struct InputArgs {
-    x: u64,
-    rows_idx: u64,
-    norm_w: u64,
-    eps: f32,
-    splits: i32,
-    head_dim: i32,
-}
-
 /// One launch of a gemv.cu entry point (they share one argument list): `args` are the weight,
-/// the input's arguments and the output.
+/// input, rows_idx, norm weight and output pointers.
 #[allow(clippy::too_many_arguments)]
 fn launch_gemv(
     g: &Gpu,
     f: &CudaFunction,
     grid: usize,
     smem: usize,
-    args: (u64, InputArgs, u64),
+    args: [u64; 5],
     k_in: usize,
     out: usize,
+    eps: f32,
     beta: f32,
 ) -> Result<(), BackendError> {
     use KArg::{F, I, P};
-    let (w, a, y) = args;
+    let [w, x, rows_idx, norm_w, y] = args;
     g.launch_smem(
         f,
         (grid as u32, 1, 1),
@@ -322,16 +279,14 @@ fn launch_gemv(
         smem as u32,
         &[
             P(w),
-            P(a.x),
-            P(a.rows_idx),
-            P(a.norm_w),
-            F(a.eps),
+            P(x),
+            P(rows_idx),
+            P(norm_w),
+            F(eps),
             P(y),
             I(k_in as i32),
             I(out as i32),
             F(beta),
-            I(a.splits),
-            I(a.head_dim),
         ],
     )
 }

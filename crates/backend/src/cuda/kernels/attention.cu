@@ -268,13 +268,26 @@ __device__ __forceinline__ void unpack2(unsigned w, float* v) {
     v[1] = h2f((half_t)(w >> 16));
 }
 
-// One output element of a (row, head) merged over its splits (common.cuh's merge_parts), shared
-// by attention_reduce, paged_decode's in-kernel merge and the GEMV that merges the splits of a
-// decode step as its input (gemv.cu), so all give the same bits.
+// One output element of a (row, head) merged over its splits in one pass (running max, rescaled
+// as it grows), so the loads of all splits are independent and in flight together. Shared by
+// attention_reduce and paged_decode's in-kernel merge, so both give the same bits. Loads go
+// through L2 only (.cg): in paged_decode the partials were written by other CTAs of the launch.
 // base: (row * num_heads + head) * splits; d: the element's dim
 __device__ __forceinline__ float merge_splits(const float* part_acc, const float2* part_ml,
                                               long base, int splits, int d) {
-    return merge_parts(part_acc, part_ml, base, splits, HEAD_DIM, d);
+    float mx = -INFINITY, sum = 0.0f, a = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; s++) {
+        const float2 ml = __ldcg(part_ml + base + s);
+        const float x = __ldcg(part_acc + (base + s) * HEAD_DIM + d);
+        if (ml.x == -INFINITY) continue;  // an empty split (its part_acc was never written)
+        const float m_new = fmaxf(mx, ml.x);
+        const float f_old = __expf(mx - m_new), f = __expf(ml.x - m_new);
+        sum = sum * f_old + ml.y * f;
+        a = a * f_old + x * f;
+        mx = m_new;
+    }
+    return a / sum;
 }
 
 // Merges the splits of paged_attention's launches (paged_decode merges its own). grid:

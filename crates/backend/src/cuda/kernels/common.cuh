@@ -48,28 +48,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return warp_sum(t);
 }
 
-// One output element of a (row, head) of split attention merged over its splits in one pass
-// (running max, rescaled as it grows), so the loads of all splits are independent and in flight
-// together. Loads go through L2 only (.cg): the partials were written by other CTAs. part_acc:
-// [.., splits, head_dim]; part_ml: [.., splits] (max, sum; max -inf for an empty split, whose
-// part_acc was never written); base: (row * num_heads + head) * splits; d: the element's dim.
-__device__ __forceinline__ float merge_parts(const float* part_acc, const float2* part_ml,
-                                             long base, int splits, int head_dim, int d) {
-    float mx = -INFINITY, sum = 0.0f, a = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < splits; s++) {
-        const float2 ml = __ldcg(part_ml + base + s);
-        const float x = __ldcg(part_acc + (base + s) * head_dim + d);
-        if (ml.x == -INFINITY) continue;
-        const float m_new = fmaxf(mx, ml.x);
-        const float f_old = __expf(mx - m_new), f = __expf(ml.x - m_new);
-        sum = sum * f_old + ml.y * f;
-        a = a * f_old + x * f;
-        mx = m_new;
-    }
-    return a / sum;
-}
-
 // Asynchronous 16-byte copies from global to shared memory (sm_80+), for the kernels that stage
 // their inputs through shared memory (decode and prefill attention).
 __device__ __forceinline__ unsigned smem_u32(const void* p) {

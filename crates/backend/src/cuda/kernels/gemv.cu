@@ -33,14 +33,11 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     return s;
 }
 
-// The input vector comes in one of four forms (MODE), so the GEMV absorbs the op before it:
+// The input vector comes in one of three forms (MODE), so the GEMV absorbs the op before it:
 // 0: x, f16 [in], read through L1;
 // 1: RMSNorm of the f32 residual row x[rows_idx ? rows_idx[0] : 0] with weight nw, rounded to f16
 //    (rms_norm_f16's arithmetic), computed by every CTA into shared memory;
-// 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise;
-// 3: the split partials of one decode row's attention (xin: part_acc [heads, splits, head_dim],
-//    nw: part_ml [heads, splits] of (max, sum)), merged as attention_reduce merges them, rounded
-//    to f16, likewise: the o projection takes the merge launch's place.
+// 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise.
 // Every CTA recomputes the vector instead of a separate launch and an f16 round trip through
 // memory; the host bounds `in` for the fused forms (gemv.rs).
 //
@@ -50,7 +47,7 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // loads of batch i + 1 are issued before batch i's arithmetic. Every lane still accumulates its
 // chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL.
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
-// dynamic shared memory: in * 2 bytes for MODE 1, 2 and 3.
+// dynamic shared memory: in * 2 bytes for MODE 1 and 2.
 template <int RPW, int UNROLL>
 __device__ __forceinline__ void gv_load(const uint4* const (&wr)[RPW], int c, int chunks,
                                         uint4 (&wv)[RPW][UNROLL]) {
@@ -73,7 +70,7 @@ template <int MODE>
 __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
                                          const int* __restrict__ rows_idx,
                                          const float* __restrict__ nw, float eps, int in,
-                                         uint2* __restrict__ xs, int splits, int head_dim) {
+                                         uint2* __restrict__ xs) {
     const int in4 = in >> 2;
     if (MODE == 1) {
         __shared__ float red[32];
@@ -93,20 +90,6 @@ __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
             const float4 v = xr[i], g = nw4[i];
             xs[i] = pack4h(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
                            v.w * scale * g.w);
-        }
-    } else if (MODE == 3) {
-        // One decode row's attention splits (xin: part_acc, nw: part_ml), merged as
-        // attention_reduce merges them, rounded to f16 as it stores them.
-        const float* acc = reinterpret_cast<const float*>(xin);
-        const float2* ml = reinterpret_cast<const float2*>(nw);
-        for (int i = threadIdx.x; i < in4; i += blockDim.x) {
-            float v[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int e = 4 * i + j, h = e / head_dim;
-                v[j] = merge_parts(acc, ml, (long)h * splits, splits, head_dim, e - h * head_dim);
-            }
-            xs[i] = pack4h(v[0], v[1], v[2], v[3]);
         }
     } else if (MODE == 2) {
         const float4* g4 = reinterpret_cast<const float4*>(xin);
@@ -128,8 +111,7 @@ template <int RPW, int UNROLL, int MODE, bool GLU>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
-                                          void* __restrict__ yv, int in, int out, float beta,
-                                          int splits, int head_dim) {
+                                          void* __restrict__ yv, int in, int out, float beta) {
     static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
     float* __restrict__ y = reinterpret_cast<float*>(yv);
     extern __shared__ __align__(16) unsigned char gv_smem[];
@@ -159,8 +141,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
-        gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), splits,
-                       head_dim);
+        gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
         __syncthreads();
         xv = reinterpret_cast<const uint4*>(gv_smem);
     }
@@ -228,9 +209,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         void* __restrict__ y, int in, int out, float beta, int splits, int head_dim) {        \
-        gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta, splits, \
-                                          head_dim);                                           \
+         void* __restrict__ y, int in, int out, float beta) {                                  \
+        gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta);        \
     }
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
@@ -241,7 +221,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE, false)
 GEMV_SHAPES(gemv_f16, 0)
 GEMV_SHAPES(gemv_f16_norm, 1)
-GEMV_SHAPES(gemv_f16_merge, 3)
 GEMV_SHAPES(gemv_f16_swiglu, 2)
 // The GLU forms (gate/up with the SwiGLU applied on the way out), f16 or RMSNorm input.
 GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
