@@ -24,6 +24,17 @@ make_models() {
         [ -f "$f" ] || "$Q" make-model --preset $preset --dtype f16 "$f" 2>&1 | tail -1
     done
 }
+# The decode attention goals' configurations (issue 6), each beside PyTorch's SDPA in the same call.
+attn_goals() {
+    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged"
+    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
+    local cfg
+    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
+        set -- $cfg
+        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
+        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
+    done
+}
 case "${1:-1}" in
 0) ;;  # unpack and keep the carried files only
 1)
@@ -273,13 +284,7 @@ tune)  # decode attention options and GEMV shapes, end to end (tg128), after the
     ;;
 final)  # the closing checks in one call after `0` + `llamacpp`: parity, decode attention vs SDPA, side by side
     bash "$0" parity
-    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged|^\| dense"
-    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
-    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
-        set -- $cfg
-        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
-        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
-    done
+    attn_goals
     bash "$0" sbs
     for preset in smollm2-135m llama3.2-1b; do
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed 's/$/  (-p 0)/'
@@ -416,13 +421,7 @@ s17c)  # stop 17: min tiles 2, 2x4 for the 8B q/k/v and o, pinned metadata; the 
     ;;
 final17)  # stop 17's closing checks after `0` + `llamacpp`: parity, decode attention vs SDPA, side by side
     bash "$0" parity
-    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged"
-    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
-    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
-        set -- $cfg
-        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
-        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
-    done
+    attn_goals
     bash "$0" sbs
     ;;
 final17b)  # after final17 (model.part2 carried): parity on the default model, decode alone, module loading
@@ -508,13 +507,7 @@ s18b)  # stop 18: the GEMV's second batch before the RMSNorm prologue; old binar
     done
     ;;
 final18)  # stop 18's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
-    "$Q" attn-bench --backend cuda --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 64 --active-blocks 32 --repeats 200 2>&1 | grep -E "parity paged|^\| paged"
-    python3 tests/device/sdpa_bench.py 16 1024 16 8 128 f16
-    for cfg in "16 4096 16" "64 8192 16" "1 4096 16"; do
-        set -- $cfg
-        "$Q" attn-bench --backend cuda --batch $1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size $3 --max-blocks $(( $2 / $3 )) --active-blocks $(( $2 / $3 )) --repeats 100 2>&1 | grep -E "parity paged|^\| paged"
-        python3 tests/device/sdpa_bench.py $1 $2 32 8 128 bf16
-    done
+    attn_goals
     bash "$0" sbs
     ;;
 final18b)  # after final18 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
