@@ -519,17 +519,4 @@ final18b)  # after final18 (model.part2 carried): parity on the default model, k
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0)/"
     done
     ;;
-s18e)  # stop 18: the GEMV compiled for three CTAs per SM (QUIRE_CUDA_GEMV_B3=1) against the default
-    make_models
-    QUIRE_CUDA_GEMV_B3=1 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops, b3)/'
-    QUIRE_CUDA_GEMV_B3=1 QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed 's/$/  (b3)/'
-    for preset in llama3-8b llama3.2-1b smollm2-135m; do
-        for rep in 1 2; do
-            for b in 0 1; do
-                QUIRE_CUDA_GEMV_B3=$b "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, b3 $b)/"
-            done
-        done
-    done
-    QUIRE_CUDA_GEMV_B3=1 "$W"/cuda_matmul_bench --reps 50 2>&1 | grep -E "gemv" | sed 's/$/  (b3)/'
-    ;;
 esac

@@ -55,16 +55,10 @@ pub struct Gemv {
 impl Gemv {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         let m = gpu.module(&nvrtc::GEMV, &[])?;
-        // `QUIRE_CUDA_GEMV_B3=1`: the entries compiled for three CTAs per SM (gemv.cu's `_b3`).
-        let b3 = if std::env::var("QUIRE_CUDA_GEMV_B3").is_ok_and(|v| v == "1") {
-            "_b3"
-        } else {
-            ""
-        };
         let get = |name: &str| -> Result<Vec<CudaFunction>, BackendError> {
             SHAPES
                 .iter()
-                .map(|(r, u)| Gpu::function(&m, &format!("{name}_r{r}u{u}{b3}")))
+                .map(|(r, u)| Gpu::function(&m, &format!("{name}_r{r}u{u}")))
                 .collect()
         };
         let f = [
@@ -83,8 +77,8 @@ impl Gemv {
             }
         };
         let glu_f = [
-            Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}{b3}"))?,
-            Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}{b3}"))?,
+            Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
+            Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
         ];
         // `QUIRE_CUDA_GEMV_CTAS`: CTAs per SM of a persistent grid ("max": as many as fit); by
         // default 0, one row group per warp. Measured on the H100 (PERF.md, stop 16) the

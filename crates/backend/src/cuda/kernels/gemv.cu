@@ -205,20 +205,13 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 // Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
 // (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
 // (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
-// Every entry twice: as compiled by default, and with `_b3` appended, its registers bounded so
-// three CTAs fit on an SM (`__launch_bounds__(256, 3)`: 24 warps instead of 16; a measurement,
-// `QUIRE_CUDA_GEMV_B3=1`, after Nsight Compute showed 99–112 registers a thread, 25% occupancy
-// and a 1.45-wave grid for the 8B model's q/k/v).
-#define GEMV_ENTRY_B(name, RPW, UNROLL, MODE, GLU, MINB)                                         \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, MINB)                            \
+#define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU)                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
          void* __restrict__ y, int in, int out, float beta) {                                  \
         gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta);        \
     }
-#define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU)  \
-    GEMV_ENTRY_B(name, RPW, UNROLL, MODE, GLU, 1) \
-    GEMV_ENTRY_B(name##_b3, RPW, UNROLL, MODE, GLU, 3)
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
     GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)          \
