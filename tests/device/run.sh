@@ -466,46 +466,6 @@ confirm17)  # stop 17's final defaults: parity on the random 135M file, tg128 wi
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512)/"
     done
     ;;
-s18a)  # stop 18: graph context bound 64 (vs 256), the staged GEMV (parity, per matrix, end to end)
-    make_models
-    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 > "$W/cuda_ops.txt" 2>&1
-    grep -E "test result|panicked|FAILED|rel err" "$W/cuda_ops.txt" | head -20 | sed 's/$/  (cuda_ops)/'
-    for st in 0 all; do
-        QUIRE_CUDA_GEMV_STAGED=$st QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  (staged $st)/"
-    done
-    "$W"/cuda_matmul_bench --reps 50 2>&1 | grep -E "gemv|cuBLAS|device" > "$OUT/matmul.txt"
-    cat "$OUT/matmul.txt"
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        f="$W/$preset-f16.gguf"
-        QUIRE_CUDA_GRAPH_CTX=256 "$Q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, ctx bound 256)/"
-        for st in 0 small all; do
-            for p in 0 512; do
-                QUIRE_CUDA_GEMV_STAGED=$st "$Q" bench -m "$f" --backend cuda -p $p -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p $p, staged $st)/"
-            done
-        done
-        [ $preset = llama3-8b ] && continue
-        for st in 0 all; do
-            QUIRE_CUDA_TRACE=1 QUIRE_CUDA_GEMV_STAGED=$st "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset-$st.txt" 2>&1
-        done
-    done
-    ;;
-s18b)  # stop 18: the GEMV's second batch before the RMSNorm prologue; old binaries (.dev/bin-old.tar.xz) alternating
-    make_models
-    mkdir -p "$W/old" && tar -xJf .dev/bin-old.tar.xz -C "$W/old"
-    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
-    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
-    for preset in llama3.2-1b llama3-8b smollm2-135m; do
-        f="$W/$preset-f16.gguf"
-        for rep in 1 2; do
-            for b in old new; do
-                if [ $b = old ]; then q="$W/old/quire"; else q="$Q"; fi
-                "$q" bench -m "$f" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512, $b)/"
-            done
-        done
-        "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0, new)/"
-        QUIRE_CUDA_TRACE=1 "$Q" bench -m "$f" --backend cuda -p 0 -n 128 -r 2 > "$OUT/tl-$preset.txt" 2>&1
-    done
-    ;;
 final18)  # stop 18's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
     attn_goals
     bash "$0" sbs

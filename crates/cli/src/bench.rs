@@ -669,12 +669,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             for t in &tests {
                 bar.set_message(format!("{} ({th} threads)", t.name()));
                 let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
-                // Tests warm up whole: a GPU captures a decode graph per context bound (64,
-                // 128, 256, ... keys) and per chain length, which must not land in a timed run
-                // (so there the untimed depth is filled too; the CPU skips it).
-                let warm = TestSpec {
-                    n_depth: if gpu.is_some() { t.n_depth } else { 0 },
-                    ..*t
+                // On a GPU tests warm up whole, depth included: it captures a decode graph per
+                // context bound (64, 128, 256, ... keys) and per chain length, which must not
+                // land in a timed run. The CPU has no graphs: one token and no depth will do.
+                let warm = match gpu {
+                    Some(_) => *t,
+                    None => TestSpec {
+                        n_gen: if t.chain > 0 { t.n_gen } else { t.n_gen.min(1) },
+                        n_depth: 0,
+                        ..*t
+                    },
                 };
                 run_once(exec.as_mut(), &mut st, &warm, &mut rng)
                     .with_context(|| format!("{} warm-up", t.name()))?;

@@ -120,10 +120,6 @@ impl Gemv {
             }),
             Err(_) => None,
         };
-        let max_fused_k = std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(MAX_FUSED_K);
         Ok(Gemv {
             f,
             glu_f,
@@ -131,7 +127,10 @@ impl Gemv {
             forced,
             ctas_per_sm,
             sms: gpu.sms as usize,
-            max_fused_k,
+            max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(MAX_FUSED_K),
         })
     }
 

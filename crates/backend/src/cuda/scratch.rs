@@ -32,7 +32,8 @@ pub(super) struct Acts {
 /// Device activations, in two sets: small steps (decode of one or a few sequences) keep theirs
 /// together and never moved by a prompt's growth. Written to test whether scattered rows of
 /// grown buffers explained the slower tg128 after a 512-token prompt; they did not (PERF.md,
-/// stop 17), the split stays because it costs nothing.
+/// stop 17: it was the decode graph's context bound, stop 18), the split stays because it costs
+/// nothing.
 #[derive(Default)]
 pub(super) struct Scratch {
     /// Steps of up to `SMALL_ROWS` tokens.

@@ -251,6 +251,23 @@ paged_attention(const float* __restrict__ qkv, int qkv_stride, half_t* __restric
                 out_f32, part_acc, part_ml);
 }
 
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// dst: a shared-memory address (smem_u32), 16-byte aligned; src: global, 16-byte aligned.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Eight f32 rounded to f16, packed as one 16-byte chunk (a key or value row of this step).
 __device__ __forceinline__ uint4 pack8(const float* __restrict__ p) {
     const float4 a = *reinterpret_cast<const float4*>(p);

@@ -48,25 +48,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return warp_sum(t);
 }
 
-// Asynchronous 16-byte copies from global to shared memory (sm_80+), for the kernels that stage
-// their inputs through shared memory (decode and prefill attention).
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-// dst: a shared-memory address (smem_u32), 16-byte aligned; src: global, 16-byte aligned.
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // The decode timeline (`QUIRE_CUDA_TRACE=1`, cuda/trace.rs): compiled in only then. The first CTA
 // appends the global timer to the buffer the host points `quire_trace` at ([0]: count).
 #ifdef QUIRE_TRACE
