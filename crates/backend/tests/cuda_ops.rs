@@ -332,7 +332,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
     use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
-    let gv = Gemv::new(&g).unwrap();
+    let mut gv = Gemv::new(&g).unwrap();
     let f16_in = GemvInput::F16 { x: 0 };
     assert!(!gv.fits(100, &f16_in) && gv.fits(104, &f16_in));
     assert!(gv.fits(4096, &f16_in));
@@ -371,6 +371,9 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             .collect();
         let y0 = rnd(&mut rng, out, 1.0);
         let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
+        // Every other shape with the L2 prefetch of whole rows (a hint: it must stay inside the
+        // rows, and change nothing).
+        gv.pf_bytes = if out % 2 == 0 { 1 << 20 } else { 0 };
         for beta in [0.0f32, 1.0] {
             let want: Vec<f32> = (0..out)
                 .map(|r| (dot(&w, &x, k, r) + beta as f64 * y0[r] as f64) as f32)
@@ -450,7 +453,8 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
     use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
-    let gv = Gemv::new(&g).unwrap();
+    let mut gv = Gemv::new(&g).unwrap();
+    gv.pf_bytes = 1 << 20; // the L2 prefetch of whole rows (a hint; changes nothing)
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),

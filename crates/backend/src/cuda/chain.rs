@@ -80,7 +80,7 @@ impl CudaExecutor {
         let meta_buf = self.s.meta.as_mut().unwrap();
         self.gpu.htod(&all, meta_buf, 0)?;
         let meta_base = meta_buf.ptr;
-        if !self.graphs.contains_key(&(b, steps, ctx)) {
+        if !self.graphs.contains_key(&(b, steps, ctx, false)) {
             let stream = self.gpu.stream.clone();
             let mark0 = self.gpu.trace_len();
             stream
@@ -94,9 +94,10 @@ impl CudaExecutor {
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert((b, steps, ctx), Graph(graph, marks));
+            self.graphs
+                .insert((b, steps, ctx, false), Graph(graph, marks));
         }
-        let graph = &self.graphs[&(b, steps, ctx)];
+        let graph = &self.graphs[&(b, steps, ctx, false)];
         self.gpu.trace_replay(&graph.1);
         graph
             .0
@@ -132,6 +133,7 @@ impl CudaExecutor {
                 layout,
                 pairs: 0,
                 ctx_tokens: 0,
+                logits_host: 0,
             })?;
             let out = ids + 4 * (k * b) as u64;
             self.launch_argmax(b, out)?;

@@ -21,6 +21,9 @@ pub(super) struct Step {
     /// For the profiler: Σ query_len · seq_len and Σ seq_len over the sequences.
     pub pairs: usize,
     pub ctx_tokens: usize,
+    /// Device address of page-locked host memory the logits row goes to (0: `s.logits`); only
+    /// set where `CudaExecutor::output_by_gemv` holds.
+    pub logits_host: u64,
 }
 
 impl CudaExecutor {
@@ -287,8 +290,14 @@ impl CudaExecutor {
                 eps,
             };
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
-                gv.run(g, wp, normed, logits, hd, c.vocab_size, 0.0)?;
+                let y = if st.logits_host != 0 {
+                    st.logits_host
+                } else {
+                    logits
+                };
+                gv.run(g, wp, normed, y, hd, c.vocab_size, 0.0)?;
             } else {
+                debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
                 norm_for(
                     g,
                     k,
@@ -316,6 +325,21 @@ impl CudaExecutor {
             2 * nl * hd * c.vocab_size,
         )?;
         Ok(())
+    }
+}
+
+impl CudaExecutor {
+    /// Whether a step with `nl` logits rows computes them with the one-token GEMV (so they can
+    /// be written straight to page-locked host memory): the same choice `enqueue` makes.
+    pub(super) fn output_by_gemv(&self, nl: usize) -> bool {
+        let out_w = self.output.as_ref().unwrap_or(&self.embed);
+        let probe = GemvInput::Norm {
+            x: 0,
+            rows_idx: 0,
+            norm_w: 0,
+            eps: 0.0,
+        };
+        one_token_gemv(&self.k, out_w, nl, self.cfg.hidden_size, &probe).is_some()
     }
 }
 

@@ -33,6 +33,10 @@ pub enum GemvInput {
 /// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
 const MAX_FUSED_K: usize = 8192;
 
+/// Bytes per row the GEMV asks the L2 for before its wait, beyond the first batch (gemv.cu; 0:
+/// off).
+const DEFAULT_PF_BYTES: usize = 0;
+
 /// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
 pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
 
@@ -50,6 +54,13 @@ pub struct Gemv {
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
+    /// L2 prefetch before the wait (gemv.cu): bytes per row beyond the first batch, and whether
+    /// only the CTAs of the first wave ask (`QUIRE_CUDA_GEMV_PF=BYTES[,first]`).
+    pub pf_bytes: usize,
+    pub pf_first_wave: bool,
+    /// CTAs resident at once per [input form][shape] and for the GLU forms (the first wave).
+    wave: [[usize; SHAPES.len()]; 3],
+    glu_wave: [usize; 2],
 }
 
 impl Gemv {
@@ -89,18 +100,42 @@ impl Gemv {
             Ok(v) => Some(v.parse().unwrap_or(0)),
             Err(_) => Some(0),
         };
+        let sms = gpu.sms as usize;
+        let occupancy = |func: &CudaFunction| -> Result<usize, BackendError> {
+            Ok(func
+                .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
+                .max(1) as usize)
+        };
         let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
+        let mut wave = [[0usize; SHAPES.len()]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
-                ctas_per_sm[form][variant] = match env_ctas {
-                    Some(c) => c,
-                    None => func
-                        .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                        .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
-                        .max(1) as usize,
-                };
+                let occ = occupancy(func)?;
+                wave[form][variant] = occ * sms;
+                ctas_per_sm[form][variant] = env_ctas.unwrap_or(occ);
             }
         }
+        let glu_wave = [occupancy(&glu_f[0])? * sms, occupancy(&glu_f[1])? * sms];
+        // `QUIRE_CUDA_GEMV_PF=BYTES[,first]`: the L2 prefetch (0: off).
+        let (pf_bytes, pf_first_wave) = match std::env::var("QUIRE_CUDA_GEMV_PF") {
+            Ok(v) => {
+                let (b, first) = match v.split_once(',') {
+                    Some((b, "first")) => (b, true),
+                    Some(_) => {
+                        return Err(BackendError::Cuda(format!(
+                            "QUIRE_CUDA_GEMV_PF: {v} is not BYTES or BYTES,first"
+                        )))
+                    }
+                    None => (v.as_str(), false),
+                };
+                let b = b.parse::<usize>().map_err(|_| {
+                    BackendError::Cuda(format!("QUIRE_CUDA_GEMV_PF: {b} is not a byte count"))
+                })?;
+                (b, first)
+            }
+            Err(_) => (DEFAULT_PF_BYTES, false),
+        };
         // `QUIRE_CUDA_GEMV_SHAPE=RxU` (every matrix) or `RxU,RxU` (matrices of few rows, of many).
         let shape = |v: &str| {
             SHAPES
@@ -126,7 +161,11 @@ impl Gemv {
             glu: std::env::var("QUIRE_CUDA_GEMV_GLU").map_or(true, |v| v != "0"),
             forced,
             ctas_per_sm,
-            sms: gpu.sms as usize,
+            sms,
+            pf_bytes,
+            pf_first_wave,
+            wave,
+            glu_wave,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -189,16 +228,16 @@ impl Gemv {
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
         // One (gate, up) pair per warp, eight warps per CTA.
+        let pf = self.pf(self.glu_wave[form]);
         launch_gemv(
             g,
             &self.glu_f[form],
             inter.div_ceil(8),
             smem,
             args,
-            k_in,
-            inter,
-            eps,
-            0.0,
+            (k_in, inter),
+            (eps, 0.0),
+            pf,
         )
     }
 
@@ -241,22 +280,34 @@ impl Gemv {
             c => one_group_per_warp.min(c * self.sms),
         };
         let args = [w, x, rows_idx, norm_w, y];
+        let pf = self.pf(self.wave[form][variant]);
         launch_gemv(
             g,
             &self.f[form][variant],
             grid,
             smem,
             args,
-            k_in,
-            out,
-            eps,
-            beta,
+            (k_in, out),
+            (eps, beta),
+            pf,
         )
+    }
+
+    /// The prefetch arguments (bytes per row, CTAs that ask) for a kernel whose first wave is
+    /// `wave` CTAs.
+    fn pf(&self, wave: usize) -> (usize, usize) {
+        let ctas = if self.pf_first_wave {
+            wave
+        } else {
+            i32::MAX as usize
+        };
+        (self.pf_bytes.min(i32::MAX as usize), ctas)
     }
 }
 
 /// One launch of a gemv.cu entry point (they share one argument list): `args` are the weight,
-/// input, rows_idx, norm weight and output pointers.
+/// input, rows_idx, norm weight and output pointers; `dims` (k_in, out); `scalars` (eps, beta);
+/// `pf` the L2 prefetch (bytes per row, CTAs that ask).
 #[allow(clippy::too_many_arguments)]
 fn launch_gemv(
     g: &Gpu,
@@ -264,13 +315,13 @@ fn launch_gemv(
     grid: usize,
     smem: usize,
     args: [u64; 5],
-    k_in: usize,
-    out: usize,
-    eps: f32,
-    beta: f32,
+    dims: (usize, usize),
+    scalars: (f32, f32),
+    pf: (usize, usize),
 ) -> Result<(), BackendError> {
     use KArg::{F, I, P};
     let [w, x, rows_idx, norm_w, y] = args;
+    let ((k_in, out), (eps, beta)) = (dims, scalars);
     g.launch_smem(
         f,
         (grid as u32, 1, 1),
@@ -286,6 +337,8 @@ fn launch_gemv(
             I(k_in as i32),
             I(out as i32),
             F(beta),
+            I(pf.0 as i32),
+            I(pf.1 as i32),
         ],
     )
 }

@@ -71,6 +71,29 @@ impl<T: Copy + ValidAsZeroBits> HostBuf<T> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, len) })
     }
 
+    /// `len` zeroed elements that the device can also write (`CU_MEMHOSTALLOC_DEVICEMAP`), and
+    /// their device address: a one-row step's logits go there straight from the output GEMV,
+    /// with no copy after it. Never grown (`slice_mut` must stay within `len`, or the address a
+    /// captured graph holds would go stale).
+    pub fn mapped(len: usize) -> Result<(Self, u64), BackendError> {
+        let bytes = len.max(1) * std::mem::size_of::<T>();
+        let flags = drv_sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: a fresh allocation of `bytes`, zeroed before use (all-zero is a valid T).
+        let p = unsafe { cudarc::driver::result::malloc_host(bytes, flags) }
+            .map_err(cuda_err("allocating mapped host memory"))?;
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
+        let buf = HostBuf {
+            ptr: p as *mut T,
+            cap: len.max(1),
+        };
+        let mut dptr: drv_sys::CUdeviceptr = 0;
+        // SAFETY: `p` is a live page-locked allocation made with DEVICEMAP.
+        unsafe { drv_sys::cuMemHostGetDevicePointer_v2(&mut dptr, p, 0) }
+            .result()
+            .map_err(cuda_err("mapping host memory into the device"))?;
+        Ok((buf, dptr))
+    }
+
     /// The first `len` elements (`len` at most what `slice_mut` last provided).
     pub fn slice(&self, len: usize) -> &[T] {
         assert!(

@@ -83,6 +83,12 @@ pub struct CudaExecutor {
     /// Pinned: the logits copy of every step runs at the bus rate.
     pub(super) host_logits: super::gpu::HostBuf<f32>,
     pub(super) host_logits_len: usize,
+    /// One logits row in page-locked memory the device writes (and its device address): a
+    /// one-row step that returns logits has the output GEMV write them there, so no copy
+    /// follows the step (`QUIRE_CUDA_LOGITS_MAPPED=0`: copy as before). `None` when off.
+    pub(super) host_row: Option<(super::gpu::HostBuf<f32>, u64)>,
+    /// Whether the last `forward` left its logits in `host_row`.
+    pub(super) logits_in_row: bool,
     pub(super) host_ids: Vec<i32>,
     pub(super) meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
@@ -93,8 +99,9 @@ pub struct CudaExecutor {
     pub(super) graph_ctx_min: usize,
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
-    /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`).
-    pub(super) graphs: HashMap<(usize, usize, usize), Graph>,
+    /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`, logits
+    /// to `host_row`).
+    pub(super) graphs: HashMap<(usize, usize, usize, bool), Graph>,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -371,6 +378,11 @@ impl CudaExecutor {
         }
         let rope_cs = gpu.upload(&cs)?;
         gpu.sync()?;
+        let host_row = if std::env::var("QUIRE_CUDA_LOGITS_MAPPED").map_or(true, |v| v != "0") {
+            Some(super::gpu::HostBuf::mapped(c.vocab_size)?)
+        } else {
+            None
+        };
         Ok(Self {
             cfg: c.clone(),
             k,
@@ -387,6 +399,8 @@ impl CudaExecutor {
             s: scratch,
             host_logits: Default::default(),
             host_logits_len: 0,
+            host_row,
+            logits_in_row: false,
             host_ids: vec![],
             meta_host: vec![],
             prof: EventProfiler::default(),
@@ -428,7 +442,7 @@ impl Executor for CudaExecutor {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
         self.forward_inner(batch)?;
-        Ok(self.host_logits.slice(self.host_logits_len))
+        Ok(self.logits_on_host())
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
@@ -470,8 +484,30 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Runs the batch; the logits of `batch.logits_indices` end on the device in `s.logits`.
-    pub(super) fn run(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    /// The logits the last `forward_inner` left on the host.
+    pub(super) fn logits_on_host(&self) -> &[f32] {
+        match &self.host_row {
+            Some((row, _)) if self.logits_in_row => row.slice(self.cfg.vocab_size),
+            _ => self.host_logits.slice(self.host_logits_len),
+        }
+    }
+
+    /// Where a step with `nl` logits rows that go to the host writes them: `host_row`'s device
+    /// address when it is one row by the output GEMV, else 0 (`s.logits`, copied afterwards).
+    fn logits_dst(&self, nl: usize, to_host: bool) -> u64 {
+        match &self.host_row {
+            Some((_, dev)) if to_host && self.output_by_gemv(nl) => *dev,
+            _ => 0,
+        }
+    }
+
+    /// Runs the batch; the logits of `batch.logits_indices` end on the device in `s.logits`, or
+    /// with `to_host` and one row by the GEMV in `host_row` (returns whether they did).
+    pub(super) fn run(
+        &mut self,
+        batch: &ForwardBatch,
+        to_host: bool,
+    ) -> Result<bool, BackendError> {
         self.check_batch(batch)?;
         self.gpu
             .ctx
@@ -487,7 +523,7 @@ impl CudaExecutor {
             && batch.logits_indices.len() == n;
         if self.use_graphs && !self.prof.is_on() && decode_only && identity && n <= MAX_GRAPH_BATCH
         {
-            return self.run_graph(batch);
+            return self.run_graph(batch, to_host);
         }
         let c = &self.cfg;
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
@@ -499,6 +535,7 @@ impl CudaExecutor {
         }
         self.upload_meta()?;
         let meta_buf = self.s.meta.as_ref().unwrap();
+        let logits_host = self.logits_dst(nl, to_host);
         let step = Step {
             n,
             nl,
@@ -507,14 +544,16 @@ impl CudaExecutor {
             layout,
             pairs: batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum(),
             ctx_tokens: batch.seqs.iter().map(|q| q.seq_len).sum(),
+            logits_host,
         };
         self.prof.start(&self.gpu)?;
-        self.enqueue(step)
+        self.enqueue(step)?;
+        Ok(logits_host != 0)
     }
 
     /// A decode-only batch through the CUDA graph of its batch-size bucket (captured on first
     /// use): rows past `n` are padding that attends to itself in a reserved block.
-    fn run_graph(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    fn run_graph(&mut self, batch: &ForwardBatch, to_host: bool) -> Result<bool, BackendError> {
         let n = batch.num_tokens();
         let b = n.next_power_of_two();
         let c = &self.cfg;
@@ -528,6 +567,7 @@ impl CudaExecutor {
         }
         self.upload_meta()?;
         let meta_buf = self.s.meta.as_ref().unwrap();
+        let logits_host = self.logits_dst(b, to_host);
         let step = Step {
             n: b,
             nl: b,
@@ -536,8 +576,10 @@ impl CudaExecutor {
             layout,
             pairs: 0,
             ctx_tokens: 0,
+            logits_host,
         };
-        if !self.graphs.contains_key(&(b, 1, ctx)) {
+        let key = (b, 1, ctx, logits_host != 0);
+        if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream.clone();
             let mark0 = self.gpu.trace_len();
             stream
@@ -551,14 +593,15 @@ impl CudaExecutor {
             r?;
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs.insert((b, 1, ctx), Graph(graph, marks));
+            self.graphs.insert(key, Graph(graph, marks));
         }
-        let graph = &self.graphs[&(b, 1, ctx)];
+        let graph = &self.graphs[&key];
         self.gpu.trace_replay(&graph.1);
         graph
             .0
             .launch()
-            .map_err(super::gpu::cuda_err("launching the decode graph"))
+            .map_err(super::gpu::cuda_err("launching the decode graph"))?;
+        Ok(logits_host != 0)
     }
 
     /// Copies `meta_host` to the device's metadata buffer. From pageable memory on purpose: the
@@ -588,16 +631,21 @@ impl CudaExecutor {
     }
 
     pub(super) fn forward_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
-        self.run(batch)?;
-        let nl = batch.logits_indices.len();
-        self.host_logits_len = nl * self.cfg.vocab_size;
-        let out = self.host_logits.slice_mut(self.host_logits_len)?;
-        self.gpu.dtoh(self.s.logits.as_ref().unwrap(), out)?;
+        self.logits_in_row = self.run(batch, true)?;
+        if self.logits_in_row {
+            // The output GEMV wrote the row into `host_row`; the sync makes it visible.
+            self.gpu.sync()?;
+        } else {
+            let nl = batch.logits_indices.len();
+            self.host_logits_len = nl * self.cfg.vocab_size;
+            let out = self.host_logits.slice_mut(self.host_logits_len)?;
+            self.gpu.dtoh(self.s.logits.as_ref().unwrap(), out)?;
+        }
         self.prof.finish(&self.gpu)
     }
 
     fn forward_greedy_inner(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
-        self.run(batch)?;
+        self.run(batch, false)?;
         let nl = batch.logits_indices.len();
         if nl > 0 {
             let ids = self.s.ids.as_ref().unwrap().ptr;

@@ -175,15 +175,14 @@ impl CudaExecutor {
             self.forward_inner(batch)?;
             let mut cand = Vec::new();
             self.host_ids = self
-                .host_logits
-                .slice(self.host_logits_len)
+                .logits_on_host()
                 .chunks_exact(vocab.max(1))
                 .zip(rows)
                 .map(|(l, p)| sample_row_with(l, p, &mut cand) as i32)
                 .collect();
             return Ok(());
         }
-        self.run(batch)?;
+        self.run(batch, false)?;
         let nl = rows.len();
         let ids = self.s.ids.as_ref().expect("grown by run");
         if let Some(k) = self.k.sample.as_mut() {

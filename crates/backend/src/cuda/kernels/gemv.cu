@@ -22,6 +22,15 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
+// Asks the L2 for `bytes` (a multiple of 16, 16-byte aligned) from p on: one instruction, no
+// registers held, no completion to wait for (a hint; a later load of the line finds it in L2 or
+// joins the miss in flight).
+__device__ __forceinline__ void l2_prefetch(const void* p, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     const unsigned wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
     float s = 0.0f;
@@ -43,9 +52,12 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 //
 // Each warp's first batch of weight loads is issued before `pdl_enter`: the weights are model
 // weights, never written by a kernel, so under programmatic dependent launch they stream in while
-// the kernel before finishes (the rest of the step only needs the input vector). After that the
-// loads of batch i + 1 are issued before batch i's arithmetic. Every lane still accumulates its
-// chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL.
+// the kernel before finishes (the rest of the step only needs the input vector). Beside it, in
+// CTAs below `pf_ctas`, lanes 0..RPW-1 ask the L2 for up to `pf_bytes` more of their first row
+// group's rows (a bulk prefetch holds no registers), so memory keeps streaming through the hand-
+// over from the kernel before and the prologue instead of idling until batch 1 is issued. After
+// that the loads of batch i + 1 are issued before batch i's arithmetic. Every lane still
+// accumulates its chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL.
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
 // dynamic shared memory: in * 2 bytes for MODE 1 and 2.
 template <int RPW, int UNROLL>
@@ -111,7 +123,8 @@ template <int RPW, int UNROLL, int MODE, bool GLU>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
-                                          void* __restrict__ yv, int in, int out, float beta) {
+                                          void* __restrict__ yv, int in, int out, float beta,
+                                          int pf_bytes, int pf_ctas) {
     static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
     float* __restrict__ y = reinterpret_cast<float*>(yv);
     extern __shared__ __align__(16) unsigned char gv_smem[];
@@ -137,6 +150,15 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     rows_of(g_begin, wr);
     uint4 wv[RPW][UNROLL];
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
+    if (pf_bytes > 0 && (int)blockIdx.x < pf_ctas && g_begin < g_end && lane < RPW) {
+        const int skip = 32 * UNROLL * 16;  // batch 0's bytes of a row, in registers already
+        const int bytes = min(in * 2 - skip, pf_bytes) & ~15;
+        if (bytes > 0) {
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+                if (lane == r) l2_prefetch(reinterpret_cast<const char*>(wr[r]) + skip, bytes);
+        }
+    }
     pdl_enter();
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
@@ -181,11 +203,13 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
                 if (lane == 0 && g < out)
                     reinterpret_cast<half_t*>(yv)[g] = f2h(gs / (1.0f + expf(-gs)) * us);
             } else {
+                // Lane r writes row r: a group's rows leave in one store (the logits of a
+                // one-row step may go straight to page-locked host memory).
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
                     const float s = warp_sum(acc[r]);
                     const int i = g * RPW + r;
-                    if (lane == 0 && i < out) y[i] = beta != 0.0f ? s + beta * y[i] : s;
+                    if (lane == r && i < out) y[i] = beta != 0.0f ? s + beta * y[i] : s;
                 }
             }
 #pragma unroll
@@ -209,8 +233,9 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         void* __restrict__ y, int in, int out, float beta) {                                  \
-        gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta);        \
+         void* __restrict__ y, int in, int out, float beta, int pf_bytes, int pf_ctas) {       \
+        gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta,         \
+                                          pf_bytes, pf_ctas);                                  \
     }
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
