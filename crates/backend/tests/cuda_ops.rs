@@ -326,10 +326,12 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// shapes of the 135M/1B/8B layers plus odd ones (rows not a multiple of the CTA's 16, lengths
 /// not a multiple of the unrolled 1024 elements), beta 0 over a NaN-poisoned output and beta 1
 /// (the residual add); then its fused inputs, RMSNorm (with a row gather) and SwiGLU, against the
-/// CPU's ops rounded to f16 the same way.
+/// CPU's ops rounded to f16 the same way, and the RMSNorm form that writes into mapped host
+/// memory against the device form, bit for bit.
 #[test]
 fn gemv_matches_an_f64_dot_product_and_cublas() {
     use quire_backend::cuda::gemv::{Gemv, GemvInput};
+    use quire_backend::cuda::gpu::HostBuf;
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
     let mut gv = Gemv::new(&g).unwrap();
@@ -373,7 +375,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
         let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
         // Every other shape with the L2 prefetch of whole rows (a hint: it must stay inside the
         // rows, and change nothing).
-        gv.pf_bytes = if out % 2 == 0 { 1 << 20 } else { 0 };
+        (gv.pf_bytes, gv.pf_min_k) = if out % 2 == 0 { (1 << 20, 0) } else { (0, 0) };
         for beta in [0.0f32, 1.0] {
             let want: Vec<f32> = (0..out)
                 .map(|r| (dot(&w, &x, k, r) + beta as f64 * y0[r] as f64) as f32)
@@ -439,8 +441,22 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let want: Vec<f32> = (0..out).map(|r| dot(&w, &v16, k, r) as f32).collect();
             let dy = g.upload(&vec![f32::NAN; out]).unwrap();
             gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
-            let e = rel(&read(&dy), &want);
+            let got = read(&dy);
+            let e = rel(&got, &want);
             assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
+            if name == "norm" {
+                // The host-output form (a one-row step's logits into mapped page-locked memory):
+                // the same sums, NaN-poisoned first, every row written once.
+                let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
+                host.slice_mut(out).unwrap().fill(f32::NAN);
+                gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
+                g.sync().unwrap();
+                let h = host.slice(out);
+                assert!(
+                    h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "host-output gemv {k}x{out} differs from the device form"
+                );
+            }
         }
     }
 }
@@ -454,7 +470,7 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
     let mut gv = Gemv::new(&g).unwrap();
-    gv.pf_bytes = 1 << 20; // the L2 prefetch of whole rows (a hint; changes nothing)
+    (gv.pf_bytes, gv.pf_min_k) = (1 << 20, 0); // the L2 prefetch of whole rows (changes nothing)
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),

@@ -290,12 +290,11 @@ impl CudaExecutor {
                 eps,
             };
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
-                let y = if st.logits_host != 0 {
-                    st.logits_host
+                if st.logits_host != 0 {
+                    gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size)?;
                 } else {
-                    logits
-                };
-                gv.run(g, wp, normed, y, hd, c.vocab_size, 0.0)?;
+                    gv.run(g, wp, normed, logits, hd, c.vocab_size, 0.0)?;
+                }
             } else {
                 debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
                 norm_for(

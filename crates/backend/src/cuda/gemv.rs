@@ -33,9 +33,10 @@ pub enum GemvInput {
 /// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
 const MAX_FUSED_K: usize = 8192;
 
-/// Bytes per row the GEMV asks the L2 for before its wait, beyond the first batch (gemv.cu; 0:
-/// off).
-const DEFAULT_PF_BYTES: usize = 0;
+/// The L2 prefetch's default: bytes per row beyond the first batch, and the shortest rows it is
+/// asked for (gemv.cu).
+const PF_BYTES: usize = 0;
+const PF_MIN_K: usize = 8192;
 
 /// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
 pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
@@ -45,6 +46,9 @@ pub struct Gemv {
     f: [Vec<CudaFunction>; 3],
     /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
     glu_f: [CudaFunction; 2],
+    /// The host-output forms (RMSNorm input) of shapes 1 × 8 and 2 × 4: a one-row step's
+    /// logits straight into page-locked host memory.
+    host_f: [CudaFunction; 2],
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
     pub glu: bool,
     /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
@@ -54,13 +58,10 @@ pub struct Gemv {
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
-    /// L2 prefetch before the wait (gemv.cu): bytes per row beyond the first batch, and whether
-    /// only the CTAs of the first wave ask (`QUIRE_CUDA_GEMV_PF=BYTES[,first]`).
+    /// The L2 prefetch (gemv.cu): bytes per row beyond the first batch, for matrices whose rows
+    /// are at least `pf_min_k` long (`QUIRE_CUDA_GEMV_PF=BYTES[,MIN_K]`; 0 bytes: off).
     pub pf_bytes: usize,
-    pub pf_first_wave: bool,
-    /// CTAs resident at once per [input form][shape] and for the GLU forms (the first wave).
-    wave: [[usize; SHAPES.len()]; 3],
-    glu_wave: [usize; 2],
+    pub pf_min_k: usize,
 }
 
 impl Gemv {
@@ -87,6 +88,10 @@ impl Gemv {
                 )))
             }
         };
+        let host_f = [
+            Gpu::function(&m, "gemv_f16_norm_host_r1u8")?,
+            Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
+        ];
         let glu_f = [
             Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
             Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
@@ -100,42 +105,18 @@ impl Gemv {
             Ok(v) => Some(v.parse().unwrap_or(0)),
             Err(_) => Some(0),
         };
-        let sms = gpu.sms as usize;
-        let occupancy = |func: &CudaFunction| -> Result<usize, BackendError> {
-            Ok(func
-                .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
-                .max(1) as usize)
-        };
         let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
-        let mut wave = [[0usize; SHAPES.len()]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
-                let occ = occupancy(func)?;
-                wave[form][variant] = occ * sms;
-                ctas_per_sm[form][variant] = env_ctas.unwrap_or(occ);
+                ctas_per_sm[form][variant] = match env_ctas {
+                    Some(c) => c,
+                    None => func
+                        .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                        .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
+                        .max(1) as usize,
+                };
             }
         }
-        let glu_wave = [occupancy(&glu_f[0])? * sms, occupancy(&glu_f[1])? * sms];
-        // `QUIRE_CUDA_GEMV_PF=BYTES[,first]`: the L2 prefetch (0: off).
-        let (pf_bytes, pf_first_wave) = match std::env::var("QUIRE_CUDA_GEMV_PF") {
-            Ok(v) => {
-                let (b, first) = match v.split_once(',') {
-                    Some((b, "first")) => (b, true),
-                    Some(_) => {
-                        return Err(BackendError::Cuda(format!(
-                            "QUIRE_CUDA_GEMV_PF: {v} is not BYTES or BYTES,first"
-                        )))
-                    }
-                    None => (v.as_str(), false),
-                };
-                let b = b.parse::<usize>().map_err(|_| {
-                    BackendError::Cuda(format!("QUIRE_CUDA_GEMV_PF: {b} is not a byte count"))
-                })?;
-                (b, first)
-            }
-            Err(_) => (DEFAULT_PF_BYTES, false),
-        };
         // `QUIRE_CUDA_GEMV_SHAPE=RxU` (every matrix) or `RxU,RxU` (matrices of few rows, of many).
         let shape = |v: &str| {
             SHAPES
@@ -155,17 +136,30 @@ impl Gemv {
             }),
             Err(_) => None,
         };
+        let (pf_bytes, pf_min_k) = match std::env::var("QUIRE_CUDA_GEMV_PF") {
+            Ok(v) => {
+                let num = |t: &str| {
+                    t.trim().parse::<usize>().map_err(|_| {
+                        BackendError::Cuda(format!("QUIRE_CUDA_GEMV_PF: {v} is not BYTES[,MIN_K]"))
+                    })
+                };
+                match v.split_once(',') {
+                    Some((b, k)) => (num(b)?, num(k)?),
+                    None => (num(&v)?, PF_MIN_K),
+                }
+            }
+            Err(_) => (PF_BYTES, PF_MIN_K),
+        };
         Ok(Gemv {
+            pf_bytes,
+            pf_min_k,
             f,
             glu_f,
+            host_f,
             glu: std::env::var("QUIRE_CUDA_GEMV_GLU").map_or(true, |v| v != "0"),
             forced,
             ctas_per_sm,
-            sms,
-            pf_bytes,
-            pf_first_wave,
-            wave,
-            glu_wave,
+            sms: gpu.sms as usize,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -228,16 +222,17 @@ impl Gemv {
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
         // One (gate, up) pair per warp, eight warps per CTA.
-        let pf = self.pf(self.glu_wave[form]);
         launch_gemv(
             g,
             &self.glu_f[form],
             inter.div_ceil(8),
             smem,
             args,
-            (k_in, inter),
-            (eps, 0.0),
-            pf,
+            k_in,
+            inter,
+            eps,
+            0.0,
+            self.pf(k_in),
         )
     }
 
@@ -254,6 +249,74 @@ impl Gemv {
         beta: f32,
     ) -> Result<(), BackendError> {
         let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
+        let variant = self.shape_for(k_in, out);
+        let rows = SHAPES[variant].0 * 8;
+        let one_group_per_warp = out.div_ceil(rows);
+        let grid = match self.ctas_per_sm[form][variant] {
+            0 => one_group_per_warp,
+            c => one_group_per_warp.min(c * self.sms),
+        };
+        let args = [w, x, rows_idx, norm_w, y];
+        launch_gemv(
+            g,
+            &self.f[form][variant],
+            grid,
+            smem,
+            args,
+            k_in,
+            out,
+            eps,
+            beta,
+            self.pf(k_in),
+        )
+    }
+
+    /// `y[out] = w[out, k_in] · RMSNorm(x)` with `y` the device address of page-locked host
+    /// memory (`HostBuf::mapped`): each CTA's rows leave in one store (gemv.cu's HOST form). The
+    /// shape is `run`'s rule, 1 × 8 or 2 × 4 (a forced other shape takes 2 × 4).
+    pub fn run_host(
+        &self,
+        g: &Gpu,
+        w: u64,
+        input: GemvInput,
+        y: u64,
+        k_in: usize,
+        out: usize,
+    ) -> Result<(), BackendError> {
+        let (form, x, rows_idx, norm_w, eps, smem) =
+            self.input_args(input, k_in, "gemv_f16_norm_host")?;
+        if form != 1 {
+            return Err(BackendError::InvalidBatch(
+                "the host-output GEMV takes an RMSNorm input".into(),
+            ));
+        }
+        let variant = usize::from(self.shape_for(k_in, out) != 0);
+        let rows = SHAPES[variant].0 * 8;
+        launch_gemv(
+            g,
+            &self.host_f[variant],
+            out.div_ceil(rows),
+            smem,
+            [w, x, rows_idx, norm_w, y],
+            k_in,
+            out,
+            eps,
+            0.0,
+            self.pf(k_in),
+        )
+    }
+
+    /// The prefetch's bytes per row for rows `k_in` long.
+    fn pf(&self, k_in: usize) -> usize {
+        if k_in >= self.pf_min_k {
+            self.pf_bytes
+        } else {
+            0
+        }
+    }
+
+    /// The shape (index into `SHAPES`) for a matrix `[out, k_in]`.
+    fn shape_for(&self, k_in: usize, out: usize) -> usize {
         // Long rows (k >= 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
         // projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
         // otherwise two rows per warp, 4 chunks each. Measured end to end on the H100 (PERF.md,
@@ -266,48 +329,18 @@ impl Gemv {
         // 2,427 / 2,486 against 2,375 / 2,368 at 2 × 4 (stop 17). The 1B model's 4 KB rows lose
         // at 1 × 8 (938 against 969), so they stay at 2 × 4.
         let few_rows = out.div_ceil(16) < 4 * self.sms;
-        let variant = match self.forced {
+        match self.forced {
             Some((few, _)) if few_rows => few,
             Some((_, many)) => many,
             None if k_in >= 8192 || (k_in >= 4096 && out >= 65536) => 0,
             None if k_in < 2048 && few_rows => 0,
             None => 1,
-        };
-        let rows = SHAPES[variant].0 * 8;
-        let one_group_per_warp = out.div_ceil(rows);
-        let grid = match self.ctas_per_sm[form][variant] {
-            0 => one_group_per_warp,
-            c => one_group_per_warp.min(c * self.sms),
-        };
-        let args = [w, x, rows_idx, norm_w, y];
-        let pf = self.pf(self.wave[form][variant]);
-        launch_gemv(
-            g,
-            &self.f[form][variant],
-            grid,
-            smem,
-            args,
-            (k_in, out),
-            (eps, beta),
-            pf,
-        )
-    }
-
-    /// The prefetch arguments (bytes per row, CTAs that ask) for a kernel whose first wave is
-    /// `wave` CTAs.
-    fn pf(&self, wave: usize) -> (usize, usize) {
-        let ctas = if self.pf_first_wave {
-            wave
-        } else {
-            i32::MAX as usize
-        };
-        (self.pf_bytes.min(i32::MAX as usize), ctas)
+        }
     }
 }
 
 /// One launch of a gemv.cu entry point (they share one argument list): `args` are the weight,
-/// input, rows_idx, norm weight and output pointers; `dims` (k_in, out); `scalars` (eps, beta);
-/// `pf` the L2 prefetch (bytes per row, CTAs that ask).
+/// input, rows_idx, norm weight and output pointers.
 #[allow(clippy::too_many_arguments)]
 fn launch_gemv(
     g: &Gpu,
@@ -315,13 +348,14 @@ fn launch_gemv(
     grid: usize,
     smem: usize,
     args: [u64; 5],
-    dims: (usize, usize),
-    scalars: (f32, f32),
-    pf: (usize, usize),
+    k_in: usize,
+    out: usize,
+    eps: f32,
+    beta: f32,
+    pf_bytes: usize,
 ) -> Result<(), BackendError> {
     use KArg::{F, I, P};
     let [w, x, rows_idx, norm_w, y] = args;
-    let ((k_in, out), (eps, beta)) = (dims, scalars);
     g.launch_smem(
         f,
         (grid as u32, 1, 1),
@@ -337,8 +371,7 @@ fn launch_gemv(
             I(k_in as i32),
             I(out as i32),
             F(beta),
-            I(pf.0 as i32),
-            I(pf.1 as i32),
+            I(pf_bytes.min(i32::MAX as usize) as i32),
         ],
     )
 }

@@ -52,12 +52,12 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 //
 // Each warp's first batch of weight loads is issued before `pdl_enter`: the weights are model
 // weights, never written by a kernel, so under programmatic dependent launch they stream in while
-// the kernel before finishes (the rest of the step only needs the input vector). Beside it, in
-// CTAs below `pf_ctas`, lanes 0..RPW-1 ask the L2 for up to `pf_bytes` more of their first row
-// group's rows (a bulk prefetch holds no registers), so memory keeps streaming through the hand-
-// over from the kernel before and the prologue instead of idling until batch 1 is issued. After
-// that the loads of batch i + 1 are issued before batch i's arithmetic. Every lane still
-// accumulates its chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL.
+// the kernel before finishes (the rest of the step only needs the input vector). With `pf_bytes`
+// set (the host sets it for long rows only), lanes 0..RPW-1 also ask the L2 for up to that many
+// more bytes of their first group's rows: a bulk prefetch holds no registers, so memory keeps
+// streaming through the hand-over and the first batches. After that the loads of batch i + 1 are
+// issued before batch i's arithmetic. Every lane still accumulates its chunks c, c + 32, c + 64,
+// ... in order, so the sums do not depend on UNROLL.
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
 // dynamic shared memory: in * 2 bytes for MODE 1 and 2.
 template <int RPW, int UNROLL>
@@ -114,18 +114,34 @@ __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
     }
 }
 
+// HOST's store: the CTA's GV_WARPS * RPW rows, gathered in ys, in one coalesced store.
+template <int RPW>
+__device__ __forceinline__ void gv_store_host(const float* ys, float* __restrict__ y, int out) {
+    __syncthreads();
+    const int i = blockIdx.x * GV_WARPS * RPW + threadIdx.x;
+    if (threadIdx.x < GV_WARPS * RPW && i < out) y[i] = ys[threadIdx.x];
+}
+
+//
+// HOST (the logits of a one-row decode step, written straight into page-locked host memory): warp
+// w of CTA b takes row group b * GV_WARPS + w (one group per warp, the host's grid), beta is 0,
+// and the CTA's rows leave in one store after a barrier. Stored a row at a time from each warp,
+// the 4-8 byte bus writes cost the 135M model's 49K-row projection more than the copy they
+// replace (PERF.md, stop 19).
 //
 // GLU (the gate/up projection of a decode step): w holds the gate rows [0, out) and then the up
 // rows [out, 2 * out); a warp's row group pairs gate row i with up row out + i (RPW is 2) and lane
 // 0 writes silu(gate) · up rounded to f16 into yv[i] (swiglu_f16's arithmetic on the same sums), so
 // the down projection reads f16 rows and no SwiGLU runs anywhere else. Otherwise y is f32.
-template <int RPW, int UNROLL, int MODE, bool GLU>
+template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
                                           void* __restrict__ yv, int in, int out, float beta,
-                                          int pf_bytes, int pf_ctas) {
+                                          int pf_bytes) {
     static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
+    static_assert(!(GLU && HOST), "the host form writes f32 rows");
+    __shared__ float ys[HOST ? GV_WARPS * RPW : 1];
     float* __restrict__ y = reinterpret_cast<float*>(yv);
     extern __shared__ __align__(16) unsigned char gv_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -137,8 +153,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     // group are in flight while the last batch of a group is summed.
     const long groups = GLU ? out : (out + RPW - 1) / RPW, total_warps = (long)gridDim.x * GV_WARPS;
     const long gw = (long)blockIdx.x * GV_WARPS + warp;
-    const int g_begin = (int)(gw * groups / total_warps);
-    const int g_end = (int)((gw + 1) * groups / total_warps);
+    const int g_begin = HOST ? (int)gw : (int)(gw * groups / total_warps);
+    const int g_end = HOST ? (int)min(gw + 1, groups) : (int)((gw + 1) * groups / total_warps);
     auto rows_of = [&](int g, const uint4* (&wr)[RPW]) {
 #pragma unroll
         for (int r = 0; r < RPW; r++)
@@ -150,7 +166,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     rows_of(g_begin, wr);
     uint4 wv[RPW][UNROLL];
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
-    if (pf_bytes > 0 && (int)blockIdx.x < pf_ctas && g_begin < g_end && lane < RPW) {
+    if (pf_bytes > 0 && g_begin < g_end && lane < RPW) {
         const int skip = 32 * UNROLL * 16;  // batch 0's bytes of a row, in registers already
         const int bytes = min(in * 2 - skip, pf_bytes) & ~15;
         if (bytes > 0) {
@@ -167,7 +183,10 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         __syncthreads();
         xv = reinterpret_cast<const uint4*>(gv_smem);
     }
-    if (g_begin >= g_end) return;
+    if (g_begin >= g_end) {
+        if (HOST) gv_store_host<RPW>(ys, y, out);
+        return;
+    }
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
@@ -203,13 +222,15 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
                 if (lane == 0 && g < out)
                     reinterpret_cast<half_t*>(yv)[g] = f2h(gs / (1.0f + expf(-gs)) * us);
             } else {
-                // Lane r writes row r: a group's rows leave in one store (the logits of a
-                // one-row step may go straight to page-locked host memory).
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
                     const float s = warp_sum(acc[r]);
                     const int i = g * RPW + r;
-                    if (lane == r && i < out) y[i] = beta != 0.0f ? s + beta * y[i] : s;
+                    if (HOST) {
+                        if (lane == 0) ys[warp * RPW + r] = s;
+                    } else if (lane == 0 && i < out) {
+                        y[i] = beta != 0.0f ? s + beta * y[i] : s;
+                    }
                 }
             }
 #pragma unroll
@@ -224,19 +245,21 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         g = gn;
         bt = bn;
     }
+    if (HOST) gv_store_host<RPW>(ys, y, out);
 }
 
 // Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
 // (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
 // (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
-#define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU)                                                 \
+#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST)                                         \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         void* __restrict__ y, int in, int out, float beta, int pf_bytes, int pf_ctas) {       \
-        gemv_rows<RPW, UNROLL, MODE, GLU>(w, xin, rows_idx, nw, eps, y, in, out, beta,         \
-                                          pf_bytes, pf_ctas);                                  \
+         void* __restrict__ y, int in, int out, float beta, int pf_bytes) {                    \
+        gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta,   \
+                                                pf_bytes);                                     \
     }
+#define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
     GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)          \
@@ -252,3 +275,7 @@ GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
 GEMV_ENTRY(gemv_f16_glu_r2u8, 2, 8, 0, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u4, 2, 4, 1, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
+// The output projection of a one-row step into host memory (RMSNorm input, the two shapes the
+// host picks for it).
+GEMV_ENTRY_H(gemv_f16_norm_host_r1u8, 1, 8, 1, false, true)
+GEMV_ENTRY_H(gemv_f16_norm_host_r2u4, 2, 4, 1, false, true)
