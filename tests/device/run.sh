@@ -504,4 +504,22 @@ s19b)  # stop 19: logits written by the output GEMV into mapped host memory, one
         grep -E "^\| [a-z]" "$OUT/trace-135m-$m.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (135M traced mapped=$m)/"
     done
     ;;
+s19c)  # stop 19: the 135M output in rounds on a persistent grid, 1x8 for one-wave short matrices (1B o), one decode split up to 128 keys (8B)
+    make_models
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
+    QUIRE_CUDA_GEMV_HOST_ROUNDS=1 QUIRE_CUDA_GEMV_WAVE1X8=1 QUIRE_CUDA_DECODE_SHORT_TILES=4 QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
+    b() { "$Q" bench -m "$W/$1-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($1 $2)/"; }
+    for v in 0 1 1 0 0 1; do QUIRE_CUDA_GEMV_HOST_ROUNDS=$v b smollm2-135m "rounds=$v"; done
+    for v in 0 1 1 0 0 1; do QUIRE_CUDA_GEMV_WAVE1X8=$v b llama3.2-1b "wave1x8=$v"; done
+    for v in 2 4 4 2; do QUIRE_CUDA_DECODE_SHORT_TILES=$v b llama3-8b "short_tiles=$v"; done
+    QUIRE_CUDA_GEMV_WAVE1X8=1 QUIRE_CUDA_DECODE_SHORT_TILES=4 b llama3-8b "wave1x8=1 short_tiles=4"
+    QUIRE_CUDA_GEMV_WAVE1X8=1 QUIRE_CUDA_DECODE_SHORT_TILES=4 b llama3.2-1b "wave1x8=1 short_tiles=4"
+    QUIRE_CUDA_GEMV_HOST_ROUNDS=1 QUIRE_CUDA_GEMV_WAVE1X8=1 QUIRE_CUDA_DECODE_SHORT_TILES=4 b smollm2-135m "all three"
+    for v in 0 1; do
+        QUIRE_CUDA_GEMV_HOST_ROUNDS=$v QUIRE_CUDA_GEMV_WAVE1X8=$v QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 > "$OUT/trace-135m-r$v.txt" 2>&1
+        grep -E "host_r" "$OUT/trace-135m-r$v.txt" | sed "s/\$/  (135M traced rounds=$v)/"
+        QUIRE_CUDA_GEMV_WAVE1X8=$v QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 3 > "$OUT/trace-1b-w$v.txt" 2>&1
+        grep -E "^\| [a-z]" "$OUT/trace-1b-w$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced wave1x8=$v)/"
+    done
+    ;;
 esac

@@ -353,6 +353,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
     };
     for (k, out) in [
         (576usize, 960usize),
+        (576, 49152),
         (1536, 576),
         (2048, 16384),
         (4096, 6144),
@@ -373,9 +374,6 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             .collect();
         let y0 = rnd(&mut rng, out, 1.0);
         let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
-        // Every other shape with the L2 prefetch of whole rows (a hint: it must stay inside the
-        // rows, and change nothing).
-        (gv.pf_bytes, gv.pf_min_k) = if out % 2 == 0 { (1 << 20, 0) } else { (0, 0) };
         for beta in [0.0f32, 1.0] {
             let want: Vec<f32> = (0..out)
                 .map(|r| (dot(&w, &x, k, r) + beta as f64 * y0[r] as f64) as f32)
@@ -447,15 +445,20 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             if name == "norm" {
                 // The host-output form (a one-row step's logits into mapped page-locked memory):
                 // the same sums, NaN-poisoned first, every row written once.
+                // Both grids: one row group per warp, and rounds on a persistent grid (rows of
+                // at most 1024 elements).
                 let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
-                host.slice_mut(out).unwrap().fill(f32::NAN);
-                gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
-                g.sync().unwrap();
-                let h = host.slice(out);
-                assert!(
-                    h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "host-output gemv {k}x{out} differs from the device form"
-                );
+                for rounds in [false, true] {
+                    gv.host_rounds = rounds;
+                    host.slice_mut(out).unwrap().fill(f32::NAN);
+                    gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
+                    g.sync().unwrap();
+                    let h = host.slice(out);
+                    assert!(
+                        h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "host-output gemv {k}x{out} (rounds {rounds}) differs from the device form"
+                    );
+                }
             }
         }
     }
@@ -469,8 +472,7 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
     use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
-    let mut gv = Gemv::new(&g).unwrap();
-    (gv.pf_bytes, gv.pf_min_k) = (1 << 20, 0); // the L2 prefetch of whole rows (changes nothing)
+    let gv = Gemv::new(&g).unwrap();
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),

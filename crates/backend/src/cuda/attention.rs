@@ -154,6 +154,8 @@ pub struct PagedAttention {
     /// (PERF.md, stop 17): two tiles everywhere gave the 8B model's tg128 +0.8% but a single
     /// sequence at 4,096 keys 23.3 µs instead of 18.6; one tile lost 13% on the 135M model.
     decode_min_tiles: usize,
+    /// Tiles per split short contexts may go down to (2; `QUIRE_CUDA_DECODE_SHORT_TILES`).
+    decode_short_tiles: usize,
     /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
     /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).
     pub decode_ropes: bool,
@@ -257,6 +259,11 @@ impl PagedAttention {
                 .and_then(|v| v.parse().ok())
                 .filter(|&t| t >= 1)
                 .unwrap_or(4),
+            decode_short_tiles: std::env::var("QUIRE_CUDA_DECODE_SHORT_TILES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&t| t >= 1)
+                .unwrap_or(2),
             decode_ropes: std::env::var("QUIRE_CUDA_FUSED_ROPE").map_or(true, |v| v != "0"),
         })
     }
@@ -299,7 +306,7 @@ impl PagedAttention {
             // to four splits, so a single sequence's few CTAs each have less to walk.
             let max_splits = keys
                 .div_ceil(self.decode_min_tiles * tile)
-                .max(keys.div_ceil(2 * tile).min(4))
+                .max(keys.div_ceil(self.decode_short_tiles * tile).min(4))
                 .max(1);
             return Plan {
                 splits: (slots / ctas).clamp(1, max_splits),

@@ -33,11 +33,6 @@ pub enum GemvInput {
 /// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
 const MAX_FUSED_K: usize = 8192;
 
-/// The L2 prefetch's default: bytes per row beyond the first batch, and the shortest rows it is
-/// asked for (gemv.cu).
-const PF_BYTES: usize = 0;
-const PF_MIN_K: usize = 8192;
-
 /// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
 pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
 
@@ -49,6 +44,17 @@ pub struct Gemv {
     /// The host-output forms (RMSNorm input) of shapes 1 × 8 and 2 × 4: a one-row step's
     /// logits straight into page-locked host memory.
     host_f: [CudaFunction; 2],
+    /// The host-output form for rows of one batch (≤ 1024 elements) on a persistent grid of
+    /// `host_rounds_grid` CTAs (gemv.cu's `gemv_host_rounds`), when `host_rounds` is on
+    /// (`QUIRE_CUDA_GEMV_HOST_ROUNDS=1`).
+    host_rounds_f: CudaFunction,
+    host_rounds_grid: usize,
+    pub host_rounds: bool,
+    /// Matrices whose rows fit one 1 × 8 batch (k ≤ 2048) and whose 1 × 8 grid fits one wave
+    /// (≤ `wave_1x8` CTAs) take 1 × 8 (`QUIRE_CUDA_GEMV_WAVE1X8=1`): every weight load is then
+    /// issued before the wait.
+    pub one_wave_1x8: bool,
+    wave_1x8: usize,
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
     pub glu: bool,
     /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
@@ -58,10 +64,6 @@ pub struct Gemv {
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
-    /// The L2 prefetch (gemv.cu): bytes per row beyond the first batch, for matrices whose rows
-    /// are at least `pf_min_k` long (`QUIRE_CUDA_GEMV_PF=BYTES[,MIN_K]`; 0 bytes: off).
-    pub pf_bytes: usize,
-    pub pf_min_k: usize,
 }
 
 impl Gemv {
@@ -92,6 +94,16 @@ impl Gemv {
             Gpu::function(&m, "gemv_f16_norm_host_r1u8")?,
             Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
         ];
+        let host_rounds_f = Gpu::function(&m, "gemv_f16_norm_host_rounds_r2u4")?;
+        let blocks = |f: &CudaFunction| -> Result<usize, BackendError> {
+            Ok(
+                f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+                    .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
+                    .max(1) as usize
+                    * gpu.sms as usize,
+            )
+        };
+        let host_rounds_grid = blocks(&host_rounds_f)?;
         let glu_f = [
             Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
             Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
@@ -136,23 +148,13 @@ impl Gemv {
             }),
             Err(_) => None,
         };
-        let (pf_bytes, pf_min_k) = match std::env::var("QUIRE_CUDA_GEMV_PF") {
-            Ok(v) => {
-                let num = |t: &str| {
-                    t.trim().parse::<usize>().map_err(|_| {
-                        BackendError::Cuda(format!("QUIRE_CUDA_GEMV_PF: {v} is not BYTES[,MIN_K]"))
-                    })
-                };
-                match v.split_once(',') {
-                    Some((b, k)) => (num(b)?, num(k)?),
-                    None => (num(&v)?, PF_MIN_K),
-                }
-            }
-            Err(_) => (PF_BYTES, PF_MIN_K),
-        };
+        let env_on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
         Ok(Gemv {
-            pf_bytes,
-            pf_min_k,
+            wave_1x8: blocks(&f[0][0])?,
+            host_rounds_f,
+            host_rounds_grid,
+            host_rounds: env_on("QUIRE_CUDA_GEMV_HOST_ROUNDS"),
+            one_wave_1x8: env_on("QUIRE_CUDA_GEMV_WAVE1X8"),
             f,
             glu_f,
             host_f,
@@ -232,7 +234,6 @@ impl Gemv {
             inter,
             eps,
             0.0,
-            self.pf(k_in),
         )
     }
 
@@ -267,7 +268,6 @@ impl Gemv {
             out,
             eps,
             beta,
-            self.pf(k_in),
         )
     }
 
@@ -290,6 +290,19 @@ impl Gemv {
                 "the host-output GEMV takes an RMSNorm input".into(),
             ));
         }
+        if self.host_rounds && k_in <= 1024 {
+            return launch_gemv(
+                g,
+                &self.host_rounds_f,
+                self.host_rounds_grid.min(out.div_ceil(16)),
+                smem,
+                [w, x, rows_idx, norm_w, y],
+                k_in,
+                out,
+                eps,
+                0.0,
+            );
+        }
         let variant = usize::from(self.shape_for(k_in, out) != 0);
         let rows = SHAPES[variant].0 * 8;
         launch_gemv(
@@ -302,17 +315,7 @@ impl Gemv {
             out,
             eps,
             0.0,
-            self.pf(k_in),
         )
-    }
-
-    /// The prefetch's bytes per row for rows `k_in` long.
-    fn pf(&self, k_in: usize) -> usize {
-        if k_in >= self.pf_min_k {
-            self.pf_bytes
-        } else {
-            0
-        }
     }
 
     /// The shape (index into `SHAPES`) for a matrix `[out, k_in]`.
@@ -333,6 +336,7 @@ impl Gemv {
             Some((few, _)) if few_rows => few,
             Some((_, many)) => many,
             None if k_in >= 8192 || (k_in >= 4096 && out >= 65536) => 0,
+            None if self.one_wave_1x8 && k_in <= 2048 && out.div_ceil(8) <= self.wave_1x8 => 0,
             None if k_in < 2048 && few_rows => 0,
             None => 1,
         }
@@ -352,7 +356,6 @@ fn launch_gemv(
     out: usize,
     eps: f32,
     beta: f32,
-    pf_bytes: usize,
 ) -> Result<(), BackendError> {
     use KArg::{F, I, P};
     let [w, x, rows_idx, norm_w, y] = args;
@@ -371,7 +374,6 @@ fn launch_gemv(
             I(k_in as i32),
             I(out as i32),
             F(beta),
-            I(pf_bytes.min(i32::MAX as usize) as i32),
         ],
     )
 }

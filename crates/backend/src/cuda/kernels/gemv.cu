@@ -22,15 +22,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     return v;
 }
 
-// Asks the L2 for `bytes` (a multiple of 16, 16-byte aligned) from p on: one instruction, no
-// registers held, no completion to wait for (a hint; a later load of the line finds it in L2 or
-// joins the miss in flight).
-__device__ __forceinline__ void l2_prefetch(const void* p, int bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     const unsigned wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
     float s = 0.0f;
@@ -52,12 +43,10 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 //
 // Each warp's first batch of weight loads is issued before `pdl_enter`: the weights are model
 // weights, never written by a kernel, so under programmatic dependent launch they stream in while
-// the kernel before finishes (the rest of the step only needs the input vector). With `pf_bytes`
-// set (the host sets it for long rows only), lanes 0..RPW-1 also ask the L2 for up to that many
-// more bytes of their first group's rows: a bulk prefetch holds no registers, so memory keeps
-// streaming through the hand-over and the first batches. After that the loads of batch i + 1 are
-// issued before batch i's arithmetic. Every lane still accumulates its chunks c, c + 32, c + 64,
-// ... in order, so the sums do not depend on UNROLL.
+// the kernel before finishes (the rest of the step only needs the input vector). After that the
+// loads of batch i + 1 are issued before batch i's arithmetic. Every lane still accumulates its
+// chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL. (An L2 bulk
+// prefetch of more of the rows before the wait was slower in every form tried: PERF.md, stop 19.)
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
 // dynamic shared memory: in * 2 bytes for MODE 1 and 2.
 template <int RPW, int UNROLL>
@@ -137,8 +126,7 @@ template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
-                                          void* __restrict__ yv, int in, int out, float beta,
-                                          int pf_bytes) {
+                                          void* __restrict__ yv, int in, int out, float beta) {
     static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
     static_assert(!(GLU && HOST), "the host form writes f32 rows");
     __shared__ float ys[HOST ? GV_WARPS * RPW : 1];
@@ -166,15 +154,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     rows_of(g_begin, wr);
     uint4 wv[RPW][UNROLL];
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
-    if (pf_bytes > 0 && g_begin < g_end && lane < RPW) {
-        const int skip = 32 * UNROLL * 16;  // batch 0's bytes of a row, in registers already
-        const int bytes = min(in * 2 - skip, pf_bytes) & ~15;
-        if (bytes > 0) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++)
-                if (lane == r) l2_prefetch(reinterpret_cast<const char*>(wr[r]) + skip, bytes);
-        }
-    }
     pdl_enter();
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
@@ -255,9 +234,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         void* __restrict__ y, int in, int out, float beta, int pf_bytes) {                    \
-        gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta,   \
-                                                pf_bytes);                                     \
+         void* __restrict__ y, int in, int out, float beta) {                                  \
+        gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta);  \
     }
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
 #define GEMV_SHAPES(prefix, MODE)                         \
@@ -279,3 +257,79 @@ GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
 // host picks for it).
 GEMV_ENTRY_H(gemv_f16_norm_host_r1u8, 1, 8, 1, false, true)
 GEMV_ENTRY_H(gemv_f16_norm_host_r2u4, 2, 4, 1, false, true)
+
+// The host form for rows that fit one batch (in <= 256 * UNROLL elements: the 135M model's 576-
+// long output rows), on a persistent grid: CTA b takes, round after round, the GV_WARPS row
+// groups (r * gridDim.x + b) * GV_WARPS + warp, so each round's rows are contiguous and leave in
+// one store. The RMSNorm prologue runs once per CTA instead of once per 8 groups, the lane's x
+// chunks stay in registers (the same for every row), and the next round's rows load while this
+// round's are summed. Every CTA runs every round (rows past `out` are clamped for the loads and
+// not stored) so the one barrier a round is reached by all threads; rounds alternate between two
+// staging buffers, so a fast warp cannot overwrite rows not yet stored.
+template <int RPW, int UNROLL>
+__device__ __forceinline__ void gemv_host_rounds(const half_t* __restrict__ w,
+                                                 const void* __restrict__ xin,
+                                                 const int* __restrict__ rows_idx,
+                                                 const float* __restrict__ nw, float eps,
+                                                 float* __restrict__ y, int in, int out) {
+    extern __shared__ __align__(16) unsigned char gv_smem[];
+    __shared__ float ys[2][GV_WARPS * RPW];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = in >> 3;
+    const int groups = (out + RPW - 1) / RPW, per_round = gridDim.x * GV_WARPS;
+    const int rounds = (groups + per_round - 1) / per_round;
+    auto rows_of = [&](int g, const uint4* (&wr)[RPW]) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            wr[r] = reinterpret_cast<const uint4*>(w + (long)min(g * RPW + r, out - 1) * in);
+    };
+    int g = blockIdx.x * GV_WARPS + warp;
+    const uint4* wr[RPW];
+    rows_of(g, wr);
+    uint4 wv[RPW][UNROLL];
+    gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
+    pdl_enter();
+    gv_input<1>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
+    __syncthreads();
+    const uint4* xv = reinterpret_cast<const uint4*>(gv_smem);
+    uint4 xx[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) xx[u] = xv[min(lane + 32 * u, chunks - 1)];
+    for (int r = 0; r < rounds; r++) {
+        uint4 nx[RPW][UNROLL];
+        const uint4* wn[RPW];
+        rows_of(g + per_round, wn);
+        gv_load<RPW, UNROLL>(wn, r + 1 < rounds ? lane : chunks, chunks, nx);
+        float acc[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            if (lane + 32 * u < chunks) {
+#pragma unroll
+                for (int i = 0; i < RPW; i++) acc[i] += dot8(wv[i][u], xx[u]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const float s = warp_sum(acc[i]);
+            if (lane == 0) ys[r & 1][warp * RPW + i] = s;
+        }
+        __syncthreads();
+        const int row = (r * per_round + blockIdx.x * GV_WARPS) * RPW + threadIdx.x;
+        if (threadIdx.x < GV_WARPS * RPW && row < out) y[row] = ys[r & 1][threadIdx.x];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) wv[i][u] = nx[i][u];
+        }
+        g += per_round;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)
+gemv_f16_norm_host_rounds_r2u4(const half_t* __restrict__ w, const void* __restrict__ xin,
+                               const int* __restrict__ rows_idx, const float* __restrict__ nw,
+                               float eps, void* __restrict__ y, int in, int out, float beta) {
+    gemv_host_rounds<2, 4>(w, xin, rows_idx, nw, eps, reinterpret_cast<float*>(y), in, out);
+}
