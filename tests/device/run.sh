@@ -479,31 +479,6 @@ final18b)  # after final18 (model.part2 carried): parity on the default model, k
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 0 -n 128 -r 3 --chain 16 2>&1 | grep -E "^\| llama" | sed "s/\$/  ($preset -p 0)/"
     done
     ;;
-s19b)  # stop 19: logits written by the output GEMV into mapped host memory, one store per CTA
-    make_models
-    for t in cuda_ops cuda_sample; do
-        QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed "s/\$/  ($t)/"
-    done
-    QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked"
-    # mapped logits (0/1) x the L2 prefetch for rows >= 8192 (the down projections; 135M has none)
-    cfgs=("0 0" "1 0" "1 1048576" "1 8192")
-    for preset in smollm2-135m llama3.2-1b llama3-8b; do
-        order="0 1 2 3 3 2 1 0"
-        [ $preset = smollm2-135m ] && order="0 1 1 0 0 1"
-        for i in $order; do
-            set -- ${cfgs[$i]}
-            QUIRE_CUDA_LOGITS_MAPPED=$1 QUIRE_CUDA_GEMV_PF=$2 "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset mapped=$1 pf=$2)/"
-        done
-    done
-    for pf in 0 1048576; do
-        QUIRE_CUDA_GEMV_PF=$pf QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -r 3 > "$OUT/trace-8b-$pf.txt" 2>&1
-        grep -E "^\| [a-z]" "$OUT/trace-8b-$pf.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (8B traced pf=$pf)/"
-    done
-    for m in 0 1; do
-        QUIRE_CUDA_LOGITS_MAPPED=$m QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/smollm2-135m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 > "$OUT/trace-135m-$m.txt" 2>&1
-        grep -E "^\| [a-z]" "$OUT/trace-135m-$m.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (135M traced mapped=$m)/"
-    done
-    ;;
 s19c)  # stop 19: the 135M output in rounds on a persistent grid, 1x8 for one-wave short matrices (1B o), one decode split up to 128 keys (8B)
     make_models
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
@@ -521,5 +496,12 @@ s19c)  # stop 19: the 135M output in rounds on a persistent grid, 1x8 for one-wa
         QUIRE_CUDA_GEMV_WAVE1X8=$v QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 3 > "$OUT/trace-1b-w$v.txt" 2>&1
         grep -E "^\| [a-z]" "$OUT/trace-1b-w$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced wave1x8=$v)/"
     done
+    ;;
+final19)  # stop 19's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
+    attn_goals
+    bash "$0" sbs
+    ;;
+final19b)  # after final19 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
+    bash "$0" final18b
     ;;
 esac

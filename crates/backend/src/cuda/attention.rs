@@ -154,7 +154,9 @@ pub struct PagedAttention {
     /// (PERF.md, stop 17): two tiles everywhere gave the 8B model's tg128 +0.8% but a single
     /// sequence at 4,096 keys 23.3 µs instead of 18.6; one tile lost 13% on the 135M model.
     decode_min_tiles: usize,
-    /// Tiles per split short contexts may go down to (2; `QUIRE_CUDA_DECODE_SHORT_TILES`).
+    /// Tiles per split short contexts may go down to (2; `QUIRE_CUDA_DECODE_SHORT_TILES`). At 4
+    /// the 8B model's steps at 65-128 keys take one split and no merge launch, yet its tg128
+    /// fell 0.3% (PERF.md stop 19).
     decode_short_tiles: usize,
     /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
     /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).

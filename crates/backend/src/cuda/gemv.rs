@@ -45,14 +45,16 @@ pub struct Gemv {
     /// logits straight into page-locked host memory.
     host_f: [CudaFunction; 2],
     /// The host-output form for rows of one batch (≤ 1024 elements) on a persistent grid of
-    /// `host_rounds_grid` CTAs (gemv.cu's `gemv_host_rounds`), when `host_rounds` is on
-    /// (`QUIRE_CUDA_GEMV_HOST_ROUNDS=1`).
+    /// `host_rounds_grid` CTAs (gemv.cu's `gemv_host_rounds`), when `host_rounds` is on (the
+    /// default; `QUIRE_CUDA_GEMV_HOST_ROUNDS=0` off). 135M tg128 after pp512 +0.6% (2,514.6
+    /// against 2,499.1, three alternating pairs; PERF.md stop 19).
     host_rounds_f: CudaFunction,
     host_rounds_grid: usize,
     pub host_rounds: bool,
     /// Matrices whose rows fit one 1 × 8 batch (k ≤ 2048) and whose 1 × 8 grid fits one wave
-    /// (≤ `wave_1x8` CTAs) take 1 × 8 (`QUIRE_CUDA_GEMV_WAVE1X8=1`): every weight load is then
-    /// issued before the wait.
+    /// (≤ `wave_1x8` CTAs) take 1 × 8 (the default; `QUIRE_CUDA_GEMV_WAVE1X8=0` off): every
+    /// weight load is then issued before the wait. Only the 1B model's o projection is such a
+    /// matrix: 5.09 → 4.06 µs, tg128 +0.9% (987.8 against 979.1; PERF.md stop 19).
     pub one_wave_1x8: bool,
     wave_1x8: usize,
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
@@ -148,7 +150,7 @@ impl Gemv {
             }),
             Err(_) => None,
         };
-        let env_on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+        let env_on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Ok(Gemv {
             wave_1x8: blocks(&f[0][0])?,
             host_rounds_f,
