@@ -92,6 +92,8 @@ quant)
 llamacpp)  # build llama.cpp's CUDA peer (.dev/llamacpp-src.tar.xz, pruned sdist) in the foreground:
     # background processes end with the call (~4.5 min on 16 cores)
     mkdir -p /root/lc && tar -xJf .dev/llamacpp-src.tar.xz -C /root/lc
+    # llama.cpp's CMakeLists adds pocs/ unconditionally; a pruned tar without it fails to configure.
+    mkdir -p /root/lc/llama.cpp/pocs && touch /root/lc/llama.cpp/pocs/CMakeLists.txt
     (cd /root/lc/llama.cpp && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
         > /root/lc/cmake.log 2>&1 && cmake --build build -j 16 --target llama-bench llama-batched-bench \
@@ -466,11 +468,11 @@ confirm17)  # stop 17's final defaults: parity on the random 135M file, tg128 wi
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512)/"
     done
     ;;
-final18)  # stop 18's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
+final18|final19)  # stop 18's and 19's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
     attn_goals
     bash "$0" sbs
     ;;
-final18b)  # after final18 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
+final18b|final19b)  # after final18/19 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
     bash "$0" parity
     for t in cuda_ops cuda_attention cuda_sample; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed "s/\$/  ($t)/"
@@ -496,12 +498,5 @@ s19c)  # stop 19: the 135M output in rounds on a persistent grid, 1x8 for one-wa
         QUIRE_CUDA_GEMV_WAVE1X8=$v QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 3 > "$OUT/trace-1b-w$v.txt" 2>&1
         grep -E "^\| [a-z]" "$OUT/trace-1b-w$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced wave1x8=$v)/"
     done
-    ;;
-final19)  # stop 19's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
-    attn_goals
-    bash "$0" sbs
-    ;;
-final19b)  # after final19 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
-    bash "$0" final18b
     ;;
 esac

@@ -10,9 +10,16 @@
 
 use half::f16;
 use quire_backend::cpu::quant::{quantize_row_q8a, BlockQ8A, QK};
-use quire_backend::cuda::gpu::{EventFlags, Gpu};
+use quire_backend::cuda::gpu::{EventFlags, Gpu, HostBuf};
 use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
 use quire_gguf::GgmlType;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    MatMul,
+    Gemv,
+    GemvHost,
+}
 
 fn median_spread(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -52,7 +59,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("1B down", 8192, 2048),
         ("135M gate_up", 576, 3072),
         ("135M down", 1536, 576),
+        ("135M output", 576, 49152),
     ];
+    // The output projections also run the form a one-row decode step uses: RMSNorm input, logits
+    // stored into mapped page-locked host memory (`gemv host`).
+    let (_host_logits, host_y) = HostBuf::<f32>::mapped(128256)?;
     for (name, k, out) in shapes {
         // Weights: a repeated random-ish pattern (speed does not depend on the values).
         let pattern: Vec<f32> = (0..k)
@@ -72,6 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let dxq = g.upload(&xq_bytes)?;
         let dx16 = g.upload(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?;
         let dy = g.alloc::<f32>(8 * out)?;
+        let (dxf, dnw) = (g.upload(&x[..k])?, g.upload(&vec![1.0f32; k])?);
         for dtype in [
             GgmlType::F16,
             GgmlType::Q8_0,
@@ -91,14 +103,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bytes.extend_from_slice(&row);
             }
             let dw = g.upload(&bytes)?;
-            // (tokens, quire's GEMV rather than cuBLAS): the GEMV is the one-token f16 path.
-            let mut cases = vec![(1usize, false), (8, false)];
+            // (tokens, kernel): cuBLAS or the quantized matmul, quire's GEMV (the one-token f16
+            // path), or its host-output form.
+            let mut cases = vec![(1usize, Kind::MatMul), (8, Kind::MatMul)];
             if dtype == GgmlType::F16 {
-                cases.insert(1, (1, true));
+                cases.insert(1, (1, Kind::Gemv));
+                if name.ends_with("output") {
+                    cases.insert(2, (1, Kind::GemvHost));
+                }
             }
-            for (n, use_gemv) in cases {
+            for (n, kind) in cases {
                 let launch = || -> Result<(), Box<dyn std::error::Error>> {
-                    if use_gemv {
+                    if kind == Kind::GemvHost {
+                        let input = quire_backend::cuda::gemv::GemvInput::Norm {
+                            x: dxf.ptr,
+                            rows_idx: 0,
+                            norm_w: dnw.ptr,
+                            eps: 1e-5,
+                        };
+                        gemv.run_host(&g, dw.ptr, input, host_y, k, out)?;
+                    } else if kind == Kind::Gemv {
                         gemv.run(
                             &g,
                             dw.ptr,
@@ -133,7 +157,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "| {name} | {k} x {out} | {}{} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
                     dtype.name(),
-                    if use_gemv { " gemv" } else if dtype == GgmlType::F16 { " cuBLAS" } else { "" },
+                    match kind {
+                        Kind::GemvHost => " gemv host",
+                        Kind::Gemv => " gemv",
+                        Kind::MatMul if dtype == GgmlType::F16 => " cuBLAS",
+                        Kind::MatMul => "",
+                    },
                     100.0 * gbs / ceiling
                 );
             }

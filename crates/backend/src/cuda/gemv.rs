@@ -97,15 +97,15 @@ impl Gemv {
             Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
         ];
         let host_rounds_f = Gpu::function(&m, "gemv_f16_norm_host_rounds_r2u4")?;
-        let blocks = |f: &CudaFunction| -> Result<usize, BackendError> {
+        // CTAs of 256 threads resident per SM.
+        let per_sm = |f: &CudaFunction| -> Result<usize, BackendError> {
             Ok(
                 f.occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
                     .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
-                    .max(1) as usize
-                    * gpu.sms as usize,
+                    .max(1) as usize,
             )
         };
-        let host_rounds_grid = blocks(&host_rounds_f)?;
+        let sms = gpu.sms as usize;
         let glu_f = [
             Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
             Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
@@ -124,10 +124,7 @@ impl Gemv {
             for (variant, func) in fs.iter().enumerate() {
                 ctas_per_sm[form][variant] = match env_ctas {
                     Some(c) => c,
-                    None => func
-                        .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
-                        .map_err(|e| BackendError::Cuda(format!("gemv occupancy: {e}")))?
-                        .max(1) as usize,
+                    None => per_sm(func)?,
                 };
             }
         }
@@ -152,18 +149,18 @@ impl Gemv {
         };
         let env_on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Ok(Gemv {
-            wave_1x8: blocks(&f[0][0])?,
+            wave_1x8: per_sm(&f[0][0])? * sms,
+            host_rounds_grid: per_sm(&host_rounds_f)? * sms,
             host_rounds_f,
-            host_rounds_grid,
             host_rounds: env_on("QUIRE_CUDA_GEMV_HOST_ROUNDS"),
             one_wave_1x8: env_on("QUIRE_CUDA_GEMV_WAVE1X8"),
             f,
             glu_f,
             host_f,
-            glu: std::env::var("QUIRE_CUDA_GEMV_GLU").map_or(true, |v| v != "0"),
+            glu: env_on("QUIRE_CUDA_GEMV_GLU"),
             forced,
             ctas_per_sm,
-            sms: gpu.sms as usize,
+            sms,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -292,25 +289,20 @@ impl Gemv {
                 "the host-output GEMV takes an RMSNorm input".into(),
             ));
         }
-        if self.host_rounds && k_in <= 1024 {
-            return launch_gemv(
-                g,
+        // Rows of one 2 × 4 batch (32 lanes × 4 chunks × 8 elements) go in rounds.
+        let (f, grid) = if self.host_rounds && k_in <= 32 * 4 * 8 {
+            (
                 &self.host_rounds_f,
                 self.host_rounds_grid.min(out.div_ceil(16)),
-                smem,
-                [w, x, rows_idx, norm_w, y],
-                k_in,
-                out,
-                eps,
-                0.0,
-            );
-        }
-        let variant = usize::from(self.shape_for(k_in, out) != 0);
-        let rows = SHAPES[variant].0 * 8;
+            )
+        } else {
+            let variant = usize::from(self.shape_for(k_in, out) != 0);
+            (&self.host_f[variant], out.div_ceil(SHAPES[variant].0 * 8))
+        };
         launch_gemv(
             g,
-            &self.host_f[variant],
-            out.div_ceil(rows),
+            f,
+            grid,
             smem,
             [w, x, rows_idx, norm_w, y],
             k_in,
