@@ -499,4 +499,26 @@ s19c)  # stop 19: the 135M output in rounds on a persistent grid, 1x8 for one-wa
         grep -E "^\| [a-z]" "$OUT/trace-1b-w$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced wave1x8=$v)/"
     done
     ;;
+s20a)  # stop 20: the PRE2 GEMV (second batch before the wait), metadata through mapped memory, the vectorized embed
+    make_models
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
+    for e in "X=1" "QUIRE_CUDA_META_MAPPED=1 QUIRE_CUDA_GEMV_PRE2=all"; do
+        env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
+    done
+    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
+    for m in llama3-8b llama3.2-1b smollm2-135m; do
+        for r in 1 2; do
+            b $m X=1
+            b $m QUIRE_CUDA_GEMV_PRE2=o
+            b $m QUIRE_CUDA_GEMV_PRE2=all
+            b $m QUIRE_CUDA_META_MAPPED=1
+        done
+    done
+    for spec in "8b base X=1" "8b pre2o QUIRE_CUDA_GEMV_PRE2=o" "8b mapped QUIRE_CUDA_META_MAPPED=1" "1b base X=1" "1b mapped QUIRE_CUDA_META_MAPPED=1"; do
+        set -- $spec
+        m=llama3-8b; [ $1 = 1b ] && m=llama3.2-1b
+        env $3 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-$1-$2.txt" 2>&1
+        grep -E "^\| [a-z]" "$OUT/trace-$1-$2.txt" | grep -v "^| model" | head -10 | sed "s/\$/  ($1 traced $2)/"
+    done
+    ;;
 esac

@@ -51,7 +51,7 @@ fn rms_norm_embed_swiglu_and_argmax_match_the_cpu() {
     let embed = g.module(&nvrtc::EMBED, &[]).unwrap();
     let act = g.module(&nvrtc::ACTIVATION, &[]).unwrap();
     let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
-    for dim in [576usize, 2048, 4096, 100] {
+    for dim in [576usize, 2048, 4096, 100, 8200] {
         let rows = 7;
         let x = rnd(&mut rng, rows * dim, 3.0);
         let w = rnd(&mut rng, dim, 2.0);
@@ -121,6 +121,37 @@ fn rms_norm_embed_swiglu_and_argmax_match_the_cpu() {
             })
             .collect();
         assert_eq!(got, want, "embedding rows");
+        // The same rows with the step's metadata read from mapped host memory: the kernel
+        // copies its 64 words to the device buffer (poisoned first) and takes the ids there.
+        let (mut host, src) = quire_backend::cuda::gpu::HostBuf::<i32>::mapped(64).unwrap();
+        let words = host.slice_mut(64).unwrap();
+        for (i, v) in words.iter_mut().enumerate() {
+            *v = 1000 + i as i32;
+        }
+        words[8..8 + ids.len()].copy_from_slice(&ids);
+        let words = words.to_vec();
+        let dmeta = g.upload(&vec![-1i32; 64]).unwrap();
+        let dxm = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
+        g.launch(
+            &Gpu::function(&embed, "embed_f16_meta").unwrap(),
+            (ids.len() as u32, 1, 1),
+            (256, 1, 1),
+            &[
+                KArg::P(src),
+                KArg::P(dmeta.ptr),
+                KArg::I(64),
+                KArg::I(8),
+                KArg::P(dt.ptr),
+                KArg::P(dxm.ptr),
+                KArg::I(dim as i32),
+            ],
+        )
+        .unwrap();
+        let mut meta_got = vec![0i32; 64];
+        g.dtoh(&dmeta, &mut meta_got).unwrap();
+        assert_eq!(meta_got, words, "metadata copied from mapped memory");
+        g.dtoh(&dxm, &mut got).unwrap();
+        assert_eq!(got, want, "embedding rows, ids from mapped memory");
 
         // SwiGLU on [gate | up] rows.
         let inter = dim;
@@ -328,9 +359,34 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// (the residual add); then its fused inputs, RMSNorm (with a row gather) and SwiGLU, against the
 /// CPU's ops rounded to f16 the same way, and the RMSNorm form that writes into mapped host
 /// memory against the device form, bit for bit.
+/// Runs `launch` (a GEMV into the output address it is given) again in the PRE2 forms, with the
+/// output reset to `init`, and checks it writes `got` bit for bit: the forms differ only in when
+/// loads are issued, never in the sums or their order.
+fn same_with_pre2(
+    g: &Gpu,
+    gv: &mut quire_backend::cuda::gemv::Gemv,
+    got: &[f32],
+    init: &[f32],
+    launch: impl Fn(&quire_backend::cuda::gemv::Gemv, u64) -> Result<(), quire_backend::BackendError>,
+) {
+    use quire_backend::cuda::gemv::Pre2;
+    let dy = g.upload(init).unwrap();
+    gv.pre2 = Pre2::All;
+    let r = launch(gv, dy.ptr);
+    gv.pre2 = Pre2::Off;
+    r.unwrap();
+    let mut v = vec![0f32; init.len()];
+    g.dtoh(&dy, &mut v).unwrap();
+    assert!(
+        v.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the PRE2 form of a {}-row GEMV differs from the plain one",
+        got.len()
+    );
+}
+
 #[test]
 fn gemv_matches_an_f64_dot_product_and_cublas() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput};
+    use quire_backend::cuda::gemv::{Gemv, GemvInput, Pre2};
     use quire_backend::cuda::gpu::HostBuf;
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
@@ -397,6 +453,9 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 1e-5, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
+            same_with_pre2(&g, &mut gv, &got, &init, |gv, y| {
+                gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta)
+            });
             let db = g.upload(&init).unwrap();
             g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
             let eb = rel(&got, &read(&db));
@@ -442,23 +501,28 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
+            same_with_pre2(&g, &mut gv, &got, &vec![f32::NAN; out], |gv, y| {
+                gv.run(&g, dw.ptr, input, y, k, out, 0.0)
+            });
             if name == "norm" {
                 // The host-output form (a one-row step's logits into mapped page-locked memory):
                 // the same sums, NaN-poisoned first, every row written once.
                 // Both grids: one row group per warp, and rounds on a persistent grid (rows of
                 // at most 1024 elements).
                 let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
-                for rounds in [false, true] {
+                for (rounds, pre2) in [(false, Pre2::Off), (true, Pre2::Off), (false, Pre2::All)] {
                     gv.host_rounds = rounds;
+                    gv.pre2 = pre2;
                     host.slice_mut(out).unwrap().fill(f32::NAN);
                     gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
                     g.sync().unwrap();
                     let h = host.slice(out);
                     assert!(
                         h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "host-output gemv {k}x{out} (rounds {rounds}) differs from the device form"
+                        "host-output gemv {k}x{out} (rounds {rounds}, {pre2:?}) differs from the device form"
                     );
                 }
+                gv.pre2 = Pre2::Off;
             }
         }
     }
@@ -469,10 +533,10 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
 /// poisoned with NaN first.
 #[test]
 fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput};
+    use quire_backend::cuda::gemv::{Gemv, GemvInput, Pre2};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
-    let gv = Gemv::new(&g).unwrap();
+    let mut gv = Gemv::new(&g).unwrap();
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),
@@ -526,6 +590,16 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
             let got = read_f16(&g, &da);
             let e = rel(&got, &want);
             assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
+            // The PRE2 form: the same f16 bits.
+            let dp = g.upload(&vec![f16::NAN; inter]).unwrap();
+            gv.pre2 = Pre2::All;
+            gv.run_glu(&g, dw.ptr, input, dp.ptr, k, inter).unwrap();
+            gv.pre2 = Pre2::Off;
+            let pre2 = read_f16(&g, &dp);
+            assert!(
+                pre2.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "glu gemv ({name}) {k}x{inter}: the PRE2 form differs"
+            );
         }
     }
 }

@@ -9,7 +9,8 @@
 //! (`chain::by_steps`), which gives the same tokens.
 
 use super::gpu::cuda_err;
-use super::llama::{pack_meta_padded, CudaExecutor, Graph, MAX_GRAPH_BATCH};
+use super::llama::{CudaExecutor, Graph, MAX_GRAPH_BATCH};
+use super::meta::pack_meta_padded;
 use crate::chain::{self, MAX_CHAIN};
 use crate::{BackendError, ForwardBatch};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -80,7 +81,7 @@ impl CudaExecutor {
         let meta_buf = self.s.meta.as_mut().unwrap();
         self.gpu.htod(&all, meta_buf, 0)?;
         let meta_base = meta_buf.ptr;
-        if !self.graphs.contains_key(&(b, steps, ctx, false)) {
+        if !self.graphs.contains_key(&(b, steps, ctx, false, 0)) {
             let stream = self.gpu.stream.clone();
             let mark0 = self.gpu.trace_len();
             stream
@@ -95,9 +96,9 @@ impl CudaExecutor {
             let graph = graph?
                 .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
             self.graphs
-                .insert((b, steps, ctx, false), Graph(graph, marks));
+                .insert((b, steps, ctx, false, 0), Graph(graph, marks));
         }
-        let graph = &self.graphs[&(b, steps, ctx, false)];
+        let graph = &self.graphs[&(b, steps, ctx, false, 0)];
         self.gpu.trace_replay(&graph.1);
         graph
             .0
@@ -134,6 +135,8 @@ impl CudaExecutor {
                 pairs: 0,
                 ctx_tokens: 0,
                 logits_host: 0,
+                meta_src: 0,
+                meta_words: 0,
             })?;
             let out = ids + 4 * (k * b) as u64;
             self.launch_argmax(b, out)?;

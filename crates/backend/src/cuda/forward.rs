@@ -24,6 +24,10 @@ pub(super) struct Step {
     /// Device address of page-locked host memory the logits row goes to (0: `s.logits`); only
     /// set where `CudaExecutor::output_by_gemv` holds.
     pub logits_host: u64,
+    /// Device address of mapped host memory holding this step's metadata, which the embedding
+    /// kernel copies (`meta_words` words) to `meta_base` first; 0: it was copied before.
+    pub meta_src: u64,
+    pub meta_words: usize,
 }
 
 impl CudaExecutor {
@@ -65,6 +69,20 @@ impl CudaExecutor {
 
         prof.start(g)?;
         match &self.embed {
+            WMat::F16(t) if st.meta_src != 0 => g.launch(
+                &k.embed_meta,
+                (nu, 1, 1),
+                (256, 1, 1),
+                &[
+                    P(st.meta_src),
+                    P(meta_base),
+                    I(st.meta_words as i32),
+                    I(meta.tokens as i32),
+                    P(t.ptr),
+                    P(x),
+                    I(hd as i32),
+                ],
+            )?,
             WMat::F16(t) => g.launch(
                 &k.embed,
                 (nu, 1, 1),
@@ -103,7 +121,12 @@ impl CudaExecutor {
             } else {
                 norm_for(g, k, q8w, x, P(0), l.attn_norm.ptr, (h, q8), n, norm)?;
                 prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul { n, wdq, q8_in: q8w };
+                let mm = MatMul {
+                n,
+                wdq,
+                q8_in: q8w,
+                idle_before: false,
+            };
                 mm.run(g, k, &l.wqkv, (h, q8), qkv, hd, qkv_dim, 0.0)?;
             }
             let (b, f) = gemm_cost(&l.wqkv, hd, qkv_dim);
@@ -176,7 +199,12 @@ impl CudaExecutor {
             if q8w {
                 k.q.quantize(g, attn, true, q8, n, qs)?;
             }
-            let mm = MatMul { n, wdq, q8_in: q8w };
+            let mm = MatMul {
+                n,
+                wdq,
+                q8_in: q8w,
+                idle_before: true,
+            };
             mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
             let (b, f) = gemm_cost(&l.wo, qs, hd);
             prof.mark(g, "matmul_o", layer, b, f)?;
@@ -231,6 +259,7 @@ impl CudaExecutor {
                         n,
                         wdq,
                         q8_in: false,
+                        idle_before: false,
                     };
                     mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
                     let (b, f) = gemm_cost(w_down, inter, hd);
@@ -241,7 +270,12 @@ impl CudaExecutor {
             } else {
                 norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
                 prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul { n, wdq, q8_in: q8w };
+                let mm = MatMul {
+                n,
+                wdq,
+                q8_in: q8w,
+                idle_before: false,
+            };
                 mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
             }
             let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
@@ -273,7 +307,12 @@ impl CudaExecutor {
                 )?;
             }
             prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
-            let mm = MatMul { n, wdq, q8_in: q8w };
+            let mm = MatMul {
+                n,
+                wdq,
+                q8_in: q8w,
+                idle_before: false,
+            };
             mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
             let (b, f) = gemm_cost(w_down, inter, hd);
             prof.mark(g, "matmul_down", layer, b, f)?;
@@ -312,6 +351,7 @@ impl CudaExecutor {
                     n: nl,
                     wdq,
                     q8_in: q8w,
+                    idle_before: false,
                 };
                 mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
             }
@@ -393,6 +433,8 @@ struct MatMul {
     n: usize,
     wdq: u64,
     q8_in: bool,
+    /// The kernel before leaves memory idle (decode attention): `Gemv::run_after`.
+    idle_before: bool,
 }
 
 impl MatMul {
@@ -414,7 +456,9 @@ impl MatMul {
             WMat::F16(b) => {
                 let x = GemvInput::F16 { x: inputs.0 };
                 match one_token_gemv(k, w, n, k_in, &x) {
-                    Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
+                    Some((gv, wp)) => {
+                        gv.run_after(g, wp, x, y, k_in, out, beta, self.idle_before)
+                    }
                     None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
                 }
             }

@@ -36,9 +36,27 @@ const MAX_FUSED_K: usize = 8192;
 /// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
 pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
 
+/// Which GEMVs take the PRE2 form (gemv.cu: the second batch of loads issued before the wait
+/// too, each later batch one batch earlier), from `QUIRE_CUDA_GEMV_PRE2`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pre2 {
+    /// None (`0`).
+    Off,
+    /// Those behind a kernel that leaves memory idle: the o projection after decode attention
+    /// (`o`).
+    AfterIdle,
+    /// Every GEMV of shape 1 × 8 or 2 × 4 (`all`).
+    All,
+}
+
 pub struct Gemv {
     /// [input form][shape of `SHAPES`]
     f: [Vec<CudaFunction>; 3],
+    /// The PRE2 forms: [input form][1 × 8, 2 × 4], the GLU forms (2 × 4) and the host forms.
+    pre2_f: [[CudaFunction; 2]; 3],
+    pre2_glu: [CudaFunction; 2],
+    pre2_host: [CudaFunction; 2],
+    pub pre2: Pre2,
     /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
     glu_f: [CudaFunction; 2],
     /// The host-output forms (RMSNorm input) of shapes 1 × 8 and 2 × 4: a one-row step's
@@ -59,6 +77,8 @@ pub struct Gemv {
     wave_1x8: usize,
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
     pub glu: bool,
+    /// The GLU form's shape is 2 × 4 (the one with a PRE2 form).
+    glu_2x4: bool,
     /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
     /// (measurements).
     forced: Option<(usize, usize)>,
@@ -97,6 +117,29 @@ impl Gemv {
             Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
         ];
         let host_rounds_f = Gpu::function(&m, "gemv_f16_norm_host_rounds_r2u4")?;
+        let pair = |a: &str, b: &str| -> Result<[CudaFunction; 2], BackendError> {
+            Ok([Gpu::function(&m, a)?, Gpu::function(&m, b)?])
+        };
+        let pre2_f = [
+            pair("gemv_f16_r1u8_pre2", "gemv_f16_r2u4_pre2")?,
+            pair("gemv_f16_norm_r1u8_pre2", "gemv_f16_norm_r2u4_pre2")?,
+            pair("gemv_f16_swiglu_r1u8_pre2", "gemv_f16_swiglu_r2u4_pre2")?,
+        ];
+        let pre2_glu = pair("gemv_f16_glu_r2u4_pre2", "gemv_f16_norm_glu_r2u4_pre2")?;
+        let pre2_host = pair(
+            "gemv_f16_norm_host_r1u8_pre2",
+            "gemv_f16_norm_host_r2u4_pre2",
+        )?;
+        let pre2 = match std::env::var("QUIRE_CUDA_GEMV_PRE2").as_deref() {
+            Err(_) | Ok("0") => Pre2::Off,
+            Ok("o") => Pre2::AfterIdle,
+            Ok("all") | Ok("1") => Pre2::All,
+            Ok(v) => {
+                return Err(BackendError::Cuda(format!(
+                    "QUIRE_CUDA_GEMV_PRE2: {v} is not 0, o or all"
+                )))
+            }
+        };
         // CTAs of 256 threads resident per SM.
         let per_sm = |f: &CudaFunction| -> Result<usize, BackendError> {
             Ok(
@@ -106,6 +149,7 @@ impl Gemv {
             )
         };
         let sms = gpu.sms as usize;
+        let glu_2x4 = glu_shape == "r2u4";
         let glu_f = [
             Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
             Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
@@ -149,6 +193,10 @@ impl Gemv {
         };
         let env_on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Ok(Gemv {
+            pre2_f,
+            pre2_glu,
+            pre2_host,
+            pre2,
             wave_1x8: per_sm(&f[0][0])? * sms,
             host_rounds_grid: per_sm(&host_rounds_f)? * sms,
             host_rounds_f,
@@ -158,6 +206,7 @@ impl Gemv {
             glu_f,
             host_f,
             glu: env_on("QUIRE_CUDA_GEMV_GLU"),
+            glu_2x4,
             forced,
             ctas_per_sm,
             sms,
@@ -222,10 +271,15 @@ impl Gemv {
         let (form, x, rows_idx, norm_w, eps, smem) =
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
+        let f = if self.pre2 == Pre2::All && self.glu_2x4 {
+            &self.pre2_glu[form]
+        } else {
+            &self.glu_f[form]
+        };
         // One (gate, up) pair per warp, eight warps per CTA.
         launch_gemv(
             g,
-            &self.glu_f[form],
+            f,
             inter.div_ceil(8),
             smem,
             args,
@@ -248,8 +302,27 @@ impl Gemv {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
+        self.run_after(g, w, input, y, k_in, out, beta, false)
+    }
+
+    /// `run`, told whether the kernel before it leaves memory idle (`idle_before`: decode
+    /// attention before the o projection), which `Pre2::AfterIdle` acts on.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_after(
+        &self,
+        g: &Gpu,
+        w: u64,
+        input: GemvInput,
+        y: u64,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+        idle_before: bool,
+    ) -> Result<(), BackendError> {
         let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         let variant = self.shape_for(k_in, out);
+        let pre2 = variant < 2
+            && (self.pre2 == Pre2::All || (self.pre2 == Pre2::AfterIdle && idle_before));
         let rows = SHAPES[variant].0 * 8;
         let one_group_per_warp = out.div_ceil(rows);
         let grid = match self.ctas_per_sm[form][variant] {
@@ -257,9 +330,14 @@ impl Gemv {
             c => one_group_per_warp.min(c * self.sms),
         };
         let args = [w, x, rows_idx, norm_w, y];
+        let f = if pre2 {
+            &self.pre2_f[form][variant]
+        } else {
+            &self.f[form][variant]
+        };
         launch_gemv(
             g,
-            &self.f[form][variant],
+            f,
             grid,
             smem,
             args,
@@ -297,7 +375,12 @@ impl Gemv {
             )
         } else {
             let variant = usize::from(self.shape_for(k_in, out) != 0);
-            (&self.host_f[variant], out.div_ceil(SHAPES[variant].0 * 8))
+            let f = if self.pre2 == Pre2::All {
+                &self.pre2_host[variant]
+            } else {
+                &self.host_f[variant]
+            };
+            (f, out.div_ceil(SHAPES[variant].0 * 8))
         };
         launch_gemv(
             g,

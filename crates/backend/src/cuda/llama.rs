@@ -12,9 +12,10 @@ use half::f16;
 use quire_core::ModelConfig;
 use quire_gguf::GgmlType;
 
-use super::attention::{pack_meta, Meta, PagedAttention};
+use super::attention::{pack_meta, PagedAttention};
 use super::forward::Step;
 use super::gpu::{DBuf, Gpu};
+use super::meta::{pack_meta_padded, MappedMeta};
 use super::moe::{MoeKernels, MoeLayer};
 use super::nvrtc;
 use super::qmat::{is_block32_quant, is_native_quant, upload_stacked, QuantKernels, WMat};
@@ -55,6 +56,8 @@ pub(super) struct Kernels {
     pub(super) rms_norm: CudaFunction,
     pub(super) rms_norm_f32: CudaFunction,
     pub(super) embed: CudaFunction,
+    /// `embed` that first copies the step's metadata from mapped host memory (`MappedMeta`).
+    pub(super) embed_meta: CudaFunction,
     pub(super) swiglu: CudaFunction,
     pub(super) rope: CudaFunction,
     pub(super) argmax: CudaFunction,
@@ -100,8 +103,12 @@ pub struct CudaExecutor {
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
     /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`, logits
-    /// to `host_row`).
-    pub(super) graphs: HashMap<(usize, usize, usize, bool), Graph>,
+    /// to `host_row`, words of metadata read from `meta_mapped`, 0 when copied).
+    pub(super) graphs: HashMap<(usize, usize, usize, bool, usize), Graph>,
+    /// Small decode steps' metadata, read by the graph's first kernel from page-locked memory
+    /// instead of copied (`QUIRE_CUDA_META_MAPPED=1`; f16 embeddings only, the kernel that
+    /// copies it being `embed_f16_meta`). `None` when off.
+    pub(super) meta_mapped: Option<MappedMeta>,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -229,6 +236,7 @@ impl CudaExecutor {
             rms_norm: Gpu::function(&norm, "rms_norm_f16")?,
             rms_norm_f32: Gpu::function(&norm, "rms_norm_f32")?,
             embed: Gpu::function(&embed_m, "embed_f16")?,
+            embed_meta: Gpu::function(&embed_m, "embed_f16_meta")?,
             swiglu: Gpu::function(&act, "swiglu_f16")?,
             rope: Gpu::function(&rope, "rope_qkv")?,
             argmax: Gpu::function(&sample, "argmax_split")?,
@@ -383,6 +391,10 @@ impl CudaExecutor {
         } else {
             None
         };
+        let meta_mapped = match (&embed, std::env::var("QUIRE_CUDA_META_MAPPED").as_deref()) {
+            (WMat::F16(_), Ok("1")) => Some(MappedMeta::new()?),
+            _ => None,
+        };
         Ok(Self {
             cfg: c.clone(),
             k,
@@ -414,6 +426,7 @@ impl CudaExecutor {
                 .unwrap_or(GRAPH_CTX_MIN),
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
+            meta_mapped,
             gpu,
         })
     }
@@ -545,6 +558,8 @@ impl CudaExecutor {
             pairs: batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum(),
             ctx_tokens: batch.seqs.iter().map(|q| q.seq_len).sum(),
             logits_host,
+            meta_src: 0,
+            meta_words: 0,
         };
         self.prof.start(&self.gpu)?;
         self.enqueue(step)?;
@@ -562,10 +577,20 @@ impl CudaExecutor {
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
         let ctx = self.graph_ctx(max_ctx);
         let plan = self.k.attention.plan(self.gpu.sms, b, ctx, true);
-        if self.grow(b, b, b * c.num_heads * plan.splits, self.meta_host.len())? {
+        // Small metadata goes through mapped memory when that is on (the graph's embed copies
+        // it), else by a copy before the replay.
+        let mapped = match &mut self.meta_mapped {
+            Some(m) => m.stage(&self.meta_host).map(|words| (m.dev, words)),
+            None => None,
+        };
+        let (meta_src, meta_words) = mapped.unwrap_or((0, 0));
+        let meta_len = self.meta_host.len().max(meta_words);
+        if self.grow(b, b, b * c.num_heads * plan.splits, meta_len)? {
             self.graphs.clear();
         }
-        self.upload_meta()?;
+        if mapped.is_none() {
+            self.upload_meta()?;
+        }
         let meta_buf = self.s.meta.as_ref().unwrap();
         let logits_host = self.logits_dst(b, to_host);
         let step = Step {
@@ -577,8 +602,10 @@ impl CudaExecutor {
             pairs: 0,
             ctx_tokens: 0,
             logits_host,
+            meta_src,
+            meta_words,
         };
-        let key = (b, 1, ctx, logits_host != 0);
+        let key = (b, 1, ctx, logits_host != 0, meta_words);
         if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream.clone();
             let mark0 = self.gpu.trace_len();
@@ -664,119 +691,3 @@ pub(super) const GRAPH_CTX_MIN: usize = 64;
 
 /// Largest decode batch run through a CUDA graph (buckets are powers of two up to it).
 pub(super) const MAX_GRAPH_BATCH: usize = 256;
-
-/// Metadata of a decode batch padded to `b` rows. The array offsets depend on `b` alone (a
-/// captured graph bakes them in); block tables are packed one after another behind them, each
-/// sequence finding its own through `SeqInfo.bt_offset` (data, not baked). Padding rows are
-/// one-token sequences in block `pad_block`, which the engine never hands out.
-pub(super) fn pack_meta_padded(
-    batch: &ForwardBatch,
-    b: usize,
-    pad_block: usize,
-    block_size: usize,
-    m: &mut Vec<i32>,
-) -> Meta {
-    let n = batch.num_tokens();
-    // Arrays start at multiples of four words: the SeqInfo array is read as 16-byte int4.
-    let w = b.div_ceil(4) * 4;
-    let layout = Meta {
-        tokens: 0,
-        positions: w,
-        slots: 2 * w,
-        row_seq: 3 * w,
-        logits_idx: 4 * w,
-        seqs: 5 * w,
-        block_tables: 5 * w + 4 * b,
-        tiles: 0,
-        num_tiles: 0,
-        tiled_rows: 0,
-    };
-    m.clear();
-    m.resize(layout.block_tables, 0);
-    let mut bt_offset = 0usize;
-    for i in 0..b {
-        let real = i < n;
-        m[i] = if real { batch.token_ids[i] as i32 } else { 0 };
-        m[layout.positions + i] = if real { batch.positions[i] as i32 } else { 0 };
-        m[layout.slots + i] = if real {
-            batch.slot_mapping[i] as i32
-        } else {
-            (pad_block * block_size) as i32
-        };
-        m[layout.row_seq + i] = i as i32;
-        m[layout.logits_idx + i] = i as i32;
-        let len = if real { batch.seqs[i].seq_len } else { 1 };
-        let at = layout.seqs + 4 * i;
-        m[at..at + 4].copy_from_slice(&[i as i32, 1, len as i32, bt_offset as i32]);
-        if real {
-            let bt = batch.seqs[i].block_table;
-            m.extend(bt.iter().map(|id| id.as_usize() as i32));
-            bt_offset += bt.len();
-        } else {
-            m.push(pad_block as i32);
-            bt_offset += 1;
-        }
-    }
-    layout
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::SeqBatch;
-    use quire_core::BlockId;
-
-    #[test]
-    fn padded_metadata_keeps_seq_info_16_byte_aligned_and_pads_into_the_spare_block() {
-        for n in [1usize, 2, 3, 5, 7] {
-            let tables: Vec<Vec<BlockId>> = (0..n).map(|i| vec![BlockId(i as u32)]).collect();
-            let seqs: Vec<SeqBatch> = (0..n)
-                .map(|i| SeqBatch {
-                    query_start: i,
-                    query_len: 1,
-                    seq_len: 3,
-                    block_table: &tables[i],
-                })
-                .collect();
-            let ids = vec![7u32; n];
-            let pos = vec![2u32; n];
-            let slots: Vec<u32> = (0..n as u32).map(|i| i * 16 + 2).collect();
-            let li: Vec<u32> = (0..n as u32).collect();
-            let batch = ForwardBatch {
-                token_ids: &ids,
-                positions: &pos,
-                slot_mapping: &slots,
-                seqs: &seqs,
-                logits_indices: &li,
-            };
-            let b = n.next_power_of_two();
-            let mut m = vec![];
-            let l = pack_meta_padded(&batch, b, 99, 16, &mut m);
-            for off in [
-                l.positions,
-                l.slots,
-                l.row_seq,
-                l.logits_idx,
-                l.seqs,
-                l.block_tables,
-            ] {
-                assert_eq!(off % 4, 0, "n {n}: offset {off} not 16-byte aligned");
-            }
-            for i in 0..b {
-                let s = &m[l.seqs + 4 * i..l.seqs + 4 * i + 4];
-                assert_eq!(s[0], i as i32);
-                if i < n {
-                    assert_eq!(
-                        (s[2], m[l.slots + i], m[l.block_tables + s[3] as usize]),
-                        (3, slots[i] as i32, i as i32)
-                    );
-                } else {
-                    assert_eq!(
-                        (s[2], m[l.slots + i], m[l.block_tables + s[3] as usize]),
-                        (1, 99 * 16, 99)
-                    );
-                }
-            }
-        }
-    }
-}

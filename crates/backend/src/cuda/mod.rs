@@ -57,6 +57,8 @@ pub mod gpu;
 #[cfg(feature = "cuda")]
 mod llama;
 #[cfg(feature = "cuda")]
+mod meta;
+#[cfg(feature = "cuda")]
 pub mod moe;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;

@@ -122,7 +122,13 @@ __device__ __forceinline__ void gv_store_host(const float* ys, float* __restrict
 // rows [out, 2 * out); a warp's row group pairs gate row i with up row out + i (RPW is 2) and lane
 // 0 writes silu(gate) · up rounded to f16 into yv[i] (swiglu_f16's arithmetic on the same sums), so
 // the down projection reads f16 rows and no SwiGLU runs anywhere else. Otherwise y is f32.
-template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST>
+//
+// PRE2: the warp's second batch is issued before the wait too (its registers are the ones the
+// loop's next batch uses anyway), and in the loop each batch is issued one batch earlier: after
+// the arithmetic of the batch two before it instead of before the arithmetic of the one before.
+// For a matrix behind a kernel that leaves memory idle (decode attention before the o
+// projection), twice the bytes are on their way before the wait. Same sums, same order.
+template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST, bool PRE2>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
@@ -152,8 +158,21 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     };
     const uint4* wr[RPW];
     rows_of(g_begin, wr);
-    uint4 wv[RPW][UNROLL];
+    uint4 wv[RPW][UNROLL], nx[RPW][UNROLL];
     if (g_begin < g_end) gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
+    // (g, bt): the batch in wv; (gn, bn): the one after it, in nx once issued.
+    int g = g_begin, bt = 0, gn = g_begin, bn = 1;
+    if (bn == bpr) {
+        gn = g + 1;
+        bn = 0;
+    }
+    // Issues batch (gn, bn) into nx: zeros, and no load, past the warp's last group.
+    auto load_next = [&]() {
+        const uint4* wn[RPW];
+        rows_of(min(gn, g_end - 1), wn);
+        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
+    };
+    if (PRE2 && g_begin < g_end) load_next();
     pdl_enter();
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
@@ -169,7 +188,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
-    int g = g_begin, bt = 0;
     while (true) {
         const int c = lane + bt * 32 * UNROLL;
         uint4 xx[UNROLL];
@@ -178,16 +196,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             const int cu = min(c + 32 * u, chunks - 1);  // in range; unused past the end
             xx[u] = MODE == 0 ? __ldg(xv + cu) : xv[cu];
         }
-        // The next batch: this group's, or the first of the next group.
-        int gn = g, bn = bt + 1;
-        if (bn == bpr) {
-            gn = g + 1;
-            bn = 0;
-        }
-        const uint4* wn[RPW];
-        rows_of(min(gn, g_end - 1), wn);
-        uint4 nx[RPW][UNROLL];
-        gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
+        if (!PRE2) load_next();  // the next batch: this group's, or the first of the next group
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (c + 32 * u < chunks) {
@@ -223,6 +232,11 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         }
         g = gn;
         bt = bn;
+        if (++bn == bpr) {
+            gn++;
+            bn = 0;
+        }
+        if (PRE2) load_next();
     }
     if (HOST) gv_store_host<RPW>(ys, y, out);
 }
@@ -230,13 +244,17 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 // Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
 // (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
 // (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
-#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST)                                         \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
+// Two CTAs per SM at least: the PRE2 forms would otherwise take up to 142 registers (one CTA).
+#define GEMV_ENTRY_P(name, RPW, UNROLL, MODE, GLU, HOST, PRE2)                                \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, PRE2 ? 2 : 1)                   \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
          void* __restrict__ y, int in, int out, float beta) {                                  \
-        gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta);  \
+        gemv_rows<RPW, UNROLL, MODE, GLU, HOST, PRE2>(w, xin, rows_idx, nw, eps, y, in, out,   \
+                                                      beta);                                   \
     }
+#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST) \
+    GEMV_ENTRY_P(name, RPW, UNROLL, MODE, GLU, HOST, false)
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
@@ -257,6 +275,17 @@ GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
 // host picks for it).
 GEMV_ENTRY_H(gemv_f16_norm_host_r1u8, 1, 8, 1, false, true)
 GEMV_ENTRY_H(gemv_f16_norm_host_r2u4, 2, 4, 1, false, true)
+// The PRE2 forms of the two shapes the host picks (`QUIRE_CUDA_GEMV_PRE2`, gemv.rs).
+GEMV_ENTRY_P(gemv_f16_r1u8_pre2, 1, 8, 0, false, false, true)
+GEMV_ENTRY_P(gemv_f16_r2u4_pre2, 2, 4, 0, false, false, true)
+GEMV_ENTRY_P(gemv_f16_norm_r1u8_pre2, 1, 8, 1, false, false, true)
+GEMV_ENTRY_P(gemv_f16_norm_r2u4_pre2, 2, 4, 1, false, false, true)
+GEMV_ENTRY_P(gemv_f16_swiglu_r1u8_pre2, 1, 8, 2, false, false, true)
+GEMV_ENTRY_P(gemv_f16_swiglu_r2u4_pre2, 2, 4, 2, false, false, true)
+GEMV_ENTRY_P(gemv_f16_glu_r2u4_pre2, 2, 4, 0, true, false, true)
+GEMV_ENTRY_P(gemv_f16_norm_glu_r2u4_pre2, 2, 4, 1, true, false, true)
+GEMV_ENTRY_P(gemv_f16_norm_host_r1u8_pre2, 1, 8, 1, false, true, true)
+GEMV_ENTRY_P(gemv_f16_norm_host_r2u4_pre2, 2, 4, 1, false, true, true)
 
 // The host form for rows that fit one batch (in <= 256 * UNROLL elements: the 135M model's 576-
 // long output rows), on a persistent grid: CTA b takes, round after round, the GV_WARPS row
