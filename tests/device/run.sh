@@ -521,4 +521,33 @@ s20a)  # stop 20: the PRE2 GEMV (second batch before the wait), metadata through
         grep -E "^\| [a-z]" "$OUT/trace-$1-$2.txt" | grep -v "^| model" | head -10 | sed "s/\$/  ($1 traced $2)/"
     done
     ;;
+s20b)  # stop 20: o projection merging the attention splits, 2x2 GEMV (four CTAs per SM) per matrix, mapped metadata again
+    make_models
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
+    QUIRE_CUDA_GEMV_SHAPE=2x2 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops gemv, 2x2 forced)/'
+    for e in "QUIRE_CUDA_O_MERGE=1 QUIRE_CUDA_META_MAPPED=1 QUIRE_CUDA_GEMV_SHAPE_AT=576x960:2x2,1536x576:2x2"; do
+        env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
+    done
+    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
+    for r in 1 2; do
+        b llama3-8b X=1
+        b llama3-8b QUIRE_CUDA_O_MERGE=1
+        b llama3-8b QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2
+        b llama3-8b QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2,4096x4096:2x2,14336x4096:2x2
+        b llama3-8b QUIRE_CUDA_META_MAPPED=1
+    done
+    for r in 1 2; do
+        b llama3.2-1b X=1
+        b llama3.2-1b QUIRE_CUDA_GEMV_SHAPE_AT=2048x3072:2x2
+        b llama3.2-1b QUIRE_CUDA_GEMV_SHAPE_AT=2048x3072:2x2,8192x2048:2x2
+        b llama3.2-1b QUIRE_CUDA_META_MAPPED=1
+    done
+    for r in 1 2; do
+        b smollm2-135m X=1
+        b smollm2-135m QUIRE_CUDA_META_MAPPED=1
+        b smollm2-135m QUIRE_CUDA_GEMV_SHAPE_AT=576x960:2x2
+    done
+    QUIRE_CUDA_O_MERGE=1 QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-8b-merge-2x2.txt" 2>&1
+    grep -E "^\| [a-z]" "$OUT/trace-8b-merge-2x2.txt" | grep -v "^| model" | head -10 | sed "s/\$/  (8B traced o-merge, qkv 2x2)/"
+    ;;
 esac

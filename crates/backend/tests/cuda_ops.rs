@@ -359,34 +359,9 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// (the residual add); then its fused inputs, RMSNorm (with a row gather) and SwiGLU, against the
 /// CPU's ops rounded to f16 the same way, and the RMSNorm form that writes into mapped host
 /// memory against the device form, bit for bit.
-/// Runs `launch` (a GEMV into the output address it is given) again in the PRE2 forms, with the
-/// output reset to `init`, and checks it writes `got` bit for bit: the forms differ only in when
-/// loads are issued, never in the sums or their order.
-fn same_with_pre2(
-    g: &Gpu,
-    gv: &mut quire_backend::cuda::gemv::Gemv,
-    got: &[f32],
-    init: &[f32],
-    launch: impl Fn(&quire_backend::cuda::gemv::Gemv, u64) -> Result<(), quire_backend::BackendError>,
-) {
-    use quire_backend::cuda::gemv::Pre2;
-    let dy = g.upload(init).unwrap();
-    gv.pre2 = Pre2::All;
-    let r = launch(gv, dy.ptr);
-    gv.pre2 = Pre2::Off;
-    r.unwrap();
-    let mut v = vec![0f32; init.len()];
-    g.dtoh(&dy, &mut v).unwrap();
-    assert!(
-        v.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "the PRE2 form of a {}-row GEMV differs from the plain one",
-        got.len()
-    );
-}
-
 #[test]
 fn gemv_matches_an_f64_dot_product_and_cublas() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput, Pre2};
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
     use quire_backend::cuda::gpu::HostBuf;
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
@@ -453,9 +428,6 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 1e-5, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
-            same_with_pre2(&g, &mut gv, &got, &init, |gv, y| {
-                gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta)
-            });
             let db = g.upload(&init).unwrap();
             g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
             let eb = rel(&got, &read(&db));
@@ -501,28 +473,23 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
-            same_with_pre2(&g, &mut gv, &got, &vec![f32::NAN; out], |gv, y| {
-                gv.run(&g, dw.ptr, input, y, k, out, 0.0)
-            });
             if name == "norm" {
                 // The host-output form (a one-row step's logits into mapped page-locked memory):
                 // the same sums, NaN-poisoned first, every row written once.
                 // Both grids: one row group per warp, and rounds on a persistent grid (rows of
                 // at most 1024 elements).
                 let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
-                for (rounds, pre2) in [(false, Pre2::Off), (true, Pre2::Off), (false, Pre2::All)] {
+                for rounds in [false, true] {
                     gv.host_rounds = rounds;
-                    gv.pre2 = pre2;
                     host.slice_mut(out).unwrap().fill(f32::NAN);
                     gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
                     g.sync().unwrap();
                     let h = host.slice(out);
                     assert!(
                         h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "host-output gemv {k}x{out} (rounds {rounds}, {pre2:?}) differs from the device form"
+                        "host-output gemv {k}x{out} (rounds {rounds}) differs from the device form"
                     );
                 }
-                gv.pre2 = Pre2::Off;
             }
         }
     }
@@ -533,10 +500,10 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
 /// poisoned with NaN first.
 #[test]
 fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput, Pre2};
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
-    let mut gv = Gemv::new(&g).unwrap();
+    let gv = Gemv::new(&g).unwrap();
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),
@@ -590,16 +557,88 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
             let got = read_f16(&g, &da);
             let e = rel(&got, &want);
             assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
-            // The PRE2 form: the same f16 bits.
-            let dp = g.upload(&vec![f16::NAN; inter]).unwrap();
-            gv.pre2 = Pre2::All;
-            gv.run_glu(&g, dw.ptr, input, dp.ptr, k, inter).unwrap();
-            gv.pre2 = Pre2::Off;
-            let pre2 = read_f16(&g, &dp);
-            assert!(
-                pre2.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "glu gemv ({name}) {k}x{inter}: the PRE2 form differs"
-            );
         }
+    }
+}
+
+/// The o projection fed by a one-row decode attention's split partials (`GemvInput::Merge`)
+/// against the f64 merge of the same partials (rounded to f16, as `attention_reduce` stores its
+/// output) and an f64 dot product; one split of one head is empty (max -inf, its accumulator
+/// NaN-poisoned, as the decode kernel leaves it).
+#[test]
+fn merge_gemv_matches_an_f64_merge_of_split_partials() {
+    use quire_backend::cuda::gemv::{Gemv, GemvInput};
+    let Some(g) = gpu() else { return };
+    let mut rng = StdRng::seed_from_u64(37);
+    let gv = Gemv::new(&g).unwrap();
+    for (heads, head_dim, splits, out) in [
+        (32usize, 128usize, 2usize, 4096usize),
+        (9, 64, 3, 576),
+        (32, 64, 4, 2048),
+    ] {
+        let k = heads * head_dim;
+        let mut acc = rnd(&mut rng, heads * splits * head_dim, 5.0);
+        let mut ml: Vec<f32> = (0..heads * splits)
+            .flat_map(|_| {
+                [
+                    rng.random_range(-4.0f32..4.0),
+                    rng.random_range(0.5f32..20.0),
+                ]
+            })
+            .collect();
+        // Head 1's last split saw no key.
+        let empty = splits + splits - 1;
+        ml[2 * empty] = f32::NEG_INFINITY;
+        ml[2 * empty + 1] = 0.0;
+        acc[empty * head_dim..(empty + 1) * head_dim].fill(f32::NAN);
+        let v: Vec<f16> = (0..k)
+            .map(|i| {
+                let (h, d) = (i / head_dim, i % head_dim);
+                let parts: Vec<(f64, f64, f64)> = (0..splits)
+                    .map(|s| h * splits + s)
+                    .filter(|&p| ml[2 * p] != f32::NEG_INFINITY)
+                    .map(|p| {
+                        let x = acc[p * head_dim + d] as f64;
+                        (ml[2 * p] as f64, ml[2 * p + 1] as f64, x)
+                    })
+                    .collect();
+                let mx = parts.iter().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = parts.iter().map(|p| p.1 * (p.0 - mx).exp()).sum();
+                let a: f64 = parts.iter().map(|p| p.2 * (p.0 - mx).exp()).sum();
+                f16::from_f64(a / sum)
+            })
+            .collect();
+        let w: Vec<f16> = rnd(&mut rng, k * out, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let y0 = rnd(&mut rng, out, 1.0);
+        let want: Vec<f32> = (0..out)
+            .map(|r| {
+                let dot: f64 = (0..k).map(|i| w[r * k + i].to_f64() * v[i].to_f64()).sum();
+                (dot + y0[r] as f64) as f32
+            })
+            .collect();
+        let (dw, dacc, dml, dy) = (
+            g.upload(&w).unwrap(),
+            g.upload(&acc).unwrap(),
+            g.upload(&ml).unwrap(),
+            g.upload(&y0).unwrap(),
+        );
+        let input = GemvInput::Merge {
+            part_acc: dacc.ptr,
+            part_ml: dml.ptr,
+            splits,
+            head_dim,
+        };
+        assert!(gv.fits(k, &input));
+        gv.run(&g, dw.ptr, input, dy.ptr, k, out, 1.0).unwrap();
+        let mut got = vec![0f32; out];
+        g.dtoh(&dy, &mut got).unwrap();
+        let e = rel(&got, &want);
+        assert!(
+            e < 2e-3,
+            "merge gemv {heads}x{head_dim}, {splits} splits, {out} rows: rel err {e:.2e}"
+        );
     }
 }

@@ -207,6 +207,10 @@ pub struct AttnBuffers {
     /// `Some`: the QKV rows are un-roped and the decode kernel applies bias, QK-norm and RoPE
     /// (decode launches only). `None`: the rows come roped.
     pub rope: Option<RopeArgs>,
+    /// A split decode launch leaves its partials unmerged (no `attention_reduce`): the caller
+    /// merges them itself (the o projection's `GemvInput::Merge`). Ignored when the decode kernel
+    /// merges its own splits.
+    pub defer_merge: bool,
 }
 
 impl PagedAttention {
@@ -279,6 +283,11 @@ impl PagedAttention {
     /// Query rows per `paged_prefill` tile: 64 score rows shared by the GQA group's heads.
     pub fn prefill_rows(&self) -> usize {
         PREFILL_SCORE_ROWS / (self.num_heads / self.num_kv_heads)
+    }
+
+    /// Whether `paged_decode` merges its own splits (`QUIRE_CUDA_DECODE_MERGE=1`).
+    pub fn merges_in_kernel(&self) -> bool {
+        self.decode_merges
     }
 
     /// How many of `paged_decode`'s CTAs fit on one multiprocessor (the occupancy it is planned for).
@@ -435,8 +444,8 @@ impl PagedAttention {
                 self.decode_smem,
                 &args,
             )?;
-            if self.decode_merges {
-                return Ok(()); // it merged its own splits
+            if self.decode_merges || b.defer_merge {
+                return Ok(()); // it merged its own splits, or the caller merges them
             }
         } else {
             gpu.launch(
@@ -677,6 +686,7 @@ impl HostRun {
                 part_ml: self.part_ml.ptr,
                 counters: self.counters.ptr,
                 rope: self.rope.as_ref().map(HostRope::args),
+                defer_merge: false,
             },
         )
     }

@@ -121,12 +121,7 @@ impl CudaExecutor {
             } else {
                 norm_for(g, k, q8w, x, P(0), l.attn_norm.ptr, (h, q8), n, norm)?;
                 prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul {
-                n,
-                wdq,
-                q8_in: q8w,
-                idle_before: false,
-            };
+                let mm = MatMul { n, wdq, q8_in: q8w };
                 mm.run(g, k, &l.wqkv, (h, q8), qkv, hd, qkv_dim, 0.0)?;
             }
             let (b, f) = gemm_cost(&l.wqkv, hd, qkv_dim);
@@ -166,8 +161,21 @@ impl CudaExecutor {
                 )?;
                 prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
             }
-            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
+            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows; or,
+            // for one decode row of a few splits, the splits' partials, which the o GEMV merges
+            // itself in the place of the reduce launch.
             let q8w = q8_in(&l.wo, n);
+            let merged = GemvInput::Merge {
+                part_acc,
+                part_ml,
+                splits: plan.splits,
+                head_dim: c.head_dim,
+            };
+            let o_merge = self.o_merge
+                && plan.decode
+                && (2..=O_MERGE_MAX_SPLITS).contains(&plan.splits)
+                && !k.attention.merges_in_kernel()
+                && one_token_gemv(k, &l.wo, n, qs, &merged).is_some();
             k.attention.launch(
                 g,
                 n,
@@ -186,6 +194,7 @@ impl CudaExecutor {
                     part_ml,
                     counters,
                     rope: fused_rope.then_some(rope),
+                    defer_merge: o_merge,
                 },
             )?;
             let kv_read = st.ctx_tokens * 2 * kvs * 2;
@@ -199,15 +208,17 @@ impl CudaExecutor {
             if q8w {
                 k.q.quantize(g, attn, true, q8, n, qs)?;
             }
-            let mm = MatMul {
-                n,
-                wdq,
-                q8_in: q8w,
-                idle_before: true,
-            };
-            mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
-            let (b, f) = gemm_cost(&l.wo, qs, hd);
-            prof.mark(g, "matmul_o", layer, b, f)?;
+            if o_merge {
+                let (gv, wp) = one_token_gemv(k, &l.wo, n, qs, &merged).unwrap();
+                gv.run(g, wp, merged, x, qs, hd, 1.0)?;
+                let (b, f) = gemm_cost(&l.wo, qs, hd);
+                prof.mark(g, "matmul_o", layer, b, f)?;
+            } else {
+                let mm = MatMul { n, wdq, q8_in: q8w };
+                mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
+                let (b, f) = gemm_cost(&l.wo, qs, hd);
+                prof.mark(g, "matmul_o", layer, b, f)?;
+            }
             let (w_gate_up, w_down) = match &l.ffn {
                 CudaFfn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
                 CudaFfn::Moe(m) => {
@@ -259,7 +270,6 @@ impl CudaExecutor {
                         n,
                         wdq,
                         q8_in: false,
-                        idle_before: false,
                     };
                     mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
                     let (b, f) = gemm_cost(w_down, inter, hd);
@@ -270,12 +280,7 @@ impl CudaExecutor {
             } else {
                 norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
                 prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul {
-                n,
-                wdq,
-                q8_in: q8w,
-                idle_before: false,
-            };
+                let mm = MatMul { n, wdq, q8_in: q8w };
                 mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
             }
             let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
@@ -307,12 +312,7 @@ impl CudaExecutor {
                 )?;
             }
             prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
-            let mm = MatMul {
-                n,
-                wdq,
-                q8_in: q8w,
-                idle_before: false,
-            };
+            let mm = MatMul { n, wdq, q8_in: q8w };
             mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
             let (b, f) = gemm_cost(w_down, inter, hd);
             prof.mark(g, "matmul_down", layer, b, f)?;
@@ -351,7 +351,6 @@ impl CudaExecutor {
                     n: nl,
                     wdq,
                     q8_in: q8w,
-                    idle_before: false,
                 };
                 mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
             }
@@ -381,6 +380,11 @@ impl CudaExecutor {
         one_token_gemv(&self.k, out_w, nl, self.cfg.hidden_size, &probe).is_some()
     }
 }
+
+/// Most splits a one-row decode attention may leave to the o projection to merge: every CTA of
+/// the o GEMV reads all partials (32 KB per split on the 8B model), so long contexts keep the
+/// reduce launch.
+const O_MERGE_MAX_SPLITS: usize = 4;
 
 /// The GEMV and the weight's address when a matmul of `n` tokens over `w` (rows `k_in` long, input
 /// `input`) takes the one-token GEMV: one token, f16 weights, the GEMV on.
@@ -433,8 +437,6 @@ struct MatMul {
     n: usize,
     wdq: u64,
     q8_in: bool,
-    /// The kernel before leaves memory idle (decode attention): `Gemv::run_after`.
-    idle_before: bool,
 }
 
 impl MatMul {
@@ -456,9 +458,7 @@ impl MatMul {
             WMat::F16(b) => {
                 let x = GemvInput::F16 { x: inputs.0 };
                 match one_token_gemv(k, w, n, k_in, &x) {
-                    Some((gv, wp)) => {
-                        gv.run_after(g, wp, x, y, k_in, out, beta, self.idle_before)
-                    }
+                    Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
                     None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
                 }
             }

@@ -24,6 +24,15 @@ pub enum GemvInput {
     },
     /// SwiGLU of the f32 gate/up row `gu` `[2k]`: silu(gate) · up.
     SwiGlu { gu: u64 },
+    /// The merge of a one-row decode attention's `splits` partials (`part_acc` `[heads, splits,
+    /// head_dim]` f32, `part_ml` `[heads, splits]` (max, sum)), as `attention_reduce` merges
+    /// them: the o projection in the reduce launch's place. `splits` < 256, `run` only.
+    Merge {
+        part_acc: u64,
+        part_ml: u64,
+        splits: usize,
+        head_dim: usize,
+    },
 }
 
 /// Longest input the fused forms take by default (`QUIRE_CUDA_GEMV_FUSE_K` overrides). Every CTA
@@ -34,29 +43,15 @@ pub enum GemvInput {
 const MAX_FUSED_K: usize = 8192;
 
 /// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
-pub const SHAPES: [(usize, usize); 6] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2)];
-
-/// Which GEMVs take the PRE2 form (gemv.cu: the second batch of loads issued before the wait
-/// too, each later batch one batch earlier), from `QUIRE_CUDA_GEMV_PRE2`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pre2 {
-    /// None (`0`).
-    Off,
-    /// Those behind a kernel that leaves memory idle: the o projection after decode attention
-    /// (`o`).
-    AfterIdle,
-    /// Every GEMV of shape 1 × 8 or 2 × 4 (`all`).
-    All,
-}
+/// 2 × 2 is built for three CTAs per SM or more (64 registers: four).
+pub const SHAPES: [(usize, usize); 7] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2), (2, 2)];
 
 pub struct Gemv {
     /// [input form][shape of `SHAPES`]
     f: [Vec<CudaFunction>; 3],
-    /// The PRE2 forms: [input form][1 × 8, 2 × 4], the GLU forms (2 × 4) and the host forms.
-    pre2_f: [[CudaFunction; 2]; 3],
-    pre2_glu: [CudaFunction; 2],
-    pre2_host: [CudaFunction; 2],
-    pub pre2: Pre2,
+    /// The merge-input forms (1 × 8, 2 × 4): the o projection reading a one-row decode
+    /// attention's split partials (`GemvInput::Merge`).
+    merge_f: [CudaFunction; 2],
     /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
     glu_f: [CudaFunction; 2],
     /// The host-output forms (RMSNorm input) of shapes 1 × 8 and 2 × 4: a one-row step's
@@ -77,11 +72,12 @@ pub struct Gemv {
     wave_1x8: usize,
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
     pub glu: bool,
-    /// The GLU form's shape is 2 × 4 (the one with a PRE2 form).
-    glu_2x4: bool,
     /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
     /// (measurements).
     forced: Option<(usize, usize)>,
+    /// `QUIRE_CUDA_GEMV_SHAPE_AT=KxOUT:RxU,...`: shapes of single matrices by their row length
+    /// and row count (measurements; before `forced` and the rule).
+    forced_at: Vec<((usize, usize), usize)>,
     sms: usize,
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
@@ -117,29 +113,10 @@ impl Gemv {
             Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
         ];
         let host_rounds_f = Gpu::function(&m, "gemv_f16_norm_host_rounds_r2u4")?;
-        let pair = |a: &str, b: &str| -> Result<[CudaFunction; 2], BackendError> {
-            Ok([Gpu::function(&m, a)?, Gpu::function(&m, b)?])
-        };
-        let pre2_f = [
-            pair("gemv_f16_r1u8_pre2", "gemv_f16_r2u4_pre2")?,
-            pair("gemv_f16_norm_r1u8_pre2", "gemv_f16_norm_r2u4_pre2")?,
-            pair("gemv_f16_swiglu_r1u8_pre2", "gemv_f16_swiglu_r2u4_pre2")?,
+        let merge_f = [
+            Gpu::function(&m, "gemv_f16_merge_r1u8")?,
+            Gpu::function(&m, "gemv_f16_merge_r2u4")?,
         ];
-        let pre2_glu = pair("gemv_f16_glu_r2u4_pre2", "gemv_f16_norm_glu_r2u4_pre2")?;
-        let pre2_host = pair(
-            "gemv_f16_norm_host_r1u8_pre2",
-            "gemv_f16_norm_host_r2u4_pre2",
-        )?;
-        let pre2 = match std::env::var("QUIRE_CUDA_GEMV_PRE2").as_deref() {
-            Err(_) | Ok("0") => Pre2::Off,
-            Ok("o") => Pre2::AfterIdle,
-            Ok("all") | Ok("1") => Pre2::All,
-            Ok(v) => {
-                return Err(BackendError::Cuda(format!(
-                    "QUIRE_CUDA_GEMV_PRE2: {v} is not 0, o or all"
-                )))
-            }
-        };
         // CTAs of 256 threads resident per SM.
         let per_sm = |f: &CudaFunction| -> Result<usize, BackendError> {
             Ok(
@@ -149,7 +126,6 @@ impl Gemv {
             )
         };
         let sms = gpu.sms as usize;
-        let glu_2x4 = glu_shape == "r2u4";
         let glu_f = [
             Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
             Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
@@ -184,6 +160,19 @@ impl Gemv {
                     ))
                 })
         };
+        let mut forced_at = vec![];
+        if let Ok(v) = std::env::var("QUIRE_CUDA_GEMV_SHAPE_AT") {
+            for item in v.split(',').filter(|i| !i.is_empty()) {
+                let bad = || {
+                    BackendError::Cuda(format!("QUIRE_CUDA_GEMV_SHAPE_AT: {item} is not KxOUT:RxU"))
+                };
+                let (mat, sh) = item.split_once(':').ok_or_else(bad)?;
+                let (k, o) = mat.split_once('x').ok_or_else(bad)?;
+                let k: usize = k.parse().map_err(|_| bad())?;
+                let o: usize = o.parse().map_err(|_| bad())?;
+                forced_at.push(((k, o), shape(sh)?));
+            }
+        }
         let forced = match std::env::var("QUIRE_CUDA_GEMV_SHAPE") {
             Ok(v) => Some(match v.split_once(',') {
                 Some((few, many)) => (shape(few)?, shape(many)?),
@@ -193,10 +182,7 @@ impl Gemv {
         };
         let env_on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Ok(Gemv {
-            pre2_f,
-            pre2_glu,
-            pre2_host,
-            pre2,
+            merge_f,
             wave_1x8: per_sm(&f[0][0])? * sms,
             host_rounds_grid: per_sm(&host_rounds_f)? * sms,
             host_rounds_f,
@@ -206,8 +192,8 @@ impl Gemv {
             glu_f,
             host_f,
             glu: env_on("QUIRE_CUDA_GEMV_GLU"),
-            glu_2x4,
             forced,
+            forced_at,
             ctas_per_sm,
             sms,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
@@ -248,6 +234,25 @@ impl Gemv {
                 eps,
             } => (1, x, rows_idx, norm_w, eps, k_in * 2),
             GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
+            GemvInput::Merge {
+                part_acc,
+                splits,
+                head_dim,
+                ..
+            } => {
+                if splits == 0
+                    || splits > 255
+                    || head_dim == 0
+                    || !head_dim.is_multiple_of(4)
+                    || !k_in.is_multiple_of(head_dim)
+                {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "{name}: cannot merge {splits} splits of {head_dim}-dim heads over {k_in}"
+                    )));
+                }
+                // Forms 0-2 index `f`; the merge input has its own functions.
+                (3, part_acc, 0, 0, 0.0, k_in * 2)
+            }
         })
     }
 
@@ -263,7 +268,7 @@ impl Gemv {
         k_in: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
-        if matches!(input, GemvInput::SwiGlu { .. }) {
+        if matches!(input, GemvInput::SwiGlu { .. } | GemvInput::Merge { .. }) {
             return Err(BackendError::InvalidBatch(
                 "the GLU GEMV takes an f16 or RMSNorm input".into(),
             ));
@@ -271,23 +276,9 @@ impl Gemv {
         let (form, x, rows_idx, norm_w, eps, smem) =
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
-        let f = if self.pre2 == Pre2::All && self.glu_2x4 {
-            &self.pre2_glu[form]
-        } else {
-            &self.glu_f[form]
-        };
+        let f = &self.glu_f[form];
         // One (gate, up) pair per warp, eight warps per CTA.
-        launch_gemv(
-            g,
-            f,
-            inter.div_ceil(8),
-            smem,
-            args,
-            k_in,
-            inter,
-            eps,
-            0.0,
-        )
+        launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0)
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
@@ -302,27 +293,34 @@ impl Gemv {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        self.run_after(g, w, input, y, k_in, out, beta, false)
-    }
-
-    /// `run`, told whether the kernel before it leaves memory idle (`idle_before`: decode
-    /// attention before the o projection), which `Pre2::AfterIdle` acts on.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_after(
-        &self,
-        g: &Gpu,
-        w: u64,
-        input: GemvInput,
-        y: u64,
-        k_in: usize,
-        out: usize,
-        beta: f32,
-        idle_before: bool,
-    ) -> Result<(), BackendError> {
         let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         let variant = self.shape_for(k_in, out);
-        let pre2 = variant < 2
-            && (self.pre2 == Pre2::All || (self.pre2 == Pre2::AfterIdle && idle_before));
+        if let GemvInput::Merge {
+            part_acc,
+            part_ml,
+            splits,
+            head_dim,
+        } = input
+        {
+            // The merge forms come in the two default shapes (a forced other one takes 2 × 4).
+            let v = usize::from(variant != 0);
+            return g.launch_smem(
+                &self.merge_f[v],
+                (out.div_ceil(SHAPES[v].0 * 8) as u32, 1, 1),
+                (256, 1, 1),
+                smem as u32,
+                &[
+                    KArg::P(w),
+                    KArg::P(part_acc),
+                    KArg::P(part_ml),
+                    KArg::I((splits | head_dim << 8) as i32),
+                    KArg::P(y),
+                    KArg::I(k_in as i32),
+                    KArg::I(out as i32),
+                    KArg::F(beta),
+                ],
+            );
+        }
         let rows = SHAPES[variant].0 * 8;
         let one_group_per_warp = out.div_ceil(rows);
         let grid = match self.ctas_per_sm[form][variant] {
@@ -330,14 +328,9 @@ impl Gemv {
             c => one_group_per_warp.min(c * self.sms),
         };
         let args = [w, x, rows_idx, norm_w, y];
-        let f = if pre2 {
-            &self.pre2_f[form][variant]
-        } else {
-            &self.f[form][variant]
-        };
         launch_gemv(
             g,
-            f,
+            &self.f[form][variant],
             grid,
             smem,
             args,
@@ -375,12 +368,7 @@ impl Gemv {
             )
         } else {
             let variant = usize::from(self.shape_for(k_in, out) != 0);
-            let f = if self.pre2 == Pre2::All {
-                &self.pre2_host[variant]
-            } else {
-                &self.host_f[variant]
-            };
-            (f, out.div_ceil(SHAPES[variant].0 * 8))
+            (&self.host_f[variant], out.div_ceil(SHAPES[variant].0 * 8))
         };
         launch_gemv(
             g,
@@ -409,6 +397,9 @@ impl Gemv {
         // 2,427 / 2,486 against 2,375 / 2,368 at 2 × 4 (stop 17). The 1B model's 4 KB rows lose
         // at 1 × 8 (938 against 969), so they stay at 2 × 4.
         let few_rows = out.div_ceil(16) < 4 * self.sms;
+        if let Some(&(_, v)) = self.forced_at.iter().find(|(m, _)| *m == (k_in, out)) {
+            return v;
+        }
         match self.forced {
             Some((few, _)) if few_rows => few,
             Some((_, many)) => many,

@@ -109,6 +109,9 @@ pub struct CudaExecutor {
     /// instead of copied (`QUIRE_CUDA_META_MAPPED=1`; f16 embeddings only, the kernel that
     /// copies it being `embed_f16_meta`). `None` when off.
     pub(super) meta_mapped: Option<MappedMeta>,
+    /// One-row decode steps of 2-4 attention splits merge them in the o projection
+    /// (`GemvInput::Merge`) instead of a reduce launch (`QUIRE_CUDA_O_MERGE=1`).
+    pub(super) o_merge: bool,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -427,6 +430,7 @@ impl CudaExecutor {
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
             meta_mapped,
+            o_merge: std::env::var("QUIRE_CUDA_O_MERGE").is_ok_and(|v| v == "1"),
             gpu,
         })
     }

@@ -37,7 +37,11 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // 0: x, f16 [in], read through L1;
 // 1: RMSNorm of the f32 residual row x[rows_idx ? rows_idx[0] : 0] with weight nw, rounded to f16
 //    (rms_norm_f16's arithmetic), computed by every CTA into shared memory;
-// 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise.
+// 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise;
+// 3: the merge of a one-row decode attention's splits (attention_reduce's arithmetic, rounded to
+//    f16 as it stores them), likewise: xin is part_acc [heads, splits, head_dim] f32, nw is
+//    part_ml [heads, splits] (m, l), aux is splits | head_dim << 8. The o projection then takes
+//    the place of the reduce launch.
 // Every CTA recomputes the vector instead of a separate launch and an f16 round trip through
 // memory; the host bounds `in` for the fused forms (gemv.rs).
 //
@@ -71,7 +75,7 @@ template <int MODE>
 __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
                                          const int* __restrict__ rows_idx,
                                          const float* __restrict__ nw, float eps, int in,
-                                         uint2* __restrict__ xs) {
+                                         uint2* __restrict__ xs, int aux) {
     const int in4 = in >> 2;
     if (MODE == 1) {
         __shared__ float red[32];
@@ -100,6 +104,29 @@ __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
             xs[i] = pack4h(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
                            g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
         }
+    } else if (MODE == 3) {
+        // Four dims of one head per thread and pass; per element merge_splits' steps in order.
+        const int splits = aux & 0xff, hd = aux >> 8;
+        const float* pa = reinterpret_cast<const float*>(xin);
+        const float2* pml = reinterpret_cast<const float2*>(nw);
+        for (int i = threadIdx.x; i < in4; i += blockDim.x) {
+            const int h = 4 * i / hd, d = 4 * i % hd;
+            const long base = (long)h * splits;
+            float mx = -INFINITY, sum = 0.0f, a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int sp = 0; sp < splits; sp++) {
+                const float2 ml = __ldcg(pml + base + sp);
+                const float4 x4 = __ldcg(reinterpret_cast<const float4*>(pa + (base + sp) * hd + d));
+                if (ml.x == -INFINITY) continue;  // an empty split (its part_acc was never written)
+                const float m_new = fmaxf(mx, ml.x);
+                const float f_old = __expf(mx - m_new), f = __expf(ml.x - m_new);
+                sum = sum * f_old + ml.y * f;
+                const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) a[k] = a[k] * f_old + x[k] * f;
+                mx = m_new;
+            }
+            xs[i] = pack4h(a[0] / sum, a[1] / sum, a[2] / sum, a[3] / sum);
+        }
     }
 }
 
@@ -122,17 +149,12 @@ __device__ __forceinline__ void gv_store_host(const float* ys, float* __restrict
 // rows [out, 2 * out); a warp's row group pairs gate row i with up row out + i (RPW is 2) and lane
 // 0 writes silu(gate) · up rounded to f16 into yv[i] (swiglu_f16's arithmetic on the same sums), so
 // the down projection reads f16 rows and no SwiGLU runs anywhere else. Otherwise y is f32.
-//
-// PRE2: the warp's second batch is issued before the wait too (its registers are the ones the
-// loop's next batch uses anyway), and in the loop each batch is issued one batch earlier: after
-// the arithmetic of the batch two before it instead of before the arithmetic of the one before.
-// For a matrix behind a kernel that leaves memory idle (decode attention before the o
-// projection), twice the bytes are on their way before the wait. Same sums, same order.
-template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST, bool PRE2>
+template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
-                                          void* __restrict__ yv, int in, int out, float beta) {
+                                          void* __restrict__ yv, int in, int out, float beta,
+                                          int aux = 0) {
     static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
     static_assert(!(GLU && HOST), "the host form writes f32 rows");
     __shared__ float ys[HOST ? GV_WARPS * RPW : 1];
@@ -172,12 +194,11 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         rows_of(min(gn, g_end - 1), wn);
         gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
     };
-    if (PRE2 && g_begin < g_end) load_next();
     pdl_enter();
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
-        gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
+        gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), aux);
         __syncthreads();
         xv = reinterpret_cast<const uint4*>(gv_smem);
     }
@@ -196,7 +217,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             const int cu = min(c + 32 * u, chunks - 1);  // in range; unused past the end
             xx[u] = MODE == 0 ? __ldg(xv + cu) : xv[cu];
         }
-        if (!PRE2) load_next();  // the next batch: this group's, or the first of the next group
+        load_next();  // the next batch: this group's, or the first of the next group
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (c + 32 * u < chunks) {
@@ -236,7 +257,6 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
             gn++;
             bn = 0;
         }
-        if (PRE2) load_next();
     }
     if (HOST) gv_store_host<RPW>(ys, y, out);
 }
@@ -244,17 +264,15 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 // Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
 // (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
 // (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
-// Two CTAs per SM at least: the PRE2 forms would otherwise take up to 142 registers (one CTA).
-#define GEMV_ENTRY_P(name, RPW, UNROLL, MODE, GLU, HOST, PRE2)                                \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, PRE2 ? 2 : 1)                   \
+// Shapes of at most 4 chunks of a row group in flight per warp (2 x 2) are built for three CTAs
+// per SM (80 registers): the 8B model's q/k/v grid (384 CTAs) then fits one wave.
+#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST)                                         \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, RPW * UNROLL <= 4 ? 3 : 1)       \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
          void* __restrict__ y, int in, int out, float beta) {                                  \
-        gemv_rows<RPW, UNROLL, MODE, GLU, HOST, PRE2>(w, xin, rows_idx, nw, eps, y, in, out,   \
-                                                      beta);                                   \
+        gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta);  \
     }
-#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST) \
-    GEMV_ENTRY_P(name, RPW, UNROLL, MODE, GLU, HOST, false)
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
@@ -262,7 +280,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     GEMV_ENTRY(prefix##_r1u16, 1, 16, MODE, false)        \
     GEMV_ENTRY(prefix##_r2u8, 2, 8, MODE, false)          \
     GEMV_ENTRY(prefix##_r4u4, 4, 4, MODE, false)          \
-    GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE, false)
+    GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE, false)          \
+    GEMV_ENTRY(prefix##_r2u2, 2, 2, MODE, false)
 GEMV_SHAPES(gemv_f16, 0)
 GEMV_SHAPES(gemv_f16_norm, 1)
 GEMV_SHAPES(gemv_f16_swiglu, 2)
@@ -271,21 +290,23 @@ GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
 GEMV_ENTRY(gemv_f16_glu_r2u8, 2, 8, 0, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u4, 2, 4, 1, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
+// The o projection of a one-row decode step fed by its attention's split partials (MODE 3), in
+// the two shapes the host picks. aux: splits | head_dim << 8.
+#define GEMV_MERGE_ENTRY(name, RPW, UNROLL)                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
+    name(const half_t* __restrict__ w, const float* __restrict__ part_acc,                     \
+         const float2* __restrict__ part_ml, int aux, void* __restrict__ y, int in, int out,   \
+         float beta) {                                                                         \
+        gemv_rows<RPW, UNROLL, 3, false, false>(w, part_acc, nullptr,                          \
+                                                reinterpret_cast<const float*>(part_ml), 0.0f, \
+                                                y, in, out, beta, aux);                        \
+    }
+GEMV_MERGE_ENTRY(gemv_f16_merge_r1u8, 1, 8)
+GEMV_MERGE_ENTRY(gemv_f16_merge_r2u4, 2, 4)
 // The output projection of a one-row step into host memory (RMSNorm input, the two shapes the
 // host picks for it).
 GEMV_ENTRY_H(gemv_f16_norm_host_r1u8, 1, 8, 1, false, true)
 GEMV_ENTRY_H(gemv_f16_norm_host_r2u4, 2, 4, 1, false, true)
-// The PRE2 forms of the two shapes the host picks (`QUIRE_CUDA_GEMV_PRE2`, gemv.rs).
-GEMV_ENTRY_P(gemv_f16_r1u8_pre2, 1, 8, 0, false, false, true)
-GEMV_ENTRY_P(gemv_f16_r2u4_pre2, 2, 4, 0, false, false, true)
-GEMV_ENTRY_P(gemv_f16_norm_r1u8_pre2, 1, 8, 1, false, false, true)
-GEMV_ENTRY_P(gemv_f16_norm_r2u4_pre2, 2, 4, 1, false, false, true)
-GEMV_ENTRY_P(gemv_f16_swiglu_r1u8_pre2, 1, 8, 2, false, false, true)
-GEMV_ENTRY_P(gemv_f16_swiglu_r2u4_pre2, 2, 4, 2, false, false, true)
-GEMV_ENTRY_P(gemv_f16_glu_r2u4_pre2, 2, 4, 0, true, false, true)
-GEMV_ENTRY_P(gemv_f16_norm_glu_r2u4_pre2, 2, 4, 1, true, false, true)
-GEMV_ENTRY_P(gemv_f16_norm_host_r1u8_pre2, 1, 8, 1, false, true, true)
-GEMV_ENTRY_P(gemv_f16_norm_host_r2u4_pre2, 2, 4, 1, false, true, true)
 
 // The host form for rows that fit one batch (in <= 256 * UNROLL elements: the 135M model's 576-
 // long output rows), on a persistent grid: CTA b takes, round after round, the GV_WARPS row
@@ -318,7 +339,7 @@ __device__ __forceinline__ void gemv_host_rounds(const half_t* __restrict__ w,
     uint4 wv[RPW][UNROLL];
     gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
     pdl_enter();
-    gv_input<1>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
+    gv_input<1>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), 0);
     __syncthreads();
     const uint4* xv = reinterpret_cast<const uint4*>(gv_smem);
     uint4 xx[UNROLL];
