@@ -550,4 +550,23 @@ s20b)  # stop 20: o projection merging the attention splits, 2x2 GEMV (four CTAs
     QUIRE_CUDA_O_MERGE=1 QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-8b-merge-2x2.txt" 2>&1
     grep -E "^\| [a-z]" "$OUT/trace-8b-merge-2x2.txt" | grep -v "^| model" | head -10 | sed "s/\$/  (8B traced o-merge, qkv 2x2)/"
     ;;
+s20c)  # stop 20: GEMV grids of whole waves of equal work (gate/up, or all), with and without mapped metadata
+    make_models
+    QUIRE_CUDA_GEMV_BALANCED=all QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops gemv, balanced all)/'
+    e="QUIRE_CUDA_GEMV_BALANCED=all QUIRE_CUDA_META_MAPPED=1"
+    env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
+    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
+    for m in llama3.2-1b llama3-8b smollm2-135m; do
+        for r in 1 2; do
+            b $m X=1
+            b $m QUIRE_CUDA_GEMV_BALANCED=glu
+            b $m QUIRE_CUDA_GEMV_BALANCED=all
+            b $m QUIRE_CUDA_GEMV_BALANCED=glu QUIRE_CUDA_META_MAPPED=1
+        done
+    done
+    for v in glu all; do
+        QUIRE_CUDA_GEMV_BALANCED=$v QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-1b-bal-$v.txt" 2>&1
+        grep -E "^\| [a-z]" "$OUT/trace-1b-bal-$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced balanced $v)/"
+    done
+    ;;
 esac

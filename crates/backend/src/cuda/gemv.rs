@@ -82,6 +82,13 @@ pub struct Gemv {
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
+    /// CTAs resident on the GPU at once, per [input form][shape] and per GLU form.
+    slots: [[usize; SHAPES.len()]; 3],
+    glu_slots: [usize; 2],
+    /// Grids of several waves shrink to whole waves of equal work (`balanced_grid`): the GLU
+    /// forms (`QUIRE_CUDA_GEMV_BALANCED=glu`), every non-host form (`all`), or none (`0`).
+    pub balanced_glu: bool,
+    pub balanced_all: bool,
 }
 
 impl Gemv {
@@ -139,6 +146,24 @@ impl Gemv {
             Ok(v) => Some(v.parse().unwrap_or(0)),
             Err(_) => Some(0),
         };
+        let mut slots = [[0usize; SHAPES.len()]; 3];
+        for (form, fs) in f.iter().enumerate() {
+            for (variant, func) in fs.iter().enumerate() {
+                slots[form][variant] = per_sm(func)? * sms;
+            }
+        }
+        let glu_slots = [per_sm(&glu_f[0])? * sms, per_sm(&glu_f[1])? * sms];
+        let (balanced_glu, balanced_all) =
+            match std::env::var("QUIRE_CUDA_GEMV_BALANCED").as_deref() {
+                Err(_) | Ok("0") => (false, false),
+                Ok("glu") => (true, false),
+                Ok("all") => (true, true),
+                Ok(v) => {
+                    return Err(BackendError::Cuda(format!(
+                        "QUIRE_CUDA_GEMV_BALANCED: {v} is not 0, glu or all"
+                    )))
+                }
+            };
         let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
@@ -195,6 +220,10 @@ impl Gemv {
             forced,
             forced_at,
             ctas_per_sm,
+            slots,
+            glu_slots,
+            balanced_glu,
+            balanced_all,
             sms,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
                 .ok()
@@ -276,9 +305,23 @@ impl Gemv {
         let (form, x, rows_idx, norm_w, eps, smem) =
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
-        let f = &self.glu_f[form];
-        // One (gate, up) pair per warp, eight warps per CTA.
-        launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0)
+        // One (gate, up) pair per warp, eight warps per CTA; or whole waves of equal work.
+        let grid = if self.balanced_glu {
+            balanced_grid(inter.div_ceil(8), self.glu_slots[form])
+        } else {
+            inter.div_ceil(8)
+        };
+        launch_gemv(
+            g,
+            &self.glu_f[form],
+            grid,
+            smem,
+            args,
+            k_in,
+            inter,
+            eps,
+            0.0,
+        )
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
@@ -324,6 +367,7 @@ impl Gemv {
         let rows = SHAPES[variant].0 * 8;
         let one_group_per_warp = out.div_ceil(rows);
         let grid = match self.ctas_per_sm[form][variant] {
+            0 if self.balanced_all => balanced_grid(one_group_per_warp, self.slots[form][variant]),
             0 => one_group_per_warp,
             c => one_group_per_warp.min(c * self.sms),
         };
@@ -408,6 +452,21 @@ impl Gemv {
             None if k_in < 2048 && few_rows => 0,
             None => 1,
         }
+    }
+}
+
+/// The grid for `ctas` CTAs' worth of row groups (one per warp) when `slots` CTAs fit on the GPU
+/// at once: unchanged within one wave, else `ctas` spread over whole waves, each warp walking
+/// several groups (gemv.cu's contiguous shares), so the launch runs as one full wave with the
+/// norm prologue once per CTA and the next group's loads in flight behind each group. With
+/// `ctas` a multiple of the wave count every warp gets the same number of groups (the 1B and 8B
+/// gate/up grids: 1024 and 1792 CTAs → 256).
+fn balanced_grid(ctas: usize, slots: usize) -> usize {
+    let waves = ctas.div_ceil(slots.max(1));
+    if waves <= 1 {
+        ctas
+    } else {
+        ctas.div_ceil(waves)
     }
 }
 
