@@ -569,4 +569,20 @@ s20c)  # stop 20: GEMV grids of whole waves of equal work (gate/up, or all), wit
         grep -E "^\| [a-z]" "$OUT/trace-1b-bal-$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced balanced $v)/"
     done
     ;;
+s20d)  # stop 20: GEMV reads the norm weight and the residual rows before the wait (EARLY), with and without mapped metadata
+    make_models
+    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
+    e="QUIRE_CUDA_GEMV_EARLY=1 QUIRE_CUDA_META_MAPPED=1"
+    env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
+    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
+    for m in llama3.2-1b llama3-8b smollm2-135m; do
+        for r in 1 2; do
+            b $m X=1
+            b $m QUIRE_CUDA_GEMV_EARLY=1
+            b $m QUIRE_CUDA_GEMV_EARLY=1 QUIRE_CUDA_META_MAPPED=1
+        done
+    done
+    QUIRE_CUDA_GEMV_EARLY=1 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-1b-early.txt" 2>&1
+    grep -E "^\| [a-z]" "$OUT/trace-1b-early.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced early)/"
+    ;;
 esac

@@ -359,6 +359,30 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// (the residual add); then its fused inputs, RMSNorm (with a row gather) and SwiGLU, against the
 /// CPU's ops rounded to f16 the same way, and the RMSNorm form that writes into mapped host
 /// memory against the device form, bit for bit.
+/// Runs `launch` (a GEMV into the output address it is given) again in the EARLY forms, with the
+/// output reset to `init`, and checks it writes `got` bit for bit: the forms differ only in when
+/// the norm weight and the residual rows are read, never in the sums or their order.
+fn same_when_early(
+    g: &Gpu,
+    gv: &mut quire_backend::cuda::gemv::Gemv,
+    got: &[f32],
+    init: &[f32],
+    launch: impl Fn(&quire_backend::cuda::gemv::Gemv, u64) -> Result<(), quire_backend::BackendError>,
+) {
+    let dy = g.upload(init).unwrap();
+    gv.early = true;
+    let r = launch(gv, dy.ptr);
+    gv.early = false;
+    r.unwrap();
+    let mut v = vec![0f32; init.len()];
+    g.dtoh(&dy, &mut v).unwrap();
+    assert!(
+        v.iter().zip(got).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the EARLY form of a {}-row GEMV differs from the plain one",
+        got.len()
+    );
+}
+
 #[test]
 fn gemv_matches_an_f64_dot_product_and_cublas() {
     use quire_backend::cuda::gemv::{Gemv, GemvInput};
@@ -428,6 +452,9 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 1e-5, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
+            same_when_early(&g, &mut gv, &got, &init, |gv, y| {
+                gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta)
+            });
             let db = g.upload(&init).unwrap();
             g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
             let eb = rel(&got, &read(&db));
@@ -473,23 +500,28 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
             let got = read(&dy);
             let e = rel(&got, &want);
             assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
+            same_when_early(&g, &mut gv, &got, &vec![f32::NAN; out], |gv, y| {
+                gv.run(&g, dw.ptr, input, y, k, out, 0.0)
+            });
             if name == "norm" {
                 // The host-output form (a one-row step's logits into mapped page-locked memory):
                 // the same sums, NaN-poisoned first, every row written once.
                 // Both grids: one row group per warp, and rounds on a persistent grid (rows of
                 // at most 1024 elements).
                 let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
-                for rounds in [false, true] {
+                for (rounds, early) in [(false, false), (true, false), (false, true)] {
                     gv.host_rounds = rounds;
+                    gv.early = early;
                     host.slice_mut(out).unwrap().fill(f32::NAN);
                     gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
                     g.sync().unwrap();
                     let h = host.slice(out);
                     assert!(
                         h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "host-output gemv {k}x{out} (rounds {rounds}) differs from the device form"
+                        "host-output gemv {k}x{out} (rounds {rounds}, early {early}) differs from the device form"
                     );
                 }
+                gv.early = false;
             }
         }
     }
@@ -503,7 +535,7 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
     use quire_backend::cuda::gemv::{Gemv, GemvInput};
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
-    let gv = Gemv::new(&g).unwrap();
+    let mut gv = Gemv::new(&g).unwrap();
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),
@@ -557,6 +589,19 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
             let got = read_f16(&g, &da);
             let e = rel(&got, &want);
             assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
+            // The EARLY form: the same f16 bits.
+            let de = g.upload(&vec![f16::NAN; inter]).unwrap();
+            gv.early = true;
+            gv.run_glu(&g, dw.ptr, input, de.ptr, k, inter).unwrap();
+            gv.early = false;
+            let early = read_f16(&g, &de);
+            assert!(
+                early
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "glu gemv ({name}) {k}x{inter}: the EARLY form differs"
+            );
         }
     }
 }

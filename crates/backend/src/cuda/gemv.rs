@@ -72,6 +72,8 @@ pub struct Gemv {
     wave_1x8: usize,
     /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
     pub glu: bool,
+    /// The GLU form's shape is 2 × 4 (the one with an EARLY form).
+    glu_2x4: bool,
     /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
     /// (measurements).
     forced: Option<(usize, usize)>,
@@ -82,13 +84,13 @@ pub struct Gemv {
     max_fused_k: usize,
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
-    /// CTAs resident on the GPU at once, per [input form][shape] and per GLU form.
-    slots: [[usize; SHAPES.len()]; 3],
-    glu_slots: [usize; 2],
-    /// Grids of several waves shrink to whole waves of equal work (`balanced_grid`): the GLU
-    /// forms (`QUIRE_CUDA_GEMV_BALANCED=glu`), every non-host form (`all`), or none (`0`).
-    pub balanced_glu: bool,
-    pub balanced_all: bool,
+    /// The EARLY forms (gemv.cu: the norm weight and the residual rows read before the wait),
+    /// [input form][1 × 8, 2 × 4], the GLU forms and the host forms; used when `early` is set
+    /// (`QUIRE_CUDA_GEMV_EARLY=1`).
+    early_f: [[CudaFunction; 2]; 3],
+    early_glu: [CudaFunction; 2],
+    early_host: [CudaFunction; 2],
+    pub early: bool,
 }
 
 impl Gemv {
@@ -146,24 +148,16 @@ impl Gemv {
             Ok(v) => Some(v.parse().unwrap_or(0)),
             Err(_) => Some(0),
         };
-        let mut slots = [[0usize; SHAPES.len()]; 3];
-        for (form, fs) in f.iter().enumerate() {
-            for (variant, func) in fs.iter().enumerate() {
-                slots[form][variant] = per_sm(func)? * sms;
-            }
-        }
-        let glu_slots = [per_sm(&glu_f[0])? * sms, per_sm(&glu_f[1])? * sms];
-        let (balanced_glu, balanced_all) =
-            match std::env::var("QUIRE_CUDA_GEMV_BALANCED").as_deref() {
-                Err(_) | Ok("0") => (false, false),
-                Ok("glu") => (true, false),
-                Ok("all") => (true, true),
-                Ok(v) => {
-                    return Err(BackendError::Cuda(format!(
-                        "QUIRE_CUDA_GEMV_BALANCED: {v} is not 0, glu or all"
-                    )))
-                }
-            };
+        let pair = |a: &str, b: &str| -> Result<[CudaFunction; 2], BackendError> {
+            Ok([Gpu::function(&m, a)?, Gpu::function(&m, b)?])
+        };
+        let early_f = [
+            pair("gemv_f16_r1u8_e", "gemv_f16_r2u4_e")?,
+            pair("gemv_f16_norm_r1u8_e", "gemv_f16_norm_r2u4_e")?,
+            pair("gemv_f16_swiglu_r1u8_e", "gemv_f16_swiglu_r2u4_e")?,
+        ];
+        let early_glu = pair("gemv_f16_glu_r2u4_e", "gemv_f16_norm_glu_r2u4_e")?;
+        let early_host = pair("gemv_f16_norm_host_r1u8_e", "gemv_f16_norm_host_r2u4_e")?;
         let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
         for (form, fs) in f.iter().enumerate() {
             for (variant, func) in fs.iter().enumerate() {
@@ -217,13 +211,14 @@ impl Gemv {
             glu_f,
             host_f,
             glu: env_on("QUIRE_CUDA_GEMV_GLU"),
+            glu_2x4: glu_shape == "r2u4",
             forced,
             forced_at,
             ctas_per_sm,
-            slots,
-            glu_slots,
-            balanced_glu,
-            balanced_all,
+            early_f,
+            early_glu,
+            early_host,
+            early: std::env::var("QUIRE_CUDA_GEMV_EARLY").is_ok_and(|v| v == "1"),
             sms,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
                 .ok()
@@ -305,23 +300,12 @@ impl Gemv {
         let (form, x, rows_idx, norm_w, eps, smem) =
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
-        // One (gate, up) pair per warp, eight warps per CTA; or whole waves of equal work.
-        let grid = if self.balanced_glu {
-            balanced_grid(inter.div_ceil(8), self.glu_slots[form])
-        } else {
-            inter.div_ceil(8)
+        let (f, smem) = match self.early_smem(form, k_in, smem) {
+            Some(smem) if self.glu_2x4 => (&self.early_glu[form], smem),
+            _ => (&self.glu_f[form], smem),
         };
-        launch_gemv(
-            g,
-            &self.glu_f[form],
-            grid,
-            smem,
-            args,
-            k_in,
-            inter,
-            eps,
-            0.0,
-        )
+        // One (gate, up) pair per warp, eight warps per CTA.
+        launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0)
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
@@ -367,22 +351,17 @@ impl Gemv {
         let rows = SHAPES[variant].0 * 8;
         let one_group_per_warp = out.div_ceil(rows);
         let grid = match self.ctas_per_sm[form][variant] {
-            0 if self.balanced_all => balanced_grid(one_group_per_warp, self.slots[form][variant]),
             0 => one_group_per_warp,
             c => one_group_per_warp.min(c * self.sms),
         };
         let args = [w, x, rows_idx, norm_w, y];
-        launch_gemv(
-            g,
-            &self.f[form][variant],
-            grid,
-            smem,
-            args,
-            k_in,
-            out,
-            eps,
-            beta,
-        )
+        let (f, smem) = match self.early_smem(form, k_in, smem) {
+            Some(smem) if variant < 2 && self.ctas_per_sm[form][variant] == 0 => {
+                (&self.early_f[form][variant], smem)
+            }
+            _ => (&self.f[form][variant], smem),
+        };
+        launch_gemv(g, f, grid, smem, args, k_in, out, eps, beta)
     }
 
     /// `y[out] = w[out, k_in] · RMSNorm(x)` with `y` the device address of page-locked host
@@ -414,6 +393,13 @@ impl Gemv {
             let variant = usize::from(self.shape_for(k_in, out) != 0);
             (&self.host_f[variant], out.div_ceil(SHAPES[variant].0 * 8))
         };
+        let (f, smem) = match self.early_smem(form, k_in, smem) {
+            Some(smem) if !std::ptr::eq(f, &self.host_rounds_f) => (
+                &self.early_host[usize::from(!std::ptr::eq(f, &self.host_f[0]))],
+                smem,
+            ),
+            _ => (f, smem),
+        };
         launch_gemv(
             g,
             f,
@@ -425,6 +411,18 @@ impl Gemv {
             eps,
             0.0,
         )
+    }
+
+    /// The dynamic shared memory of the EARLY form of input `form` with rows `k_in` long (its
+    /// plain form taking `smem`), or `None` when it is off or the norm weight does not fit
+    /// beside the input vector (inputs over 6,826 elements: 48 KB in all).
+    fn early_smem(&self, form: usize, k_in: usize, smem: usize) -> Option<usize> {
+        match form {
+            _ if !self.early => None,
+            1 if smem + k_in * 4 <= 40 << 10 => Some(smem + k_in * 4),
+            1 | 3 => None,
+            _ => Some(smem),
+        }
     }
 
     /// The shape (index into `SHAPES`) for a matrix `[out, k_in]`.
@@ -452,21 +450,6 @@ impl Gemv {
             None if k_in < 2048 && few_rows => 0,
             None => 1,
         }
-    }
-}
-
-/// The grid for `ctas` CTAs' worth of row groups (one per warp) when `slots` CTAs fit on the GPU
-/// at once: unchanged within one wave, else `ctas` spread over whole waves, each warp walking
-/// several groups (gemv.cu's contiguous shares), so the launch runs as one full wave with the
-/// norm prologue once per CTA and the next group's loads in flight behind each group. With
-/// `ctas` a multiple of the wave count every warp gets the same number of groups (the 1B and 8B
-/// gate/up grids: 1024 and 1792 CTAs → 256).
-fn balanced_grid(ctas: usize, slots: usize) -> usize {
-    let waves = ctas.div_ceil(slots.max(1));
-    if waves <= 1 {
-        ctas
-    } else {
-        ctas.div_ceil(waves)
     }
 }
 

@@ -53,6 +53,12 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // prefetch of more of the rows before the wait was slower in every form tried: PERF.md, stop 19.)
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
 // dynamic shared memory: in * 2 bytes for MODE 1 and 2.
+__device__ __forceinline__ unsigned gv_smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
 template <int RPW, int UNROLL>
 __device__ __forceinline__ void gv_load(const uint4* const (&wr)[RPW], int c, int chunks,
                                         uint4 (&wv)[RPW][UNROLL]) {
@@ -71,13 +77,19 @@ __device__ __forceinline__ uint2 pack4h(float a, float b, float c, float d) {
 
 // The input vector of MODE 1 (RMSNorm) or 2 (SwiGLU) rounded to f16 into shared memory xs
 // ([in / 4] of 4 f16), by the whole CTA; the caller synchronizes before reading it.
-template <int MODE>
+// EARLY: nw was copied into shared memory (at xs + in / 4 uint2, in floats) by cp.async before
+// the wait; each thread waits for its copies before the block sum's barriers.
+template <int MODE, bool EARLY = false>
 __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
                                          const int* __restrict__ rows_idx,
                                          const float* __restrict__ nw, float eps, int in,
                                          uint2* __restrict__ xs, int aux) {
     const int in4 = in >> 2;
     if (MODE == 1) {
+        if (EARLY) {
+            asm volatile("cp.async.wait_all;" ::: "memory");
+            nw = reinterpret_cast<const float*>(xs + in4);
+        }
         __shared__ float red[32];
         const float4* xr =
             reinterpret_cast<const float4*>(xin) + (long)(rows_idx ? rows_idx[0] : 0) * in4;
@@ -149,7 +161,15 @@ __device__ __forceinline__ void gv_store_host(const float* ys, float* __restrict
 // rows [out, 2 * out); a warp's row group pairs gate row i with up row out + i (RPW is 2) and lane
 // 0 writes silu(gate) · up rounded to f16 into yv[i] (swiglu_f16's arithmetic on the same sums), so
 // the down projection reads f16 rows and no SwiGLU runs anywhere else. Otherwise y is f32.
-template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST>
+//
+// EARLY: what does not depend on the kernel before is read before the wait too: the RMSNorm
+// weight (MODE 1, copied into shared memory behind the input vector: in * 4 more bytes of dynamic
+// shared memory), and with beta != 0 the output rows y of the warp's first group. The latter is
+// sound because y is the residual row, which the kernel just before (decode attention before the
+// o projection, the gate/up GEMV before the down one) never writes, and which the kernel before
+// that had finished writing before this one could start (every kernel waits for the one before
+// it before letting the next one start). The host (gemv.rs) only calls the EARLY forms so.
+template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST, bool EARLY = false>
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
@@ -194,11 +214,26 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         rows_of(min(gn, g_end - 1), wn);
         gv_load<RPW, UNROLL>(wn, gn < g_end ? lane + bn * 32 * UNROLL : chunks, chunks, nx);
     };
+    float y_first[RPW];  // EARLY, beta != 0: y of the first group's rows (lane 0)
+    if (EARLY) {
+        if (MODE == 1) {
+            const unsigned dst = gv_smem_u32(gv_smem + in * 2);
+            for (int i = threadIdx.x; i < in / 4; i += blockDim.x)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * i),
+                             "l"(nw + 4 * i)
+                             : "memory");
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        if (!GLU && !HOST && beta != 0.0f && lane == 0 && g_begin < g_end) {
+#pragma unroll
+            for (int r = 0; r < RPW; r++) y_first[r] = y[min(g_begin * RPW + r, out - 1)];
+        }
+    }
     pdl_enter();
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
-        gv_input<MODE>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), aux);
+        gv_input<MODE, EARLY>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), aux);
         __syncthreads();
         xv = reinterpret_cast<const uint4*>(gv_smem);
     }
@@ -238,7 +273,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
                     if (HOST) {
                         if (lane == 0) ys[warp * RPW + r] = s;
                     } else if (lane == 0 && i < out) {
-                        y[i] = beta != 0.0f ? s + beta * y[i] : s;
+                        const float y0 = EARLY && g == g_begin ? y_first[r] : (beta != 0.0f ? y[i] : 0.0f);
+                        y[i] = beta != 0.0f ? s + beta * y0 : s;
                     }
                 }
             }
@@ -274,6 +310,14 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
         gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta);  \
     }
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
+#define GEMV_ENTRY_E(name, RPW, UNROLL, MODE, GLU, HOST)                                         \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
+    name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
+         const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
+         void* __restrict__ y, int in, int out, float beta) {                                  \
+        gemv_rows<RPW, UNROLL, MODE, GLU, HOST, true>(w, xin, rows_idx, nw, eps, y, in, out,   \
+                                                      beta);                                   \
+    }
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
     GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)          \
@@ -290,6 +334,17 @@ GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
 GEMV_ENTRY(gemv_f16_glu_r2u8, 2, 8, 0, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u4, 2, 4, 1, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
+// The EARLY forms of the shapes the host picks (gemv.rs, `QUIRE_CUDA_GEMV_EARLY`).
+GEMV_ENTRY_E(gemv_f16_r1u8_e, 1, 8, 0, false, false)
+GEMV_ENTRY_E(gemv_f16_r2u4_e, 2, 4, 0, false, false)
+GEMV_ENTRY_E(gemv_f16_norm_r1u8_e, 1, 8, 1, false, false)
+GEMV_ENTRY_E(gemv_f16_norm_r2u4_e, 2, 4, 1, false, false)
+GEMV_ENTRY_E(gemv_f16_swiglu_r1u8_e, 1, 8, 2, false, false)
+GEMV_ENTRY_E(gemv_f16_swiglu_r2u4_e, 2, 4, 2, false, false)
+GEMV_ENTRY_E(gemv_f16_glu_r2u4_e, 2, 4, 0, true, false)
+GEMV_ENTRY_E(gemv_f16_norm_glu_r2u4_e, 2, 4, 1, true, false)
+GEMV_ENTRY_E(gemv_f16_norm_host_r1u8_e, 1, 8, 1, false, true)
+GEMV_ENTRY_E(gemv_f16_norm_host_r2u4_e, 2, 4, 1, false, true)
 // The o projection of a one-row decode step fed by its attention's split partials (MODE 3), in
 // the two shapes the host picks. aux: splits | head_dim << 8.
 #define GEMV_MERGE_ENTRY(name, RPW, UNROLL)                                                      \
