@@ -468,11 +468,11 @@ confirm17)  # stop 17's final defaults: parity on the random 135M file, tg128 wi
         "$Q" bench -m "$W/$preset-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($preset -p 512)/"
     done
     ;;
-final18|final19)  # stop 18's and 19's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
+final18|final19|final20)  # stop 18's and 19's closing checks after `llamacpp` (model.part1 carried): decode attention vs SDPA, side by side
     attn_goals
     bash "$0" sbs
     ;;
-final18b|final19b)  # after final18/19 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
+final18b|final19b|final20b)  # after final18/19 (model.part2 carried): parity on the default model, kernel tests, decode alone and chained
     bash "$0" parity
     for t in cuda_ops cuda_attention cuda_sample; do
         QUIRE_REQUIRE_GPU=1 "$W"/$t --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed "s/\$/  ($t)/"

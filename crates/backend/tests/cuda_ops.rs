@@ -370,9 +370,9 @@ fn same_when_early(
     launch: impl Fn(&quire_backend::cuda::gemv::Gemv, u64) -> Result<(), quire_backend::BackendError>,
 ) {
     let dy = g.upload(init).unwrap();
-    gv.early = true;
+    gv.early_min_k = 0;
     let r = launch(gv, dy.ptr);
-    gv.early = false;
+    gv.early_min_k = usize::MAX;
     r.unwrap();
     let mut v = vec![0f32; init.len()];
     g.dtoh(&dy, &mut v).unwrap();
@@ -390,6 +390,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(29);
     let mut gv = Gemv::new(&g).unwrap();
+    gv.early_min_k = usize::MAX; // the plain forms; `same_when_early` checks the EARLY ones
     let f16_in = GemvInput::F16 { x: 0 };
     assert!(!gv.fits(100, &f16_in) && gv.fits(104, &f16_in));
     assert!(gv.fits(4096, &f16_in));
@@ -511,7 +512,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
                 let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
                 for (rounds, early) in [(false, false), (true, false), (false, true)] {
                     gv.host_rounds = rounds;
-                    gv.early = early;
+                    gv.early_min_k = if early { 0 } else { usize::MAX };
                     host.slice_mut(out).unwrap().fill(f32::NAN);
                     gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
                     g.sync().unwrap();
@@ -521,7 +522,7 @@ fn gemv_matches_an_f64_dot_product_and_cublas() {
                         "host-output gemv {k}x{out} (rounds {rounds}, early {early}) differs from the device form"
                     );
                 }
-                gv.early = false;
+                gv.early_min_k = usize::MAX;
             }
         }
     }
@@ -536,6 +537,7 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
     let Some(g) = gpu() else { return };
     let mut rng = StdRng::seed_from_u64(31);
     let mut gv = Gemv::new(&g).unwrap();
+    gv.early_min_k = usize::MAX; // the plain forms; the EARLY ones are checked below
     for (k, inter) in [
         (576usize, 1536usize),
         (2048, 8192),
@@ -591,9 +593,9 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
             assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
             // The EARLY form: the same f16 bits.
             let de = g.upload(&vec![f16::NAN; inter]).unwrap();
-            gv.early = true;
+            gv.early_min_k = 0;
             gv.run_glu(&g, dw.ptr, input, de.ptr, k, inter).unwrap();
-            gv.early = false;
+            gv.early_min_k = usize::MAX;
             let early = read_f16(&g, &de);
             assert!(
                 early
@@ -603,87 +605,5 @@ fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
                 "glu gemv ({name}) {k}x{inter}: the EARLY form differs"
             );
         }
-    }
-}
-
-/// The o projection fed by a one-row decode attention's split partials (`GemvInput::Merge`)
-/// against the f64 merge of the same partials (rounded to f16, as `attention_reduce` stores its
-/// output) and an f64 dot product; one split of one head is empty (max -inf, its accumulator
-/// NaN-poisoned, as the decode kernel leaves it).
-#[test]
-fn merge_gemv_matches_an_f64_merge_of_split_partials() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput};
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(37);
-    let gv = Gemv::new(&g).unwrap();
-    for (heads, head_dim, splits, out) in [
-        (32usize, 128usize, 2usize, 4096usize),
-        (9, 64, 3, 576),
-        (32, 64, 4, 2048),
-    ] {
-        let k = heads * head_dim;
-        let mut acc = rnd(&mut rng, heads * splits * head_dim, 5.0);
-        let mut ml: Vec<f32> = (0..heads * splits)
-            .flat_map(|_| {
-                [
-                    rng.random_range(-4.0f32..4.0),
-                    rng.random_range(0.5f32..20.0),
-                ]
-            })
-            .collect();
-        // Head 1's last split saw no key.
-        let empty = splits + splits - 1;
-        ml[2 * empty] = f32::NEG_INFINITY;
-        ml[2 * empty + 1] = 0.0;
-        acc[empty * head_dim..(empty + 1) * head_dim].fill(f32::NAN);
-        let v: Vec<f16> = (0..k)
-            .map(|i| {
-                let (h, d) = (i / head_dim, i % head_dim);
-                let parts: Vec<(f64, f64, f64)> = (0..splits)
-                    .map(|s| h * splits + s)
-                    .filter(|&p| ml[2 * p] != f32::NEG_INFINITY)
-                    .map(|p| {
-                        let x = acc[p * head_dim + d] as f64;
-                        (ml[2 * p] as f64, ml[2 * p + 1] as f64, x)
-                    })
-                    .collect();
-                let mx = parts.iter().map(|p| p.0).fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = parts.iter().map(|p| p.1 * (p.0 - mx).exp()).sum();
-                let a: f64 = parts.iter().map(|p| p.2 * (p.0 - mx).exp()).sum();
-                f16::from_f64(a / sum)
-            })
-            .collect();
-        let w: Vec<f16> = rnd(&mut rng, k * out, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let y0 = rnd(&mut rng, out, 1.0);
-        let want: Vec<f32> = (0..out)
-            .map(|r| {
-                let dot: f64 = (0..k).map(|i| w[r * k + i].to_f64() * v[i].to_f64()).sum();
-                (dot + y0[r] as f64) as f32
-            })
-            .collect();
-        let (dw, dacc, dml, dy) = (
-            g.upload(&w).unwrap(),
-            g.upload(&acc).unwrap(),
-            g.upload(&ml).unwrap(),
-            g.upload(&y0).unwrap(),
-        );
-        let input = GemvInput::Merge {
-            part_acc: dacc.ptr,
-            part_ml: dml.ptr,
-            splits,
-            head_dim,
-        };
-        assert!(gv.fits(k, &input));
-        gv.run(&g, dw.ptr, input, dy.ptr, k, out, 1.0).unwrap();
-        let mut got = vec![0f32; out];
-        g.dtoh(&dy, &mut got).unwrap();
-        let e = rel(&got, &want);
-        assert!(
-            e < 2e-3,
-            "merge gemv {heads}x{head_dim}, {splits} splits, {out} rows: rel err {e:.2e}"
-        );
     }
 }

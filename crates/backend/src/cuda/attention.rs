@@ -207,10 +207,6 @@ pub struct AttnBuffers {
     /// `Some`: the QKV rows are un-roped and the decode kernel applies bias, QK-norm and RoPE
     /// (decode launches only). `None`: the rows come roped.
     pub rope: Option<RopeArgs>,
-    /// A split decode launch leaves its partials unmerged (no `attention_reduce`): the caller
-    /// merges them itself (the o projection's `GemvInput::Merge`). Ignored when the decode kernel
-    /// merges its own splits.
-    pub defer_merge: bool,
 }
 
 impl PagedAttention {
@@ -283,11 +279,6 @@ impl PagedAttention {
     /// Query rows per `paged_prefill` tile: 64 score rows shared by the GQA group's heads.
     pub fn prefill_rows(&self) -> usize {
         PREFILL_SCORE_ROWS / (self.num_heads / self.num_kv_heads)
-    }
-
-    /// Whether `paged_decode` merges its own splits (`QUIRE_CUDA_DECODE_MERGE=1`).
-    pub fn merges_in_kernel(&self) -> bool {
-        self.decode_merges
     }
 
     /// How many of `paged_decode`'s CTAs fit on one multiprocessor (the occupancy it is planned for).
@@ -444,8 +435,8 @@ impl PagedAttention {
                 self.decode_smem,
                 &args,
             )?;
-            if self.decode_merges || b.defer_merge {
-                return Ok(()); // it merged its own splits, or the caller merges them
+            if self.decode_merges {
+                return Ok(()); // it merged its own splits
             }
         } else {
             gpu.launch(
@@ -686,7 +677,6 @@ impl HostRun {
                 part_ml: self.part_ml.ptr,
                 counters: self.counters.ptr,
                 rope: self.rope.as_ref().map(HostRope::args),
-                defer_merge: false,
             },
         )
     }

@@ -161,21 +161,8 @@ impl CudaExecutor {
                 )?;
                 prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
             }
-            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows; or,
-            // for one decode row of a few splits, the splits' partials, which the o GEMV merges
-            // itself in the place of the reduce launch.
+            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
             let q8w = q8_in(&l.wo, n);
-            let merged = GemvInput::Merge {
-                part_acc,
-                part_ml,
-                splits: plan.splits,
-                head_dim: c.head_dim,
-            };
-            let o_merge = self.o_merge
-                && plan.decode
-                && (2..=O_MERGE_MAX_SPLITS).contains(&plan.splits)
-                && !k.attention.merges_in_kernel()
-                && one_token_gemv(k, &l.wo, n, qs, &merged).is_some();
             k.attention.launch(
                 g,
                 n,
@@ -194,7 +181,6 @@ impl CudaExecutor {
                     part_ml,
                     counters,
                     rope: fused_rope.then_some(rope),
-                    defer_merge: o_merge,
                 },
             )?;
             let kv_read = st.ctx_tokens * 2 * kvs * 2;
@@ -208,17 +194,10 @@ impl CudaExecutor {
             if q8w {
                 k.q.quantize(g, attn, true, q8, n, qs)?;
             }
-            if o_merge {
-                let (gv, wp) = one_token_gemv(k, &l.wo, n, qs, &merged).unwrap();
-                gv.run(g, wp, merged, x, qs, hd, 1.0)?;
-                let (b, f) = gemm_cost(&l.wo, qs, hd);
-                prof.mark(g, "matmul_o", layer, b, f)?;
-            } else {
-                let mm = MatMul { n, wdq, q8_in: q8w };
-                mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
-                let (b, f) = gemm_cost(&l.wo, qs, hd);
-                prof.mark(g, "matmul_o", layer, b, f)?;
-            }
+            let mm = MatMul { n, wdq, q8_in: q8w };
+            mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
+            let (b, f) = gemm_cost(&l.wo, qs, hd);
+            prof.mark(g, "matmul_o", layer, b, f)?;
             let (w_gate_up, w_down) = match &l.ffn {
                 CudaFfn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
                 CudaFfn::Moe(m) => {
@@ -380,11 +359,6 @@ impl CudaExecutor {
         one_token_gemv(&self.k, out_w, nl, self.cfg.hidden_size, &probe).is_some()
     }
 }
-
-/// Most splits a one-row decode attention may leave to the o projection to merge: every CTA of
-/// the o GEMV reads all partials (32 KB per split on the 8B model), so long contexts keep the
-/// reduce launch.
-const O_MERGE_MAX_SPLITS: usize = 4;
 
 /// The GEMV and the weight's address when a matmul of `n` tokens over `w` (rows `k_in` long, input
 /// `input`) takes the one-token GEMV: one token, f16 weights, the GEMV on.

@@ -24,15 +24,6 @@ pub enum GemvInput {
     },
     /// SwiGLU of the f32 gate/up row `gu` `[2k]`: silu(gate) · up.
     SwiGlu { gu: u64 },
-    /// The merge of a one-row decode attention's `splits` partials (`part_acc` `[heads, splits,
-    /// head_dim]` f32, `part_ml` `[heads, splits]` (max, sum)), as `attention_reduce` merges
-    /// them: the o projection in the reduce launch's place. `splits` < 256, `run` only.
-    Merge {
-        part_acc: u64,
-        part_ml: u64,
-        splits: usize,
-        head_dim: usize,
-    },
 }
 
 /// Longest input the fused forms take by default (`QUIRE_CUDA_GEMV_FUSE_K` overrides). Every CTA
@@ -42,6 +33,12 @@ pub enum GemvInput {
 /// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
 const MAX_FUSED_K: usize = 8192;
 
+/// Shortest rows that take the EARLY forms by default. Measured on the H100 (PERF.md, stop 20,
+/// tg128 after pp512, alternating in one call): 1B (rows of 2,048 and 8,192) 993.4 / 997.9 →
+/// 1,016.6 / 1,019.0, 8B (4,096 and 14,336) 185.2 / 185.7 → 187.7 / 188.4, but the 135M model
+/// (576 and 1,536) 2,634 / 2,622 → 2,577 / 2,585, so its short rows keep the plain forms.
+const EARLY_MIN_K: usize = 2048;
+
 /// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
 /// 2 × 2 is built for three CTAs per SM or more (64 registers: four).
 pub const SHAPES: [(usize, usize); 7] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2), (2, 2)];
@@ -49,9 +46,6 @@ pub const SHAPES: [(usize, usize); 7] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4)
 pub struct Gemv {
     /// [input form][shape of `SHAPES`]
     f: [Vec<CudaFunction>; 3],
-    /// The merge-input forms (1 × 8, 2 × 4): the o projection reading a one-row decode
-    /// attention's split partials (`GemvInput::Merge`).
-    merge_f: [CudaFunction; 2],
     /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
     glu_f: [CudaFunction; 2],
     /// The host-output forms (RMSNorm input) of shapes 1 × 8 and 2 × 4: a one-row step's
@@ -85,12 +79,13 @@ pub struct Gemv {
     /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
     ctas_per_sm: [[usize; SHAPES.len()]; 3],
     /// The EARLY forms (gemv.cu: the norm weight and the residual rows read before the wait),
-    /// [input form][1 × 8, 2 × 4], the GLU forms and the host forms; used when `early` is set
-    /// (`QUIRE_CUDA_GEMV_EARLY=1`).
+    /// [input form][1 × 8, 2 × 4], the GLU forms and the host forms; used for rows of at least
+    /// `early_min_k` elements.
     early_f: [[CudaFunction; 2]; 3],
     early_glu: [CudaFunction; 2],
     early_host: [CudaFunction; 2],
-    pub early: bool,
+    /// `EARLY_MIN_K` by default; `QUIRE_CUDA_GEMV_EARLY=0` never (`usize::MAX`), `all` always.
+    pub early_min_k: usize,
 }
 
 impl Gemv {
@@ -122,10 +117,6 @@ impl Gemv {
             Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
         ];
         let host_rounds_f = Gpu::function(&m, "gemv_f16_norm_host_rounds_r2u4")?;
-        let merge_f = [
-            Gpu::function(&m, "gemv_f16_merge_r1u8")?,
-            Gpu::function(&m, "gemv_f16_merge_r2u4")?,
-        ];
         // CTAs of 256 threads resident per SM.
         let per_sm = |f: &CudaFunction| -> Result<usize, BackendError> {
             Ok(
@@ -201,7 +192,6 @@ impl Gemv {
         };
         let env_on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Ok(Gemv {
-            merge_f,
             wave_1x8: per_sm(&f[0][0])? * sms,
             host_rounds_grid: per_sm(&host_rounds_f)? * sms,
             host_rounds_f,
@@ -218,7 +208,11 @@ impl Gemv {
             early_f,
             early_glu,
             early_host,
-            early: std::env::var("QUIRE_CUDA_GEMV_EARLY").is_ok_and(|v| v == "1"),
+            early_min_k: match std::env::var("QUIRE_CUDA_GEMV_EARLY").as_deref() {
+                Ok("0") => usize::MAX,
+                Ok("all") => 0,
+                _ => EARLY_MIN_K,
+            },
             sms,
             max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
                 .ok()
@@ -258,25 +252,6 @@ impl Gemv {
                 eps,
             } => (1, x, rows_idx, norm_w, eps, k_in * 2),
             GemvInput::SwiGlu { gu } => (2, gu, 0, 0, 0.0, k_in * 2),
-            GemvInput::Merge {
-                part_acc,
-                splits,
-                head_dim,
-                ..
-            } => {
-                if splits == 0
-                    || splits > 255
-                    || head_dim == 0
-                    || !head_dim.is_multiple_of(4)
-                    || !k_in.is_multiple_of(head_dim)
-                {
-                    return Err(BackendError::InvalidBatch(format!(
-                        "{name}: cannot merge {splits} splits of {head_dim}-dim heads over {k_in}"
-                    )));
-                }
-                // Forms 0-2 index `f`; the merge input has its own functions.
-                (3, part_acc, 0, 0, 0.0, k_in * 2)
-            }
         })
     }
 
@@ -292,7 +267,7 @@ impl Gemv {
         k_in: usize,
         inter: usize,
     ) -> Result<(), BackendError> {
-        if matches!(input, GemvInput::SwiGlu { .. } | GemvInput::Merge { .. }) {
+        if matches!(input, GemvInput::SwiGlu { .. }) {
             return Err(BackendError::InvalidBatch(
                 "the GLU GEMV takes an f16 or RMSNorm input".into(),
             ));
@@ -309,6 +284,9 @@ impl Gemv {
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
+    /// With rows of `early_min_k` or more, y is read before the kernel launched just before this
+    /// one has finished (the EARLY forms): that kernel must not write y. In a decode step it never
+    /// does (y is the residual row: o follows attention, down follows gate/up).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -322,32 +300,6 @@ impl Gemv {
     ) -> Result<(), BackendError> {
         let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         let variant = self.shape_for(k_in, out);
-        if let GemvInput::Merge {
-            part_acc,
-            part_ml,
-            splits,
-            head_dim,
-        } = input
-        {
-            // The merge forms come in the two default shapes (a forced other one takes 2 × 4).
-            let v = usize::from(variant != 0);
-            return g.launch_smem(
-                &self.merge_f[v],
-                (out.div_ceil(SHAPES[v].0 * 8) as u32, 1, 1),
-                (256, 1, 1),
-                smem as u32,
-                &[
-                    KArg::P(w),
-                    KArg::P(part_acc),
-                    KArg::P(part_ml),
-                    KArg::I((splits | head_dim << 8) as i32),
-                    KArg::P(y),
-                    KArg::I(k_in as i32),
-                    KArg::I(out as i32),
-                    KArg::F(beta),
-                ],
-            );
-        }
         let rows = SHAPES[variant].0 * 8;
         let one_group_per_warp = out.div_ceil(rows);
         let grid = match self.ctas_per_sm[form][variant] {
@@ -418,9 +370,9 @@ impl Gemv {
     /// beside the input vector (inputs over 6,826 elements: 48 KB in all).
     fn early_smem(&self, form: usize, k_in: usize, smem: usize) -> Option<usize> {
         match form {
-            _ if !self.early => None,
+            _ if k_in < self.early_min_k => None,
             1 if smem + k_in * 4 <= 40 << 10 => Some(smem + k_in * 4),
-            1 | 3 => None,
+            1 => None,
             _ => Some(smem),
         }
     }

@@ -106,12 +106,10 @@ pub struct CudaExecutor {
     /// to `host_row`, words of metadata read from `meta_mapped`, 0 when copied).
     pub(super) graphs: HashMap<(usize, usize, usize, bool, usize), Graph>,
     /// Small decode steps' metadata, read by the graph's first kernel from page-locked memory
-    /// instead of copied (`QUIRE_CUDA_META_MAPPED=1`; f16 embeddings only, the kernel that
-    /// copies it being `embed_f16_meta`). `None` when off.
+    /// instead of copied (f16 embeddings only, the kernel that copies it being
+    /// `embed_f16_meta`). `None` when off (`QUIRE_CUDA_META_MAPPED=0`). Measured on the H100
+    /// (PERF.md, stop 20): within ±0.6% of the copy, ahead in most alternating pairs.
     pub(super) meta_mapped: Option<MappedMeta>,
-    /// One-row decode steps of 2-4 attention splits merge them in the o projection
-    /// (`GemvInput::Merge`) instead of a reduce launch (`QUIRE_CUDA_O_MERGE=1`).
-    pub(super) o_merge: bool,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -395,7 +393,8 @@ impl CudaExecutor {
             None
         };
         let meta_mapped = match (&embed, std::env::var("QUIRE_CUDA_META_MAPPED").as_deref()) {
-            (WMat::F16(_), Ok("1")) => Some(MappedMeta::new()?),
+            (_, Ok("0")) => None,
+            (WMat::F16(_), _) => Some(MappedMeta::new()?),
             _ => None,
         };
         Ok(Self {
@@ -430,7 +429,6 @@ impl CudaExecutor {
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
             meta_mapped,
-            o_merge: std::env::var("QUIRE_CUDA_O_MERGE").is_ok_and(|v| v == "1"),
             gpu,
         })
     }

@@ -37,11 +37,7 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // 0: x, f16 [in], read through L1;
 // 1: RMSNorm of the f32 residual row x[rows_idx ? rows_idx[0] : 0] with weight nw, rounded to f16
 //    (rms_norm_f16's arithmetic), computed by every CTA into shared memory;
-// 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise;
-// 3: the merge of a one-row decode attention's splits (attention_reduce's arithmetic, rounded to
-//    f16 as it stores them), likewise: xin is part_acc [heads, splits, head_dim] f32, nw is
-//    part_ml [heads, splits] (m, l), aux is splits | head_dim << 8. The o projection then takes
-//    the place of the reduce launch.
+// 2: SwiGLU of the f32 gate/up row gu [2 * in] (swiglu_f16's arithmetic), likewise.
 // Every CTA recomputes the vector instead of a separate launch and an f16 round trip through
 // memory; the host bounds `in` for the fused forms (gemv.rs).
 //
@@ -83,7 +79,7 @@ template <int MODE, bool EARLY = false>
 __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
                                          const int* __restrict__ rows_idx,
                                          const float* __restrict__ nw, float eps, int in,
-                                         uint2* __restrict__ xs, int aux) {
+                                         uint2* __restrict__ xs) {
     const int in4 = in >> 2;
     if (MODE == 1) {
         if (EARLY) {
@@ -115,29 +111,6 @@ __device__ __forceinline__ void gv_input(const void* __restrict__ xin,
             const float4 g = g4[i], u = g4[in4 + i];
             xs[i] = pack4h(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
                            g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
-        }
-    } else if (MODE == 3) {
-        // Four dims of one head per thread and pass; per element merge_splits' steps in order.
-        const int splits = aux & 0xff, hd = aux >> 8;
-        const float* pa = reinterpret_cast<const float*>(xin);
-        const float2* pml = reinterpret_cast<const float2*>(nw);
-        for (int i = threadIdx.x; i < in4; i += blockDim.x) {
-            const int h = 4 * i / hd, d = 4 * i % hd;
-            const long base = (long)h * splits;
-            float mx = -INFINITY, sum = 0.0f, a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int sp = 0; sp < splits; sp++) {
-                const float2 ml = __ldcg(pml + base + sp);
-                const float4 x4 = __ldcg(reinterpret_cast<const float4*>(pa + (base + sp) * hd + d));
-                if (ml.x == -INFINITY) continue;  // an empty split (its part_acc was never written)
-                const float m_new = fmaxf(mx, ml.x);
-                const float f_old = __expf(mx - m_new), f = __expf(ml.x - m_new);
-                sum = sum * f_old + ml.y * f;
-                const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) a[k] = a[k] * f_old + x[k] * f;
-                mx = m_new;
-            }
-            xs[i] = pack4h(a[0] / sum, a[1] / sum, a[2] / sum, a[3] / sum);
         }
     }
 }
@@ -173,8 +146,7 @@ template <int RPW, int UNROLL, int MODE, bool GLU, bool HOST, bool EARLY = false
 __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const void* __restrict__ xin,
                                           const int* __restrict__ rows_idx,
                                           const float* __restrict__ nw, float eps,
-                                          void* __restrict__ yv, int in, int out, float beta,
-                                          int aux = 0) {
+                                          void* __restrict__ yv, int in, int out, float beta) {
     static_assert(!GLU || RPW == 2, "a GLU row group is one gate row and one up row");
     static_assert(!(GLU && HOST), "the host form writes f32 rows");
     __shared__ float ys[HOST ? GV_WARPS * RPW : 1];
@@ -233,7 +205,7 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 
     const uint4* xv = reinterpret_cast<const uint4*>(xin);
     if (MODE != 0) {
-        gv_input<MODE, EARLY>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), aux);
+        gv_input<MODE, EARLY>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
         __syncthreads();
         xv = reinterpret_cast<const uint4*>(gv_smem);
     }
@@ -345,19 +317,6 @@ GEMV_ENTRY_E(gemv_f16_glu_r2u4_e, 2, 4, 0, true, false)
 GEMV_ENTRY_E(gemv_f16_norm_glu_r2u4_e, 2, 4, 1, true, false)
 GEMV_ENTRY_E(gemv_f16_norm_host_r1u8_e, 1, 8, 1, false, true)
 GEMV_ENTRY_E(gemv_f16_norm_host_r2u4_e, 2, 4, 1, false, true)
-// The o projection of a one-row decode step fed by its attention's split partials (MODE 3), in
-// the two shapes the host picks. aux: splits | head_dim << 8.
-#define GEMV_MERGE_ENTRY(name, RPW, UNROLL)                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
-    name(const half_t* __restrict__ w, const float* __restrict__ part_acc,                     \
-         const float2* __restrict__ part_ml, int aux, void* __restrict__ y, int in, int out,   \
-         float beta) {                                                                         \
-        gemv_rows<RPW, UNROLL, 3, false, false>(w, part_acc, nullptr,                          \
-                                                reinterpret_cast<const float*>(part_ml), 0.0f, \
-                                                y, in, out, beta, aux);                        \
-    }
-GEMV_MERGE_ENTRY(gemv_f16_merge_r1u8, 1, 8)
-GEMV_MERGE_ENTRY(gemv_f16_merge_r2u4, 2, 4)
 // The output projection of a one-row step into host memory (RMSNorm input, the two shapes the
 // host picks for it).
 GEMV_ENTRY_H(gemv_f16_norm_host_r1u8, 1, 8, 1, false, true)
@@ -394,7 +353,7 @@ __device__ __forceinline__ void gemv_host_rounds(const half_t* __restrict__ w,
     uint4 wv[RPW][UNROLL];
     gv_load<RPW, UNROLL>(wr, lane, chunks, wv);
     pdl_enter();
-    gv_input<1>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem), 0);
+    gv_input<1>(xin, rows_idx, nw, eps, in, reinterpret_cast<uint2*>(gv_smem));
     __syncthreads();
     const uint4* xv = reinterpret_cast<const uint4*>(gv_smem);
     uint4 xx[UNROLL];
