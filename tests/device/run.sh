@@ -499,90 +499,19 @@ s19c)  # stop 19: the 135M output in rounds on a persistent grid, 1x8 for one-wa
         grep -E "^\| [a-z]" "$OUT/trace-1b-w$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced wave1x8=$v)/"
     done
     ;;
-s20a)  # stop 20: the PRE2 GEMV (second batch before the wait), metadata through mapped memory, the vectorized embed
+s20d)  # stop 20's switches against the defaults: EARLY GEMV forms (off, every row length), mapped metadata (off)
     make_models
     QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
-    for e in "X=1" "QUIRE_CUDA_META_MAPPED=1 QUIRE_CUDA_GEMV_PRE2=all"; do
-        env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
-    done
-    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
-    for m in llama3-8b llama3.2-1b smollm2-135m; do
-        for r in 1 2; do
-            b $m X=1
-            b $m QUIRE_CUDA_GEMV_PRE2=o
-            b $m QUIRE_CUDA_GEMV_PRE2=all
-            b $m QUIRE_CUDA_META_MAPPED=1
-        done
-    done
-    for spec in "8b base X=1" "8b pre2o QUIRE_CUDA_GEMV_PRE2=o" "8b mapped QUIRE_CUDA_META_MAPPED=1" "1b base X=1" "1b mapped QUIRE_CUDA_META_MAPPED=1"; do
-        set -- $spec
-        m=llama3-8b; [ $1 = 1b ] && m=llama3.2-1b
-        env $3 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-$1-$2.txt" 2>&1
-        grep -E "^\| [a-z]" "$OUT/trace-$1-$2.txt" | grep -v "^| model" | head -10 | sed "s/\$/  ($1 traced $2)/"
-    done
-    ;;
-s20b)  # stop 20: o projection merging the attention splits, 2x2 GEMV (four CTAs per SM) per matrix, mapped metadata again
-    make_models
-    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
-    QUIRE_CUDA_GEMV_SHAPE=2x2 QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops gemv, 2x2 forced)/'
-    for e in "QUIRE_CUDA_O_MERGE=1 QUIRE_CUDA_META_MAPPED=1 QUIRE_CUDA_GEMV_SHAPE_AT=576x960:2x2,1536x576:2x2"; do
-        env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
-    done
-    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
-    for r in 1 2; do
-        b llama3-8b X=1
-        b llama3-8b QUIRE_CUDA_O_MERGE=1
-        b llama3-8b QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2
-        b llama3-8b QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2,4096x4096:2x2,14336x4096:2x2
-        b llama3-8b QUIRE_CUDA_META_MAPPED=1
-    done
-    for r in 1 2; do
-        b llama3.2-1b X=1
-        b llama3.2-1b QUIRE_CUDA_GEMV_SHAPE_AT=2048x3072:2x2
-        b llama3.2-1b QUIRE_CUDA_GEMV_SHAPE_AT=2048x3072:2x2,8192x2048:2x2
-        b llama3.2-1b QUIRE_CUDA_META_MAPPED=1
-    done
-    for r in 1 2; do
-        b smollm2-135m X=1
-        b smollm2-135m QUIRE_CUDA_META_MAPPED=1
-        b smollm2-135m QUIRE_CUDA_GEMV_SHAPE_AT=576x960:2x2
-    done
-    QUIRE_CUDA_O_MERGE=1 QUIRE_CUDA_GEMV_SHAPE_AT=4096x6144:2x2 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3-8b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-8b-merge-2x2.txt" 2>&1
-    grep -E "^\| [a-z]" "$OUT/trace-8b-merge-2x2.txt" | grep -v "^| model" | head -10 | sed "s/\$/  (8B traced o-merge, qkv 2x2)/"
-    ;;
-s20c)  # stop 20: GEMV grids of whole waves of equal work (gate/up, or all), with and without mapped metadata
-    make_models
-    QUIRE_CUDA_GEMV_BALANCED=all QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 gemv 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops gemv, balanced all)/'
-    e="QUIRE_CUDA_GEMV_BALANCED=all QUIRE_CUDA_META_MAPPED=1"
+    e="QUIRE_CUDA_GEMV_EARLY=all"
     env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
     b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
     for m in llama3.2-1b llama3-8b smollm2-135m; do
         for r in 1 2; do
             b $m X=1
-            b $m QUIRE_CUDA_GEMV_BALANCED=glu
-            b $m QUIRE_CUDA_GEMV_BALANCED=all
-            b $m QUIRE_CUDA_GEMV_BALANCED=glu QUIRE_CUDA_META_MAPPED=1
+            b $m QUIRE_CUDA_GEMV_EARLY=0
+            b $m QUIRE_CUDA_GEMV_EARLY=all
+            b $m QUIRE_CUDA_META_MAPPED=0
         done
     done
-    for v in glu all; do
-        QUIRE_CUDA_GEMV_BALANCED=$v QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-1b-bal-$v.txt" 2>&1
-        grep -E "^\| [a-z]" "$OUT/trace-1b-bal-$v.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced balanced $v)/"
-    done
-    ;;
-s20d)  # stop 20: GEMV reads the norm weight and the residual rows before the wait (EARLY), with and without mapped metadata
-    make_models
-    QUIRE_REQUIRE_GPU=1 "$W"/cuda_ops --test-threads 1 2>&1 | grep -E "test result|panicked|FAILED" | sed 's/$/  (cuda_ops)/'
-    e="QUIRE_CUDA_GEMV_EARLY=1 QUIRE_CUDA_META_MAPPED=1"
-    env $e QUIRE_PARITY_MODEL="$W/smollm2-135m-f16.gguf" QUIRE_REQUIRE_GPU=1 "$W"/cuda_engine --test-threads 1 --nocapture 2>&1 | grep -E "greedy on f16|f16-dequantized|test result|panicked" | sed "s/\$/  ($e)/"
-    b() { local m=$1; shift; env "$@" "$Q" bench -m "$W/$m-f16.gguf" --backend cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\| llama" | grep tg | sed "s/\$/  ($m $*)/"; }
-    for m in llama3.2-1b llama3-8b smollm2-135m; do
-        for r in 1 2; do
-            b $m X=1
-            b $m QUIRE_CUDA_GEMV_EARLY=1
-            b $m QUIRE_CUDA_GEMV_EARLY=1 QUIRE_CUDA_META_MAPPED=1
-        done
-    done
-    QUIRE_CUDA_GEMV_EARLY=1 QUIRE_CUDA_TRACE=1 "$Q" bench -m "$W/llama3.2-1b-f16.gguf" --backend cuda -p 512 -n 128 -r 2 > "$OUT/trace-1b-early.txt" 2>&1
-    grep -E "^\| [a-z]" "$OUT/trace-1b-early.txt" | grep -v "^| model" | head -8 | sed "s/\$/  (1B traced early)/"
     ;;
 esac

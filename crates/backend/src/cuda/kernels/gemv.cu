@@ -48,7 +48,7 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL. (An L2 bulk
 // prefetch of more of the rows before the wait was slower in every form tried: PERF.md, stop 19.)
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
-// dynamic shared memory: in * 2 bytes for MODE 1 and 2.
+// dynamic shared memory: in * 2 bytes for MODE 1 and 2, in * 6 for MODE 1's EARLY form (below).
 __device__ __forceinline__ unsigned gv_smem_u32(const void* p) {
     unsigned a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
@@ -245,7 +245,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
                     if (HOST) {
                         if (lane == 0) ys[warp * RPW + r] = s;
                     } else if (lane == 0 && i < out) {
-                        const float y0 = EARLY && g == g_begin ? y_first[r] : (beta != 0.0f ? y[i] : 0.0f);
+                        const float y0 =
+                            EARLY && g == g_begin ? y_first[r] : (beta != 0.0f ? y[i] : 0.0f);
                         y[i] = beta != 0.0f ? s + beta * y0 : s;
                     }
                 }
