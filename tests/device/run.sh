@@ -514,4 +514,8 @@ s20d)  # stop 20's switches against the defaults: EARLY GEMV forms (off, every r
         done
     done
     ;;
+checks20)  # stop 20's defaults on the other paths: K-quants, kernels, HF architectures against transformers (also with EARLY on for every row length), MoE
+    bash "$0" checks
+    QUIRE_CUDA_GEMV_EARLY=all QUIRE_HF_CUDA_DIR=/root/hf-cuda QUIRE_REQUIRE_GPU=1 "$W"/hf_cuda --nocapture 2>&1 | grep -E "rel err|test result|panicked" | sed 's/$/  (EARLY all)/'
+    ;;
 esac
