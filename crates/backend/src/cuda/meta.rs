@@ -88,14 +88,17 @@ impl MappedMeta {
     /// block tables grow a little reuse it); `None` when it does not fit (copy it instead). The
     /// caller must have synchronized with every step that read the buffer before.
     pub fn stage(&mut self, meta: &[i32]) -> Option<usize> {
-        let words = meta.len().next_power_of_two().max(64);
-        if words > MAPPED_META_WORDS {
-            return None;
-        }
+        let words = mapped_words(meta.len())?;
         let dst = self.buf.slice_mut(MAPPED_META_WORDS).ok()?;
         dst[..meta.len()].copy_from_slice(meta);
         Some(words)
     }
+}
+
+/// The words the device copies for `len` words of metadata (see `MappedMeta::stage`).
+fn mapped_words(len: usize) -> Option<usize> {
+    let words = len.next_power_of_two().max(64);
+    (words <= MAPPED_META_WORDS).then_some(words)
 }
 
 #[cfg(test)]
@@ -103,6 +106,17 @@ mod tests {
     use super::*;
     use crate::SeqBatch;
     use quire_core::BlockId;
+
+    #[test]
+    fn mapped_metadata_copies_a_power_of_two_of_at_least_64_words_up_to_the_buffer() {
+        assert_eq!(mapped_words(0), Some(64));
+        assert_eq!(mapped_words(27), Some(64));
+        assert_eq!(mapped_words(65), Some(128));
+        assert_eq!(mapped_words(1024), Some(1024));
+        assert_eq!(mapped_words(1025), None);
+        // Every copy is whole 4-word vectors (embed_f16_meta copies int4s).
+        assert!((0..=1024).all(|n| mapped_words(n).is_none_or(|w| w >= n && w % 4 == 0)));
+    }
 
     #[test]
     fn padded_metadata_keeps_seq_info_16_byte_aligned_and_pads_into_the_spare_block() {
