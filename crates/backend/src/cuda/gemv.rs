@@ -308,9 +308,7 @@ impl Gemv {
         };
         let args = [w, x, rows_idx, norm_w, y];
         let (f, smem) = match self.early_smem(form, k_in, smem) {
-            Some(smem) if variant < 2 && self.ctas_per_sm[form][variant] == 0 => {
-                (&self.early_f[form][variant], smem)
-            }
+            Some(smem) if variant < 2 => (&self.early_f[form][variant], smem),
             _ => (&self.f[form][variant], smem),
         };
         launch_gemv(g, f, grid, smem, args, k_in, out, eps, beta)
@@ -336,21 +334,16 @@ impl Gemv {
             ));
         }
         // Rows of one 2 × 4 batch (32 lanes × 4 chunks × 8 elements) go in rounds.
-        let (f, grid) = if self.host_rounds && k_in <= 32 * 4 * 8 {
-            (
-                &self.host_rounds_f,
-                self.host_rounds_grid.min(out.div_ceil(16)),
-            )
+        let (f, grid, smem) = if self.host_rounds && k_in <= 32 * 4 * 8 {
+            let grid = self.host_rounds_grid.min(out.div_ceil(16));
+            (&self.host_rounds_f, grid, smem)
         } else {
             let variant = usize::from(self.shape_for(k_in, out) != 0);
-            (&self.host_f[variant], out.div_ceil(SHAPES[variant].0 * 8))
-        };
-        let (f, smem) = match self.early_smem(form, k_in, smem) {
-            Some(smem) if !std::ptr::eq(f, &self.host_rounds_f) => (
-                &self.early_host[usize::from(!std::ptr::eq(f, &self.host_f[0]))],
-                smem,
-            ),
-            _ => (f, smem),
+            let grid = out.div_ceil(SHAPES[variant].0 * 8);
+            match self.early_smem(form, k_in, smem) {
+                Some(smem) => (&self.early_host[variant], grid, smem),
+                None => (&self.host_f[variant], grid, smem),
+            }
         };
         launch_gemv(
             g,

@@ -274,23 +274,21 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 // (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
 // (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
 // Shapes of at most 4 chunks of a row group in flight per warp (2 x 2) are built for three CTAs
-// per SM (80 registers): the 8B model's q/k/v grid (384 CTAs) then fits one wave.
-#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST)                                         \
+// per SM or more (64 registers: four), so the 8B model's q/k/v grid (384 CTAs) fits one wave; it
+// measured slower (PERF.md, stop 20) and is kept for measurement. EARLY: see gemv_rows.
+#define GEMV_ENTRY_X(name, RPW, UNROLL, MODE, GLU, HOST, EARLY)                               \
     extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, RPW * UNROLL <= 4 ? 3 : 1)       \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
          void* __restrict__ y, int in, int out, float beta) {                                  \
-        gemv_rows<RPW, UNROLL, MODE, GLU, HOST>(w, xin, rows_idx, nw, eps, y, in, out, beta);  \
+        gemv_rows<RPW, UNROLL, MODE, GLU, HOST, EARLY>(w, xin, rows_idx, nw, eps, y, in, out,  \
+                                                       beta);                                  \
     }
+#define GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, HOST) \
+    GEMV_ENTRY_X(name, RPW, UNROLL, MODE, GLU, HOST, false)
+#define GEMV_ENTRY_E(name, RPW, UNROLL, MODE, GLU, HOST) \
+    GEMV_ENTRY_X(name, RPW, UNROLL, MODE, GLU, HOST, true)
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
-#define GEMV_ENTRY_E(name, RPW, UNROLL, MODE, GLU, HOST)                                         \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)                                  \
-    name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
-         const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
-         void* __restrict__ y, int in, int out, float beta) {                                  \
-        gemv_rows<RPW, UNROLL, MODE, GLU, HOST, true>(w, xin, rows_idx, nw, eps, y, in, out,   \
-                                                      beta);                                   \
-    }
 #define GEMV_SHAPES(prefix, MODE)                         \
     GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
     GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)          \
