@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# Builds the CUDA binaries on this (GPU-less) machine and packs them, stripped, into .dev/bin.tar.xz
-# for tests/device/run.sh on the lent GPU machine (.dev/ is git-excluded; one call carries 64 MiB).
+# Builds the CUDA binaries on this (GPU-less) machine and packs them, stripped, into
+# .dev/bin-NAME.tar.xz for check.sh and bench.sh on the lent GPU machine (.dev/ is git-ignored;
+# one call carries 64 MiB). PACK_TESTS=0 leaves the test binaries out. NAME defaults to "new"; pack a baseline checkout as "old" for a
+# before/after pair in one call. Layout: quire, cuda_matmul_bench, COMMIT, tests/<test binary>.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+name=${1:-new}
+dest=${2:-$PWD/.dev}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-cuda}
 cargo build --release -p quire --features cuda
 cargo build --release -p quire-backend --features cuda --example cuda_matmul_bench
-cargo test --release -p quire-backend --features cuda --test cuda_attention --test cuda_ops --test cuda_quant --test cuda_sample --no-run 2>&1 |
-    grep -oE '\([^)]*/(cuda_attention|cuda_ops|cuda_quant|cuda_sample)-[0-9a-f]+\)' | tr -d '()' > /tmp/quire-test-bins
-cargo test --release -p quire-engine --features cuda --test cuda --test hf_cuda --no-run 2>&1 |
-    grep -oE '\([^)]*/(hf_cuda|cuda)-[0-9a-f]+\)' | tr -d '()' >> /tmp/quire-test-bins
 stage=$(mktemp -d)
+mkdir -p "$stage/tests"
 cp "$CARGO_TARGET_DIR/release/quire" "$CARGO_TARGET_DIR/release/examples/cuda_matmul_bench" "$stage/"
-while read -r bin; do
-    name=$(basename "$bin" | sed -E 's/-[0-9a-f]+$//')
-    [ "$name" = cuda ] && name=cuda_engine
-    cp "$bin" "$stage/$name"
-done < /tmp/quire-test-bins
-strip "$stage"/*
-git rev-parse --short HEAD > "$stage/COMMIT"  # run.sh stamps results with it
-mkdir -p .dev
-tar -cJf .dev/bin.tar.xz -C "$stage" .
-ls -la "$stage" .dev/bin.tar.xz
+# Every test binary of the crates that hold GPU tests (their GPU tests are #[ignore]d unless run
+# with --include-ignored, which check.sh does).
+[ "${PACK_TESTS:-1}" = 0 ] || cargo test --release -p quire-backend -p quire-engine --features quire-backend/cuda,quire-engine/cuda \
+    --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"] and m["profile"]["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r tname exe; do cp "$exe" "$stage/tests/$tname"; done
+strip "$stage"/quire "$stage"/cuda_matmul_bench "$stage"/tests/* 2>/dev/null || true
+git rev-parse --short HEAD > "$stage/COMMIT"
+mkdir -p "$dest"
+tar -cJf "$dest/bin-$name.tar.xz" -C "$stage" .
+ls -la "$stage" "$stage/tests" "$dest/bin-$name.tar.xz"
 rm -rf "$stage"

@@ -1,0 +1,29 @@
+# Sourced by check.sh and bench.sh on the lent GPU machine (repository root, binaries built on the
+# development machine and carried in .dev/ by pack.sh). Sets W (work folder), Q (quire), LB
+# (llama.cpp's binaries) and the library path; unpacks what the call carried.
+export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0
+W=${QUIRE_DEV_DIR:-/root/quire-dev}
+OUT=${OUT:-/tmp/out}
+LB=/root/lc/llama.cpp/build/bin
+mkdir -p "$W" "$OUT"
+# Test binaries look for tests/data under the build machine's checkout path.
+mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+# .dev/bin-NAME.tar.xz unpacks into $W/NAME (NAME: "new", or "old" for a before/after pair).
+for t in .dev/bin-*.tar.xz; do
+    [ -f "$t" ] || continue
+    name=$(basename "$t" .tar.xz); name=${name#bin-}
+    rm -rf "${W:?}/$name" && mkdir -p "$W/$name" && tar -xJf "$t" -C "$W/$name"
+done
+# The default model travels in two parts over two calls (one call carries at most 64 MiB).
+for p in .dev/model.part*; do [ -f "$p" ] && cp "$p" "$W/"; done
+model_ready() {
+    local dst=$HOME/.cache/quire/SmolLM2-135M-Instruct.Q4_1.gguf
+    [ -f "$dst" ] && return 0
+    [ -f "$W/model.part1" ] && [ -f "$W/model.part2" ] || return 1
+    mkdir -p "$(dirname "$dst")" && cat "$W"/model.part1 "$W"/model.part2 > "$dst"
+}
+gpu_stamp() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+}
