@@ -224,7 +224,7 @@ impl Gpu {
             _workspace: workspace,
             arch: format!("sm_{major}{minor}"),
             sms,
-            pdl: major >= 9 && std::env::var("QUIRE_CUDA_PDL").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && super::CudaEnv::get().pdl,
         })
     }
 
@@ -277,22 +277,8 @@ impl Gpu {
     }
 
     pub fn function(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, BackendError> {
-        let f = m
-            .load_function(name)
-            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))?;
-        // `QUIRE_CUDA_CARVEOUT=P`: ask for P% of the unified L1/shared memory as shared memory
-        // for every quire kernel (a measurement switch; the driver picks by default).
-        if let Some(p) = std::env::var("QUIRE_CUDA_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok())
-        {
-            f.set_attribute(
-                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                p,
-            )
-            .map_err(cuda_err("setting the shared memory carveout"))?;
-        }
-        Ok(f)
+        m.load_function(name)
+            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))
     }
 
     pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(

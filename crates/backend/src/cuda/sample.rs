@@ -148,14 +148,11 @@ impl CudaExecutor {
             (argmax_ctas(vocab) as u32, rows as u32, 1),
             (256, 1, 1),
             &[
-                P(s.logits.as_ref().expect("grown by run").ptr),
+                P(s.logits.ptr),
                 I(vocab as i32),
                 P(out),
-                P(s.argmax_part.as_ref().expect("grown with the logits").ptr),
-                P(s.argmax_counters
-                    .as_ref()
-                    .expect("grown with the logits")
-                    .ptr),
+                P(s.argmax_part.ptr),
+                P(s.argmax_counters.ptr),
             ],
         )?;
         self.gpu.trace_end();
@@ -184,9 +181,9 @@ impl CudaExecutor {
         }
         self.run(batch, false)?;
         let nl = rows.len();
-        let ids = self.s.ids.as_ref().expect("grown by run");
+        let ids = &self.s.ids;
         if let Some(k) = self.k.sample.as_mut() {
-            let logits = self.s.logits.as_ref().expect("grown by run").ptr;
+            let logits = self.s.logits.ptr;
             k.launch(&self.gpu, logits, vocab, vocab, rows, ids.ptr)?;
         }
         // Bytes: the rows are read a few times (a histogram pass, gathers), mostly from L2.
