@@ -4,7 +4,6 @@
 //! Each is a real option a user may need (a fallback, a diagnosis, an install layout); tuning
 //! experiments do not belong here: their outcomes are constants beside the code they tune.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 /// The backend's environment settings.
@@ -86,13 +85,15 @@ pub fn non_default_env() -> Vec<(String, String)> {
 }
 
 /// `QUIRE_CUDA_INCLUDE`: an include directory for NVRTC in place of the toolkit's.
+#[cfg(feature = "cuda")]
 pub fn include_dir() -> Option<String> {
     std::env::var(INCLUDE_VAR).ok()
 }
 
 /// `QUIRE_KERNEL_CACHE`: where compiled kernels are kept in place of `~/.cache/quire/kernels`.
-pub fn kernel_cache_dir() -> Option<PathBuf> {
-    std::env::var_os(KERNEL_CACHE_VAR).map(PathBuf::from)
+#[cfg(feature = "cuda")]
+pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os(KERNEL_CACHE_VAR).map(std::path::PathBuf::from)
 }
 
 #[cfg(test)]
