@@ -307,7 +307,16 @@ impl PagedAttention {
 
     /// Writes the step's K/V into the cache and attends every row into `b.out` (with `b.rope`,
     /// applying bias, QK-norm and RoPE first: decode plans only).
-    pub fn launch(
+    ///
+    /// # Safety
+    ///
+    /// Every address in `b` is a live device allocation on `gpu`'s context, not freed before the
+    /// stream has finished the launches: `qkv` `n` rows of `qkv_stride` f16, the caches as
+    /// `PagedAttention` was built for and covering every slot and block the metadata names,
+    /// `meta` the step's metadata laid out as `layout` says, `out` `n` rows (f16 or f32),
+    /// `part_acc`/`part_ml` sized for `plan.splits`, and the RoPE tables (null where absent) for
+    /// `pairs`; `out` overlaps no input.
+    pub unsafe fn launch(
         &self,
         gpu: &Gpu,
         n: usize,
@@ -325,28 +334,31 @@ impl PagedAttention {
         let l = &b.layout;
         let scale = 1.0 / (self.head_dim as f32).sqrt();
         if l.num_tiles > 0 {
-            gpu.launch_smem(
-                &self.prefill,
-                (l.num_tiles as u32, self.num_kv_heads as u32, 1),
-                (THREADS, 1, 1),
-                self.prefill_smem,
-                &[
-                    P(b.qkv),
-                    I(b.qkv_stride as i32),
-                    P(b.k_cache),
-                    P(b.v_cache),
-                    mp(l.seqs),
-                    mp(l.block_tables),
-                    mp(l.slots),
-                    mp(l.tiles),
-                    I(self.num_kv_heads as i32),
-                    I(block_size.trailing_zeros() as i32),
-                    F(scale),
-                    I(self.window as i32),
-                    P(b.out),
-                    I(b.out_f32 as i32),
-                ],
-            )?;
+            // SAFETY: paged_prefill's list; the addresses are `b`'s (this fn's contract).
+            unsafe {
+                gpu.launch_smem(
+                    &self.prefill,
+                    (l.num_tiles as u32, self.num_kv_heads as u32, 1),
+                    (THREADS, 1, 1),
+                    self.prefill_smem,
+                    &[
+                        P(b.qkv),
+                        I(b.qkv_stride as i32),
+                        P(b.k_cache),
+                        P(b.v_cache),
+                        mp(l.seqs),
+                        mp(l.block_tables),
+                        mp(l.slots),
+                        mp(l.tiles),
+                        I(self.num_kv_heads as i32),
+                        I(block_size.trailing_zeros() as i32),
+                        F(scale),
+                        I(self.window as i32),
+                        P(b.out),
+                        I(b.out_f32 as i32),
+                    ],
+                )
+            }?;
             if l.tiled_rows == n {
                 return Ok(());
             }
@@ -400,37 +412,46 @@ impl PagedAttention {
                 I(r.neox as i32),
                 F(r.eps),
             ]);
-            gpu.launch_smem(
-                &self.decode,
-                (n as u32, self.num_kv_heads as u32, plan.splits as u32),
-                (THREADS, 1, 1),
-                self.decode_smem,
-                &args,
-            )?;
+            // SAFETY: `args` is paged_decode's list; the addresses are `b`'s (this fn's contract).
+            unsafe {
+                gpu.launch_smem(
+                    &self.decode,
+                    (n as u32, self.num_kv_heads as u32, plan.splits as u32),
+                    (THREADS, 1, 1),
+                    self.decode_smem,
+                    &args,
+                )
+            }?;
         } else {
-            gpu.launch(
-                &self.attention,
-                (n as u32, self.num_kv_heads as u32, plan.splits as u32),
-                (THREADS, 1, 1),
-                &args,
-            )?;
+            // SAFETY: `args` is paged_attention's list; the addresses are `b`'s (this fn's contract).
+            unsafe {
+                gpu.launch(
+                    &self.attention,
+                    (n as u32, self.num_kv_heads as u32, plan.splits as u32),
+                    (THREADS, 1, 1),
+                    &args,
+                )
+            }?;
         }
         if plan.splits > 1 {
-            gpu.launch(
-                &self.reduce,
-                (n as u32, self.num_heads as u32, 1),
-                (self.head_dim as u32, 1, 1),
-                &[
-                    P(b.part_acc),
-                    P(b.part_ml),
-                    I(plan.splits as i32),
-                    P(b.out),
-                    I(b.out_f32 as i32),
-                    mp(l.row_seq),
-                    mp(l.seqs),
-                    I(skip),
-                ],
-            )?;
+            // SAFETY: the partials and output are `b`'s, sized for the plan (this fn's contract).
+            unsafe {
+                gpu.launch(
+                    &self.reduce,
+                    (n as u32, self.num_heads as u32, 1),
+                    (self.head_dim as u32, 1, 1),
+                    &[
+                        P(b.part_acc),
+                        P(b.part_ml),
+                        I(plan.splits as i32),
+                        P(b.out),
+                        I(b.out_f32 as i32),
+                        mp(l.row_seq),
+                        mp(l.seqs),
+                        I(skip),
+                    ],
+                )
+            }?;
         }
         Ok(())
     }
@@ -624,26 +645,41 @@ impl HostRun {
         Ok(())
     }
 
+    /// Enqueues the attention over the uploaded batch: the safe form of
+    /// `PagedAttention::launch`, every buffer owned here.
     pub fn launch(&self, gpu: &Gpu, a: &PagedAttention) -> Result<(), BackendError> {
-        a.launch(
-            gpu,
-            self.n,
-            self.block_size,
-            self.plan,
-            &AttnBuffers {
-                qkv: self.qkv.ptr,
-                qkv_stride: self.qkv_stride,
-                k_cache: self.k_cache.ptr,
-                v_cache: self.v_cache.ptr,
-                meta: self.meta.ptr,
-                layout: self.layout,
-                out: self.out.ptr,
-                out_f32: self.out_f32,
-                part_acc: self.part_acc.ptr,
-                part_ml: self.part_ml.ptr,
-                rope: self.rope.as_ref().map(HostRope::args),
-            },
-        )
+        let out_words = self.n * a.num_heads * a.head_dim / if self.out_f32 { 1 } else { 2 };
+        if self.qkv.len < self.n * self.qkv_stride || self.out.len < out_words {
+            return Err(BackendError::InvalidBatch(format!(
+                "attention buffers too small for {} rows",
+                self.n
+            )));
+        }
+        // SAFETY: every address is a buffer owned by `self` (alive while it is borrowed here, and
+        // `DBuf`'s drop frees in stream order: cudarc frees on the stream or synchronizes first): `new` sized the caches and metadata for a
+        // batch it validated against them, `set_splits` the partials for the plan, and the rows
+        // are checked above.
+        unsafe {
+            a.launch(
+                gpu,
+                self.n,
+                self.block_size,
+                self.plan,
+                &AttnBuffers {
+                    qkv: self.qkv.ptr,
+                    qkv_stride: self.qkv_stride,
+                    k_cache: self.k_cache.ptr,
+                    v_cache: self.v_cache.ptr,
+                    meta: self.meta.ptr,
+                    layout: self.layout,
+                    out: self.out.ptr,
+                    out_f32: self.out_f32,
+                    part_acc: self.part_acc.ptr,
+                    part_ml: self.part_ml.ptr,
+                    rope: self.rope.as_ref().map(HostRope::args),
+                },
+            )
+        }
     }
 
     /// The output `[n, num_heads * head_dim]` and the K and V caches after the fused write.

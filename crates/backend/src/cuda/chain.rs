@@ -120,7 +120,9 @@ impl CudaExecutor {
                 meta_words: 0,
             })?;
             let out = ids + 4 * (k * b) as u64;
-            self.launch_argmax(b, out)?;
+            // SAFETY: `out` is step `k`'s row of `b` ids inside `chain_ids`, allocated at load
+            // for `MAX_CHAIN` steps of `MAX_GRAPH_BATCH` rows (the caller bounds both).
+            unsafe { self.launch_argmax(b, out) }?;
             if k + 1 < steps {
                 let next_tokens = meta_base + 4 * ((k + 1) * stride + layout.tokens) as u64;
                 // SAFETY: both ranges lie in live device buffers (b ids; the next step's token

@@ -7,7 +7,7 @@ use super::attention::{AttnBuffers, Meta, Plan, RopeArgs};
 use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, CudaFfn, Kernels, Layer};
-use super::moe::{self, MoeInputs, MoeLayer, MoeScratch};
+use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
 use super::profile::EventProfiler;
 use super::qmat::WMat;
 use crate::BackendError;
@@ -34,6 +34,15 @@ pub(super) struct Step {
 }
 
 /// Device addresses of one step's activations (`Scratch`), fixed for the whole step.
+///
+/// Why the launches below may use them (the `// SAFETY:` notes of this file refer here): every
+/// address comes from `Scratch` grown by `CudaExecutor::run` for this step's `n` tokens and `nl`
+/// logits rows before the enqueue, from the step's metadata uploaded at `meta_base` with `layout`
+/// (or its mapped source `meta_src`), or from the weights, caches and RoPE table loaded with the
+/// executor; all live as long as the executor, which synchronizes before it frees or grows any of
+/// them, and a captured graph is dropped when they move (`GraphKey`). Each kernel's output is a
+/// buffer none of its inputs share, except the residual rows `x`, which the kernels that add into
+/// them are written to read and write.
 #[derive(Debug, Clone, Copy)]
 struct Bufs {
     x: u64,
@@ -151,17 +160,20 @@ impl Fwd<'_> {
     /// RMSNorm of the step's rows into the input form of a matmul (`q8`: 8-bit blocks).
     fn norm(&mut self, q8: bool, norm_w: u64, li: usize) -> Result<(), BackendError> {
         let (n, hd) = (self.st.n, self.c.hidden_size);
-        norm_for(
-            self.g,
-            self.k,
-            q8,
-            self.b.x,
-            KArg::P(0),
-            norm_w,
-            (self.b.h, self.b.q8),
-            n,
-            self.norm_shape(),
-        )?;
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            norm_for(
+                self.g,
+                self.k,
+                q8,
+                self.b.x,
+                KArg::P(0),
+                norm_w,
+                (self.b.h, self.b.q8),
+                n,
+                self.norm_shape(),
+            )
+        }?;
         self.prof
             .mark(self.g, "rms_norm", Some(li), n * hd * 6, n * hd * 3)
     }
@@ -193,27 +205,36 @@ impl Fwd<'_> {
         let (n, hd) = (st.n, self.c.hidden_size);
         let tokens = self.meta(st.layout.tokens);
         match embed {
-            WMat::F16(t) if st.meta_src != 0 => g.launch(
-                &k.embed_meta,
-                (n as u32, 1, 1),
-                (256, 1, 1),
-                &[
-                    P(st.meta_src),
-                    P(st.meta_base),
-                    I(st.meta_words as i32),
-                    I(st.layout.tokens as i32),
-                    P(t.ptr),
-                    P(b.x),
-                    I(hd as i32),
-                ],
-            )?,
-            WMat::F16(t) => g.launch(
-                &k.embed,
-                (n as u32, 1, 1),
-                (256, 1, 1),
-                &[P(tokens), P(t.ptr), P(b.x), I(hd as i32)],
-            )?,
-            WMat::Quant { dtype, data } => k.q.embed(g, *dtype, tokens, data.ptr, b.x, n, hd)?,
+            // SAFETY: embed_meta's list; `meta_src` is mapped host memory of `meta_words` words; the rest as `Bufs` says.
+            WMat::F16(t) if st.meta_src != 0 => unsafe {
+                g.launch(
+                    &k.embed_meta,
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    &[
+                        P(st.meta_src),
+                        P(st.meta_base),
+                        I(st.meta_words as i32),
+                        I(st.layout.tokens as i32),
+                        P(t.ptr),
+                        P(b.x),
+                        I(hd as i32),
+                    ],
+                )
+            }?,
+            // SAFETY: embed's list; the addresses are the step's, as `Bufs` says.
+            WMat::F16(t) => unsafe {
+                g.launch(
+                    &k.embed,
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(tokens), P(t.ptr), P(b.x), I(hd as i32)],
+                )
+            }?,
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            WMat::Quant { dtype, data } => {
+                unsafe { k.q.embed(g, *dtype, tokens, data.ptr, b.x, n, hd) }?
+            }
         }
         self.prof.mark(g, "embed", None, n * hd * 6, 0)
     }
@@ -227,11 +248,15 @@ impl Fwd<'_> {
         let qkv_dim = qs + 2 * kvs;
         let normed = self.normed(l.attn_norm.ptr, 0);
         if let Some((gv, wp)) = one_token_gemv(k, &l.wqkv, n, hd, &normed) {
-            gv.run(g, wp, normed, b.qkv, hd, qkv_dim, 0.0)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, normed, b.qkv, hd, qkv_dim, 0.0) }?;
         } else {
             self.norm(self.q8_in(&l.wqkv, n), l.attn_norm.ptr, li)?;
-            self.matmul(&l.wqkv, n)
-                .run(g, k, &l.wqkv, (b.h, b.q8), b.qkv, hd, qkv_dim, 0.0)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe {
+                self.matmul(&l.wqkv, n)
+                    .run(g, k, &l.wqkv, (b.h, b.q8), b.qkv, hd, qkv_dim, 0.0)
+            }?;
         }
         self.mark_gemm("matmul_qkv", li, &l.wqkv, hd, qkv_dim)?;
         let opt = |b: &Option<DBuf<f32>>| b.as_ref().map_or(0, |b| b.ptr);
@@ -250,34 +275,41 @@ impl Fwd<'_> {
         }
         // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
         let q8w = self.q8_in(&l.wo, n);
-        k.attention.launch(
-            g,
-            n,
-            self.block_size,
-            st.plan,
-            &AttnBuffers {
-                qkv: b.qkv,
-                qkv_stride: qkv_dim,
-                k_cache: l.k_cache.ptr,
-                v_cache: l.v_cache.ptr,
-                meta: st.meta_base,
-                layout: st.layout,
-                out: b.attn,
-                out_f32: q8w,
-                part_acc: b.part_acc,
-                part_ml: b.part_ml,
-                rope: st.plan.decode.then_some(rope),
-            },
-        )?;
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            k.attention.launch(
+                g,
+                n,
+                self.block_size,
+                st.plan,
+                &AttnBuffers {
+                    qkv: b.qkv,
+                    qkv_stride: qkv_dim,
+                    k_cache: l.k_cache.ptr,
+                    v_cache: l.v_cache.ptr,
+                    meta: st.meta_base,
+                    layout: st.layout,
+                    out: b.attn,
+                    out_f32: q8w,
+                    part_acc: b.part_acc,
+                    part_ml: b.part_ml,
+                    rope: st.plan.decode.then_some(rope),
+                },
+            )
+        }?;
         let kv_read = st.ctx_tokens * 2 * kvs * 2;
         let bytes = kv_read + n * (qkv_dim * 4 + qs * 2);
         self.prof
             .mark(g, "attention", Some(li), bytes, 4 * st.pairs * qs)?;
         if q8w {
-            k.q.quantize(g, b.attn, true, b.q8, n, qs)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { k.q.quantize(g, b.attn, true, b.q8, n, qs) }?;
         }
-        self.matmul(&l.wo, n)
-            .run(g, k, &l.wo, (b.attn, b.q8), b.x, qs, hd, 1.0)?;
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            self.matmul(&l.wo, n)
+                .run(g, k, &l.wo, (b.attn, b.q8), b.x, qs, hd, 1.0)
+        }?;
         self.mark_gemm("matmul_o", li, &l.wo, qs, hd)
     }
 
@@ -287,26 +319,29 @@ impl Fwd<'_> {
         let (g, c, n) = (self.g, self.c, self.st.n);
         let (qs, kvs) = (c.q_size(), c.kv_size());
         let qkv_dim = qs + 2 * kvs;
-        g.launch(
-            &self.k.rope,
-            (n as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
-            (128, 1, 1),
-            &[
-                P(self.b.qkv),
-                P(rope.bias),
-                P(rope.q_norm),
-                P(rope.k_norm),
-                P(rope.cs),
-                P(self.meta(self.st.layout.positions)),
-                I(qkv_dim as i32),
-                I(c.num_heads as i32),
-                I(c.num_kv_heads as i32),
-                I(c.head_dim as i32),
-                I(rope.pairs as i32),
-                I(rope.neox as i32),
-                F(rope.eps),
-            ],
-        )?;
+        // SAFETY: rope_qkv's list; the addresses are the step's, as `Bufs` says.
+        unsafe {
+            g.launch(
+                &self.k.rope,
+                (n as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
+                (128, 1, 1),
+                &[
+                    P(self.b.qkv),
+                    P(rope.bias),
+                    P(rope.q_norm),
+                    P(rope.k_norm),
+                    P(rope.cs),
+                    P(self.meta(self.st.layout.positions)),
+                    I(qkv_dim as i32),
+                    I(c.num_heads as i32),
+                    I(c.num_kv_heads as i32),
+                    I(c.head_dim as i32),
+                    I(rope.pairs as i32),
+                    I(rope.neox as i32),
+                    F(rope.eps),
+                ],
+            )
+        }?;
         self.prof
             .mark(g, "rope", Some(li), n * qkv_dim * 8, n * (qs + kvs) * 6)
     }
@@ -329,40 +364,50 @@ impl Fwd<'_> {
         if let Some((gv, wp)) = one_token_gemv(k, w_gate_up, n, hd, &normed) {
             // With the SwiGLU on the gate/up GEMV's way out, the down GEMV reads f16 rows.
             if one_token_gemv(k, w_down, n, inter, &act_f16).is_some() {
-                gv.run_glu(g, wp, normed, b.act, hd, inter)?;
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { gv.run_glu(g, wp, normed, b.act, hd, inter) }?;
                 self.mark_gemm("matmul_gate_up", li, w_gate_up, hd, 2 * inter)?;
                 let mm = MatMul {
                     n,
                     wdq: b.wdq,
                     q8_in: false,
                 };
-                mm.run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0)?;
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { mm.run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0) }?;
                 return self.mark_gemm("matmul_down", li, w_down, inter, hd);
             }
-            gv.run(g, wp, normed, b.gu, hd, 2 * inter, 0.0)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, normed, b.gu, hd, 2 * inter, 0.0) }?;
         } else {
             self.norm(self.q8_in(w_gate_up, n), l.ffn_norm.ptr, li)?;
-            self.matmul(w_gate_up, n).run(
-                g,
-                k,
-                w_gate_up,
-                (b.h, b.q8),
-                b.gu,
-                hd,
-                2 * inter,
-                0.0,
-            )?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe {
+                self.matmul(w_gate_up, n).run(
+                    g,
+                    k,
+                    w_gate_up,
+                    (b.h, b.q8),
+                    b.gu,
+                    hd,
+                    2 * inter,
+                    0.0,
+                )
+            }?;
         }
         self.mark_gemm("matmul_gate_up", li, w_gate_up, hd, 2 * inter)?;
         let act_in = GemvInput::SwiGlu { gu: b.gu };
         if let Some((gv, wp)) = one_token_gemv(k, w_down, n, inter, &act_in) {
-            gv.run(g, wp, act_in, b.x, inter, hd, 1.0)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, act_in, b.x, inter, hd, 1.0) }?;
             return self.mark_gemm("matmul_down", li, w_down, inter, hd);
         }
         let q8w = self.q8_in(w_down, n);
         self.swiglu(li, q8w)?;
-        self.matmul(w_down, n)
-            .run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0)?;
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            self.matmul(w_down, n)
+                .run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0)
+        }?;
         self.mark_gemm("matmul_down", li, w_down, inter, hd)
     }
 
@@ -374,20 +419,26 @@ impl Fwd<'_> {
         let total = n * inter;
         if q8 {
             let qblocks = total / 32;
-            g.launch(
-                &k.q.swiglu_q8,
-                (qblocks.div_ceil(8) as u32, 1, 1),
-                (256, 1, 1),
-                &[P(b.gu), P(b.q8), I(inter as i32), L(qblocks as i64)],
-            )?;
+            // SAFETY: swiglu_q8's list; the addresses are the step's, as `Bufs` says.
+            unsafe {
+                g.launch(
+                    &k.q.swiglu_q8,
+                    (qblocks.div_ceil(8) as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(b.gu), P(b.q8), I(inter as i32), L(qblocks as i64)],
+                )
+            }?;
         } else {
             let blocks = total.div_ceil(256).min(65535) as u32;
-            g.launch(
-                &k.swiglu,
-                (blocks, 1, 1),
-                (256, 1, 1),
-                &[P(b.gu), P(b.act), I(inter as i32), L(total as i64)],
-            )?;
+            // SAFETY: swiglu's list; the addresses are the step's, as `Bufs` says.
+            unsafe {
+                g.launch(
+                    &k.swiglu,
+                    (blocks, 1, 1),
+                    (256, 1, 1),
+                    &[P(b.gu), P(b.act), I(inter as i32), L(total as i64)],
+                )
+            }?;
         }
         self.prof
             .mark(g, "swiglu", Some(li), n * inter * 10, n * inter * 6)
@@ -405,13 +456,16 @@ impl Fwd<'_> {
         use KArg::{F, I, P};
         let (g, k, b, n) = (self.g, self.k, self.b, self.st.n);
         let (hd, eps, threads) = self.norm_shape();
-        let hf = ms.hf.as_ref().expect("grown for MoE models").ptr;
-        g.launch(
-            &k.rms_norm_f32,
-            (n as u32, 1, 1),
-            (threads, 1, 1),
-            &[P(b.x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
-        )?;
+        let hf = ms.hf.ptr;
+        // SAFETY: rms_norm_f32's list; `hf` is the MoE scratch, grown with the step; the rest as `Bufs` says.
+        unsafe {
+            g.launch(
+                &k.rms_norm_f32,
+                (n as u32, 1, 1),
+                (threads, 1, 1),
+                &[P(b.x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
+            )
+        }?;
         self.norm(m.q8_in(), l.ffn_norm.ptr, li)?;
         let mk = k.moe.as_ref().expect("compiled for MoE models");
         let io = MoeInputs {
@@ -422,7 +476,14 @@ impl Fwd<'_> {
             n,
             hidden: hd,
         };
-        moe::run(g, mk, &k.q, &k.swiglu, m, ms, &io)?;
+        let run = MoeRun {
+            g,
+            mk,
+            qk: &k.q,
+            swiglu_f16: &k.swiglu,
+        };
+        // SAFETY: `hf` is the MoE scratch, grown with the step; the rest as `Bufs` says.
+        unsafe { run.run(m, ms, &io) }?;
         let mc = &m.cfg;
         let pairs = n * mc.num_experts_per_tok;
         let flops = 2 * pairs * 3 * hd * mc.expert_intermediate_size;
@@ -442,18 +503,22 @@ impl Fwd<'_> {
             let normed = self.normed(norm_w, rows_idx);
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
                 if st.logits_host != 0 {
-                    gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size)?;
+                    // SAFETY: `logits_host` is the executor's mapped logits row (`vocab_size` f32); the rest as `Bufs` says.
+                    unsafe { gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size) }?;
                 } else {
-                    gv.run(g, wp, normed, b.logits, hd, c.vocab_size, 0.0)?;
+                    // SAFETY: the addresses are the step's, as `Bufs` says.
+                    unsafe { gv.run(g, wp, normed, b.logits, hd, c.vocab_size, 0.0) }?;
                 }
             } else {
                 debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
                 let q8w = self.q8_in(out_w, nl);
                 let inputs = (b.h, b.q8);
                 let rows = KArg::P(rows_idx);
-                norm_for(g, k, q8w, b.x, rows, norm_w, inputs, nl, self.norm_shape())?;
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { norm_for(g, k, q8w, b.x, rows, norm_w, inputs, nl, self.norm_shape()) }?;
                 let mm = self.matmul(out_w, nl);
-                mm.run(g, k, out_w, inputs, b.logits, hd, c.vocab_size, 0.0)?;
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { mm.run(g, k, out_w, inputs, b.logits, hd, c.vocab_size, 0.0) }?;
             }
         }
         let bytes = out_w.bytes_for(c.vocab_size, hd) + nl * c.vocab_size * 4;
@@ -495,8 +560,14 @@ fn one_token_gemv<'a>(
 /// RMSNorm of `rows` rows of `x` (gathered through `rows_idx` when it is not null) into the input
 /// form the next matmul takes: f16 rows in `inputs.0`, or 8-bit blocks in `inputs.1` when `q8`.
 /// `norm`: (hidden, eps, threads per row).
+///
+/// # Safety
+///
+/// `x` (f32 rows), `rows_idx` (`rows` ints, or null), `norm_w` (`hidden` f32) and the chosen
+/// output are live device allocations on `g`'s context sized for `rows` rows of `hidden`, not
+/// freed before the stream has finished the kernel; the output overlaps no input.
 #[allow(clippy::too_many_arguments)]
-fn norm_for(
+unsafe fn norm_for(
     g: &Gpu,
     k: &Kernels,
     q8: bool,
@@ -514,12 +585,15 @@ fn norm_for(
         (&k.rms_norm, inputs.0)
     };
     use KArg::{F, I, P};
-    g.launch(
-        f,
-        (rows as u32, 1, 1),
-        (threads, 1, 1),
-        &[P(x), rows_idx, P(norm_w), P(out), I(hd as i32), F(eps)],
-    )
+    // SAFETY: the RMSNorm kernels' list; the addresses are the caller's (this fn's contract).
+    unsafe {
+        g.launch(
+            f,
+            (rows as u32, 1, 1),
+            (threads, 1, 1),
+            &[P(x), rows_idx, P(norm_w), P(out), I(hd as i32), F(eps)],
+        )
+    }
 }
 
 /// One matmul of a step: `n` tokens; `q8_in`: the input comes as 8-bit blocks (quantized weight,
@@ -532,8 +606,15 @@ struct MatMul {
 
 impl MatMul {
     /// `y[n, out] = input · wᵀ + beta · y`; `inputs`: (f16 rows, 8-bit blocks).
+    ///
+    /// # Safety
+    ///
+    /// The input form this matmul takes (`inputs.0`: `n · k_in` f16; `inputs.1`: `n · k_in / 32`
+    /// 8-bit blocks), `y` (`n · out` f32) and, for a dequantized weight, `wdq` (`out · k_in`
+    /// f16) are live device allocations on `g`'s context, not freed before the stream has
+    /// finished; `y` overlaps no input.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    unsafe fn run(
         &self,
         g: &Gpu,
         k: &Kernels,
@@ -545,20 +626,24 @@ impl MatMul {
         beta: f32,
     ) -> Result<(), BackendError> {
         let n = self.n;
-        match w {
-            WMat::F16(b) => {
-                let x = GemvInput::F16 { x: inputs.0 };
-                match one_token_gemv(k, w, n, k_in, &x) {
-                    Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
-                    None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+        // SAFETY: `w` is a loaded weight of `[out, k_in]`; the other addresses are the caller's
+        // (this fn's contract).
+        unsafe {
+            match w {
+                WMat::F16(b) => {
+                    let x = GemvInput::F16 { x: inputs.0 };
+                    match one_token_gemv(k, w, n, k_in, &x) {
+                        Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
+                        None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+                    }
                 }
-            }
-            WMat::Quant { dtype, data } if self.q8_in => {
-                k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
-            }
-            WMat::Quant { dtype, data } => {
-                k.q.dequantize(g, *dtype, data.ptr, self.wdq, k_in * out)?;
-                g.gemm_f16(inputs.0, self.wdq, y, n, k_in, out, beta)
+                WMat::Quant { dtype, data } if self.q8_in => {
+                    k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
+                }
+                WMat::Quant { dtype, data } => {
+                    k.q.dequantize(g, *dtype, data.ptr, self.wdq, k_in * out)?;
+                    g.gemm_f16(inputs.0, self.wdq, y, n, k_in, out, beta)
+                }
             }
         }
     }

@@ -164,7 +164,11 @@ impl Gemv {
     /// The gate/up projection with the SwiGLU applied on the way out: `w` `[2 * inter, k_in]`
     /// (gate rows, then up rows), `act[i] = silu(gate_i) · up_i` as f16 `[inter]`, one gate row
     /// and its up row per warp (gemv.cu's GLU form). Input forms as `run`; not the SwiGLU one.
-    pub fn run_glu(
+    ///
+    /// # Safety
+    ///
+    /// As `run`, with `act` holding `inter` f16 values and `w` `2 · inter` rows.
+    pub unsafe fn run_glu(
         &self,
         g: &Gpu,
         w: u64,
@@ -186,15 +190,23 @@ impl Gemv {
             None => (&self.glu_f[form], smem),
         };
         // One (gate, up) pair per warp, eight warps per CTA.
-        launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0)
+        // SAFETY: the addresses are the caller's (this fn's contract); the shapes are checked.
+        unsafe { launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0) }
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
     /// With rows of `early_min_k` or more, y is read before the kernel launched just before this
     /// one has finished (the EARLY forms): that kernel must not write y. In a decode step it never
     /// does (y is the residual row: o follows attention, down follows gate/up).
+    ///
+    /// # Safety
+    ///
+    /// `w` (`[out, k_in]` f16), `y` (`out` f32) and the input's addresses (`x`: `k_in` f16, the
+    /// norm's row and `k_in` f16 weights, `rows_idx` one int or null, `gu` `2 · k_in` f32) are
+    /// live device allocations on `g`'s context, not freed before the stream has finished the
+    /// kernel; `y` overlaps no input.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(
+    pub unsafe fn run(
         &self,
         g: &Gpu,
         w: u64,
@@ -213,13 +225,18 @@ impl Gemv {
             Some(smem) => (&self.early_f[form][variant], smem),
             None => (&self.f[form][variant], smem),
         };
-        launch_gemv(g, f, grid, smem, args, k_in, out, eps, beta)
+        // SAFETY: the addresses are the caller's (this fn's contract); the shapes are checked.
+        unsafe { launch_gemv(g, f, grid, smem, args, k_in, out, eps, beta) }
     }
 
     /// `y[out] = w[out, k_in] · RMSNorm(x)` with `y` the device address of page-locked host
     /// memory (`HostBuf::mapped`): each CTA's rows leave in one store (gemv.cu's HOST form). Rows
     /// of one batch go on a persistent grid; longer ones take `run`'s shape.
-    pub fn run_host(
+    ///
+    /// # Safety
+    ///
+    /// As `run`, `y` being the device address of mapped host memory of `out` f32.
+    pub unsafe fn run_host(
         &self,
         g: &Gpu,
         w: u64,
@@ -246,17 +263,9 @@ impl Gemv {
                 None => (&self.host_f[variant], grid, smem),
             }
         };
-        launch_gemv(
-            g,
-            f,
-            grid,
-            smem,
-            [w, x, rows_idx, norm_w, y],
-            k_in,
-            out,
-            eps,
-            0.0,
-        )
+        let args = [w, x, rows_idx, norm_w, y];
+        // SAFETY: the addresses are the caller's (this fn's contract); the shapes are checked.
+        unsafe { launch_gemv(g, f, grid, smem, args, k_in, out, eps, 0.0) }
     }
 
     /// The dynamic shared memory of the EARLY form of input `form` with rows `k_in` long (its
@@ -298,8 +307,12 @@ impl Gemv {
 
 /// One launch of a gemv.cu entry point (they share one argument list): `args` are the weight,
 /// input, rows_idx, norm weight and output pointers.
+///
+/// # Safety
+///
+/// As `Gemv::run` for the addresses in `args`.
 #[allow(clippy::too_many_arguments)]
-fn launch_gemv(
+unsafe fn launch_gemv(
     g: &Gpu,
     f: &CudaFunction,
     grid: usize,
@@ -312,21 +325,24 @@ fn launch_gemv(
 ) -> Result<(), BackendError> {
     use KArg::{F, I, P};
     let [w, x, rows_idx, norm_w, y] = args;
-    g.launch_smem(
-        f,
-        (grid as u32, 1, 1),
-        (256, 1, 1),
-        smem as u32,
-        &[
-            P(w),
-            P(x),
-            P(rows_idx),
-            P(norm_w),
-            F(eps),
-            P(y),
-            I(k_in as i32),
-            I(out as i32),
-            F(beta),
-        ],
-    )
+    // SAFETY: the argument list is gemv.cu's shared one; the addresses are the caller's.
+    unsafe {
+        g.launch_smem(
+            f,
+            (grid as u32, 1, 1),
+            (256, 1, 1),
+            smem as u32,
+            &[
+                P(w),
+                P(x),
+                P(rows_idx),
+                P(norm_w),
+                F(eps),
+                P(y),
+                I(k_in as i32),
+                I(out as i32),
+                F(beta),
+            ],
+        )
+    }
 }

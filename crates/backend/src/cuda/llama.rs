@@ -406,7 +406,9 @@ impl CudaExecutor {
         self.run(batch, false)?;
         let nl = batch.logits_indices.len();
         if nl > 0 {
-            self.launch_argmax(nl, self.s.ids.ptr)?;
+            // SAFETY: `run` grew `ids` to the step's `nl` logits rows; scratch lives as long as
+            // the executor.
+            unsafe { self.launch_argmax(nl, self.s.ids.ptr) }?;
         }
         self.host_ids.resize(nl, 0);
         self.gpu.dtoh(&self.s.ids, &mut self.host_ids)?;

@@ -2,6 +2,11 @@
 //! `kernels/*.cu` compiled by NVRTC at first use, paged attention with the KV write fused in.
 //! Libraries are loaded at run time, so the crate builds without CUDA; without the feature,
 //! `CudaExecutor::new` says the backend was not built in.
+//!
+//! Kernel launches take raw device addresses, so the functions that launch with addresses a
+//! caller passes are `unsafe fn`s; every unsafe operation inside them still sits in its own
+//! `unsafe` block with the reason it holds.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod env;
 pub use env::{non_default_env, CudaEnv};

@@ -81,7 +81,7 @@ impl Scratch {
             part_acc: g.alloc(0)?,
             part_ml: g.alloc(0)?,
             meta: g.alloc(0)?,
-            moe: MoeScratch::default(),
+            moe: MoeScratch::empty(g)?,
             wdq,
             ids: g.alloc(0)?,
             argmax_part: g.alloc(0)?,
