@@ -402,7 +402,6 @@ impl PagedAttention {
                 )));
             }
             args.extend([
-                P(0), // no split counters: `attention_reduce` merges the splits
                 P(r.bias),
                 P(r.q_norm),
                 P(r.k_norm),
