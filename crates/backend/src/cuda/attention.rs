@@ -8,11 +8,12 @@
 //! CUDA graphs only capture decode steps, so a captured launch always takes the decode kernel, its
 //! splits fixed by the batch-size bucket and the cache's maximum context.
 //!
-//! A decode layer's attention is one launch: `paged_decode` applies the QKV bias, QK-norm and
-//! RoPE to what it reads of the QKV rows (`RopeArgs`; the forward pass then skips `rope_qkv`) and
-//! merges its own key splits (the last CTA of a (row, KV head) to finish merges them, counted in
-//! `AttnBuffers::counters`). `paged_attention`'s splits are merged by a second launch,
-//! `attention_reduce`.
+//! In a decode layer `paged_decode` applies the QKV bias, QK-norm and RoPE to what it reads of
+//! the QKV rows (`RopeArgs`; the forward pass then skips `rope_qkv`). Both kernels' key splits
+//! are merged by a second launch, `attention_reduce`. (An in-kernel merge by the last CTA to
+//! finish cost the decode kernel 3–5 µs on the H100, B16 L4096 116.0 against 110.9 µs, to save a
+//! launch worth at most 1.5% of the 135M model's tg128 and nothing on the 8B; decode.cu keeps the
+//! code, reached only with split counters, which the host does not pass.)
 //!
 //! Sequences with a prompt chunk of at least `PREFILL_MIN_ROWS` rows go to a third kernel,
 //! `paged_prefill` (flash attention on tensor cores, one CTA per tile of query rows and KV head;
@@ -144,24 +145,17 @@ pub struct PagedAttention {
     pub head_dim: usize,
     /// Sliding window in keys; 0: none.
     window: usize,
-    /// Whether `paged_decode` merges its own splits (`QUIRE_CUDA_DECODE_MERGE=1`) instead of
-    /// `attention_reduce` following it. Off by default: measured on the H100 (PERF.md, stop 16)
-    /// the last-arriver merge costs the kernel 3–5 µs (B16 L4096 116.0 vs 110.9 µs) and saves
-    /// one launch, worth ≤ 1.5% of tg128 on the 135M model and nothing on the 8B.
-    decode_merges: bool,
-    /// Fewest key tiles per decode split (`QUIRE_CUDA_DECODE_MIN_TILES`, 4 by default), but up to
-    /// four splits of at least two tiles whatever the context (see `plan`). Measured on the H100
-    /// (PERF.md, stop 17): two tiles everywhere gave the 8B model's tg128 +0.8% but a single
-    /// sequence at 4,096 keys 23.3 µs instead of 18.6; one tile lost 13% on the 135M model.
-    decode_min_tiles: usize,
-    /// Tiles per split short contexts may go down to (2; `QUIRE_CUDA_DECODE_SHORT_TILES`). At 4
-    /// the 8B model's steps at 65-128 keys take one split and no merge launch, yet its tg128
-    /// fell 0.3% (PERF.md stop 19).
-    decode_short_tiles: usize,
-    /// Whether decode steps leave bias, QK-norm and RoPE to `paged_decode` (else `rope_qkv` runs
-    /// first; `QUIRE_CUDA_FUSED_ROPE=0`, for measurements).
-    pub decode_ropes: bool,
 }
+
+/// Fewest key tiles per decode split (64 KB of K and V), but up to four splits of
+/// `DECODE_SHORT_TILES` whatever the context (see `PagedAttention::plan`). Measured on the H100:
+/// two tiles everywhere gave the 8B model's tg128 +0.8% but a single sequence at 4,096 keys
+/// 23.3 µs instead of 18.6; one tile lost 13% on the 135M model.
+const DECODE_MIN_TILES: usize = 4;
+
+/// Tiles per split short contexts may go down to. At 4 the 8B model's steps at 65-128 keys take
+/// one split and no merge launch, yet its tg128 fell 0.3% on the H100.
+const DECODE_SHORT_TILES: usize = 2;
 
 /// What `paged_decode` needs to apply the QKV bias, QK-norm and RoPE itself, as `rope_qkv` does
 /// (rope.cu): device addresses (0: none) and the rotation's shape. The rows' positions come from
@@ -200,10 +194,6 @@ pub struct AttnBuffers {
     /// partial results.
     pub part_acc: u64,
     pub part_ml: u64,
-    /// `[n, num_kv_heads]` i32, all zero between launches (zeroed once when allocated; the decode
-    /// kernel leaves them zero): how many splits of each (row, KV head) have finished. Needed by
-    /// decode launches with more than one split.
-    pub counters: u64,
     /// `Some`: the QKV rows are un-roped and the decode kernel applies bias, QK-norm and RoPE
     /// (decode launches only). `None`: the rows come roped.
     pub rope: Option<RopeArgs>,
@@ -255,18 +245,6 @@ impl PagedAttention {
             num_kv_heads,
             head_dim,
             window: 0,
-            decode_merges: std::env::var("QUIRE_CUDA_DECODE_MERGE").is_ok_and(|v| v == "1"),
-            decode_min_tiles: std::env::var("QUIRE_CUDA_DECODE_MIN_TILES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&t| t >= 1)
-                .unwrap_or(4),
-            decode_short_tiles: std::env::var("QUIRE_CUDA_DECODE_SHORT_TILES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&t| t >= 1)
-                .unwrap_or(2),
-            decode_ropes: std::env::var("QUIRE_CUDA_FUSED_ROPE").map_or(true, |v| v != "0"),
         })
     }
 
@@ -291,7 +269,7 @@ impl PagedAttention {
     ///
     /// Decode: as many splits as fill the GPU's CTA slots in one wave (slots = SMs × CTAs per SM,
     /// splits = slots / (rows × KV heads), rounded down so no second partial wave trails), with at
-    /// least `decode_min_tiles` tiles (4 by default: 64 KB of K and V) per split, so every CTA
+    /// least `DECODE_MIN_TILES` tiles (64 KB of K and V) per split, so every CTA
     /// overlaps copies with compute, yet up to four splits of two tiles for short contexts. Every
     /// resident CTA keeps two 16 KB tiles in flight. Otherwise: splits until about eight CTAs per
     /// multiprocessor are in flight, at least 128 keys per split.
@@ -307,8 +285,8 @@ impl PagedAttention {
             // Short contexts (the graph's smallest bucket) may go down to two tiles a split, up
             // to four splits, so a single sequence's few CTAs each have less to walk.
             let max_splits = keys
-                .div_ceil(self.decode_min_tiles * tile)
-                .max(keys.div_ceil(self.decode_short_tiles * tile).min(4))
+                .div_ceil(DECODE_MIN_TILES * tile)
+                .max(keys.div_ceil(DECODE_SHORT_TILES * tile).min(4))
                 .max(1);
             return Plan {
                 splits: (slots / ctas).clamp(1, max_splits),
@@ -329,7 +307,16 @@ impl PagedAttention {
 
     /// Writes the step's K/V into the cache and attends every row into `b.out` (with `b.rope`,
     /// applying bias, QK-norm and RoPE first: decode plans only).
-    pub fn launch(
+    ///
+    /// # Safety
+    ///
+    /// Every address in `b` is a live device allocation on `gpu`'s context, not freed before the
+    /// stream has finished the launches: `qkv` `n` rows of `qkv_stride` f16, the caches as
+    /// `PagedAttention` was built for and covering every slot and block the metadata names,
+    /// `meta` the step's metadata laid out as `layout` says, `out` `n` rows (f16 or f32),
+    /// `part_acc`/`part_ml` sized for `plan.splits`, and the RoPE tables (null where absent) for
+    /// `pairs`; `out` overlaps no input.
+    pub unsafe fn launch(
         &self,
         gpu: &Gpu,
         n: usize,
@@ -347,28 +334,31 @@ impl PagedAttention {
         let l = &b.layout;
         let scale = 1.0 / (self.head_dim as f32).sqrt();
         if l.num_tiles > 0 {
-            gpu.launch_smem(
-                &self.prefill,
-                (l.num_tiles as u32, self.num_kv_heads as u32, 1),
-                (THREADS, 1, 1),
-                self.prefill_smem,
-                &[
-                    P(b.qkv),
-                    I(b.qkv_stride as i32),
-                    P(b.k_cache),
-                    P(b.v_cache),
-                    mp(l.seqs),
-                    mp(l.block_tables),
-                    mp(l.slots),
-                    mp(l.tiles),
-                    I(self.num_kv_heads as i32),
-                    I(block_size.trailing_zeros() as i32),
-                    F(scale),
-                    I(self.window as i32),
-                    P(b.out),
-                    I(b.out_f32 as i32),
-                ],
-            )?;
+            // SAFETY: paged_prefill's list; the addresses are `b`'s (this fn's contract).
+            unsafe {
+                gpu.launch_smem(
+                    &self.prefill,
+                    (l.num_tiles as u32, self.num_kv_heads as u32, 1),
+                    (THREADS, 1, 1),
+                    self.prefill_smem,
+                    &[
+                        P(b.qkv),
+                        I(b.qkv_stride as i32),
+                        P(b.k_cache),
+                        P(b.v_cache),
+                        mp(l.seqs),
+                        mp(l.block_tables),
+                        mp(l.slots),
+                        mp(l.tiles),
+                        I(self.num_kv_heads as i32),
+                        I(block_size.trailing_zeros() as i32),
+                        F(scale),
+                        I(self.window as i32),
+                        P(b.out),
+                        I(b.out_f32 as i32),
+                    ],
+                )
+            }?;
             if l.tiled_rows == n {
                 return Ok(());
             }
@@ -395,12 +385,6 @@ impl PagedAttention {
             I(skip),
         ];
         if plan.decode {
-            let counters = if self.decode_merges { b.counters } else { 0 };
-            if plan.splits > 1 && self.decode_merges && counters == 0 {
-                return Err(BackendError::Cuda(
-                    "a split decode launch needs its arrival counters".into(),
-                ));
-            }
             let r = b.rope.unwrap_or(RopeArgs {
                 bias: 0,
                 q_norm: 0,
@@ -418,7 +402,6 @@ impl PagedAttention {
                 )));
             }
             args.extend([
-                P(counters),
                 P(r.bias),
                 P(r.q_norm),
                 P(r.k_norm),
@@ -428,40 +411,46 @@ impl PagedAttention {
                 I(r.neox as i32),
                 F(r.eps),
             ]);
-            gpu.launch_smem(
-                &self.decode,
-                (n as u32, self.num_kv_heads as u32, plan.splits as u32),
-                (THREADS, 1, 1),
-                self.decode_smem,
-                &args,
-            )?;
-            if self.decode_merges {
-                return Ok(()); // it merged its own splits
-            }
+            // SAFETY: `args` is paged_decode's list; the addresses are `b`'s (this fn's contract).
+            unsafe {
+                gpu.launch_smem(
+                    &self.decode,
+                    (n as u32, self.num_kv_heads as u32, plan.splits as u32),
+                    (THREADS, 1, 1),
+                    self.decode_smem,
+                    &args,
+                )
+            }?;
         } else {
-            gpu.launch(
-                &self.attention,
-                (n as u32, self.num_kv_heads as u32, plan.splits as u32),
-                (THREADS, 1, 1),
-                &args,
-            )?;
+            // SAFETY: `args` is paged_attention's list; the addresses are `b`'s (this fn's contract).
+            unsafe {
+                gpu.launch(
+                    &self.attention,
+                    (n as u32, self.num_kv_heads as u32, plan.splits as u32),
+                    (THREADS, 1, 1),
+                    &args,
+                )
+            }?;
         }
         if plan.splits > 1 {
-            gpu.launch(
-                &self.reduce,
-                (n as u32, self.num_heads as u32, 1),
-                (self.head_dim as u32, 1, 1),
-                &[
-                    P(b.part_acc),
-                    P(b.part_ml),
-                    I(plan.splits as i32),
-                    P(b.out),
-                    I(b.out_f32 as i32),
-                    mp(l.row_seq),
-                    mp(l.seqs),
-                    I(skip),
-                ],
-            )?;
+            // SAFETY: the partials and output are `b`'s, sized for the plan (this fn's contract).
+            unsafe {
+                gpu.launch(
+                    &self.reduce,
+                    (n as u32, self.num_heads as u32, 1),
+                    (self.head_dim as u32, 1, 1),
+                    &[
+                        P(b.part_acc),
+                        P(b.part_ml),
+                        I(plan.splits as i32),
+                        P(b.out),
+                        I(b.out_f32 as i32),
+                        mp(l.row_seq),
+                        mp(l.seqs),
+                        I(skip),
+                    ],
+                )
+            }?;
         }
         Ok(())
     }
@@ -527,8 +516,6 @@ pub struct HostRun {
     pub out_f32: bool,
     pub part_acc: DBuf<f32>,
     pub part_ml: DBuf<f32>,
-    /// `[n, num_kv_heads]`: the decode kernel's split arrivals (zero before and after a launch).
-    pub counters: DBuf<i32>,
     /// Set by `set_rope`: the decode kernel applies bias, QK-norm and RoPE.
     pub rope: Option<HostRope>,
     pub plan: Plan,
@@ -613,7 +600,6 @@ impl HostRun {
             out_f32: false,
             part_acc: gpu.alloc(part * a.head_dim)?,
             part_ml: gpu.alloc(part * 2)?,
-            counters: gpu.alloc(n * a.num_kv_heads)?,
             rope: None,
             plan,
             n,
@@ -658,27 +644,41 @@ impl HostRun {
         Ok(())
     }
 
+    /// Enqueues the attention over the uploaded batch: the safe form of
+    /// `PagedAttention::launch`, every buffer owned here.
     pub fn launch(&self, gpu: &Gpu, a: &PagedAttention) -> Result<(), BackendError> {
-        a.launch(
-            gpu,
-            self.n,
-            self.block_size,
-            self.plan,
-            &AttnBuffers {
-                qkv: self.qkv.ptr,
-                qkv_stride: self.qkv_stride,
-                k_cache: self.k_cache.ptr,
-                v_cache: self.v_cache.ptr,
-                meta: self.meta.ptr,
-                layout: self.layout,
-                out: self.out.ptr,
-                out_f32: self.out_f32,
-                part_acc: self.part_acc.ptr,
-                part_ml: self.part_ml.ptr,
-                counters: self.counters.ptr,
-                rope: self.rope.as_ref().map(HostRope::args),
-            },
-        )
+        let out_words = self.n * a.num_heads * a.head_dim / if self.out_f32 { 1 } else { 2 };
+        if self.qkv.len < self.n * self.qkv_stride || self.out.len < out_words {
+            return Err(BackendError::InvalidBatch(format!(
+                "attention buffers too small for {} rows",
+                self.n
+            )));
+        }
+        // SAFETY: every address is a buffer owned by `self` (alive while it is borrowed here, and
+        // `DBuf`'s drop frees in stream order: cudarc frees on the stream or synchronizes first): `new` sized the caches and metadata for a
+        // batch it validated against them, `set_splits` the partials for the plan, and the rows
+        // are checked above.
+        unsafe {
+            a.launch(
+                gpu,
+                self.n,
+                self.block_size,
+                self.plan,
+                &AttnBuffers {
+                    qkv: self.qkv.ptr,
+                    qkv_stride: self.qkv_stride,
+                    k_cache: self.k_cache.ptr,
+                    v_cache: self.v_cache.ptr,
+                    meta: self.meta.ptr,
+                    layout: self.layout,
+                    out: self.out.ptr,
+                    out_f32: self.out_f32,
+                    part_acc: self.part_acc.ptr,
+                    part_ml: self.part_ml.ptr,
+                    rope: self.rope.as_ref().map(HostRope::args),
+                },
+            )
+        }
     }
 
     /// The output `[n, num_heads * head_dim]` and the K and V caches after the fused write.

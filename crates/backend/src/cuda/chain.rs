@@ -9,11 +9,10 @@
 //! (`chain::by_steps`), which gives the same tokens.
 
 use super::gpu::cuda_err;
-use super::llama::{CudaExecutor, Graph, MAX_GRAPH_BATCH};
+use super::llama::{CudaExecutor, GraphKey, MAX_GRAPH_BATCH};
 use super::meta::pack_meta_padded;
-use crate::chain::{self, MAX_CHAIN};
+use crate::chain;
 use crate::{BackendError, ForwardBatch};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use super::forward::Step;
 
@@ -75,38 +74,20 @@ impl CudaExecutor {
         if self.grow(b, b, b * c.num_heads * plan.splits, all.len())? {
             self.graphs.clear();
         }
-        if self.s.chain_ids.is_none() {
-            self.s.chain_ids = Some(self.gpu.alloc(MAX_CHAIN * MAX_GRAPH_BATCH)?);
-        }
-        let meta_buf = self.s.meta.as_mut().unwrap();
-        self.gpu.htod(&all, meta_buf, 0)?;
-        let meta_base = meta_buf.ptr;
-        if !self.graphs.contains_key(&(b, steps, ctx, false, 0)) {
-            let stream = self.gpu.stream.clone();
-            let mark0 = self.gpu.trace_len();
-            stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(cuda_err("beginning graph capture"))?;
-            let r = self.enqueue_chain(b, steps, stride, meta_base, layout, plan);
-            let marks = self.gpu.trace_take(mark0);
-            let graph = stream
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(cuda_err("instantiating the chain graph"));
-            r?;
-            let graph = graph?
-                .ok_or_else(|| BackendError::Cuda("graph capture recorded nothing".into()))?;
-            self.graphs
-                .insert((b, steps, ctx, false, 0), Graph(graph, marks));
-        }
-        let graph = &self.graphs[&(b, steps, ctx, false, 0)];
-        self.gpu.trace_replay(&graph.1);
-        graph
-            .0
-            .launch()
-            .map_err(cuda_err("launching the chain graph"))?;
-        let ids = self.s.chain_ids.as_ref().unwrap();
+        self.gpu.htod(&all, &mut self.s.meta, 0)?;
+        let meta_base = self.s.meta.ptr;
+        let key = GraphKey {
+            rows: b,
+            steps,
+            ctx,
+            logits_to_host: false,
+            meta_words: 0,
+        };
+        self.replay(key, |e| {
+            e.enqueue_chain(b, steps, stride, meta_base, layout, plan)
+        })?;
         let mut host = vec![0i32; steps * b];
-        self.gpu.dtoh(ids, &mut host)?;
+        self.gpu.dtoh(&self.s.chain_ids, &mut host)?;
         Ok(host
             .chunks_exact(b)
             .flat_map(|r| r[..n].iter().map(|&t| t as u32))
@@ -123,7 +104,7 @@ impl CudaExecutor {
         layout: super::attention::Meta,
         plan: super::attention::Plan,
     ) -> Result<(), BackendError> {
-        let ids = self.s.chain_ids.as_ref().unwrap().ptr;
+        let ids = self.s.chain_ids.ptr;
         for k in 0..steps {
             let base = meta_base + 4 * (k * stride) as u64;
             self.enqueue(Step {
@@ -139,7 +120,9 @@ impl CudaExecutor {
                 meta_words: 0,
             })?;
             let out = ids + 4 * (k * b) as u64;
-            self.launch_argmax(b, out)?;
+            // SAFETY: `out` is step `k`'s row of `b` ids inside `chain_ids`, allocated at load
+            // for `MAX_CHAIN` steps of `MAX_GRAPH_BATCH` rows (the caller bounds both).
+            unsafe { self.launch_argmax(b, out) }?;
             if k + 1 < steps {
                 let next_tokens = meta_base + 4 * ((k + 1) * stride + layout.tokens) as u64;
                 // SAFETY: both ranges lie in live device buffers (b ids; the next step's token

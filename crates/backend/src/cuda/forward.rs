@@ -1,11 +1,14 @@
 //! The kernel sequence of one forward pass, enqueued on the stream without host work in between,
 //! so the same code runs eagerly and under CUDA-graph capture.
 
+use quire_core::ModelConfig;
+
 use super::attention::{AttnBuffers, Meta, Plan, RopeArgs};
 use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
-use super::llama::{CudaExecutor, CudaFfn, Kernels};
-use super::moe::{self, MoeInputs};
+use super::llama::{CudaExecutor, CudaFfn, Kernels, Layer};
+use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
+use super::profile::EventProfiler;
 use super::qmat::WMat;
 use crate::BackendError;
 
@@ -30,318 +33,497 @@ pub(super) struct Step {
     pub meta_words: usize,
 }
 
-impl CudaExecutor {
-    pub(super) fn enqueue(&mut self, st: Step) -> Result<(), BackendError> {
-        let c = &self.cfg;
-        let (n, nl, plan, meta) = (st.n, st.nl, st.plan, st.layout);
-        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-        let qkv_dim = qs + 2 * kvs;
-        let g = &self.gpu;
-        let s = &self.s;
-        let a = s.acts(n);
-        let q8 = a.q8.as_ref().unwrap().ptr;
-        let wdq = s.wdq.as_ref().map_or(0, |b| b.ptr);
-        // Whether a matmul on `w` over `rows` tokens takes 8-bit blocks (else f16 rows).
-        let dq_min = self.dequant_gemm_tokens;
-        let q8_in = |w: &WMat, rows: usize| w.quant_type().is_some() && rows < dq_min;
-        let (x, h, qkv, attn, gu, act, logits) = (
-            a.x.as_ref().unwrap().ptr,
-            a.h.as_ref().unwrap().ptr,
-            a.qkv.as_ref().unwrap().ptr,
-            a.attn.as_ref().unwrap().ptr,
-            a.gu.as_ref().unwrap().ptr,
-            a.act.as_ref().unwrap().ptr,
-            s.logits.as_ref().unwrap().ptr,
-        );
-        let (part_acc, part_ml, counters) = (
-            s.part_acc.as_ref().unwrap().ptr,
-            s.part_ml.as_ref().unwrap().ptr,
-            a.attn_counters.as_ref().unwrap().ptr,
-        );
-        let meta_base = st.meta_base;
-        let mp = |off: usize| KArg::P(meta_base + 4 * off as u64);
-        let prof = &mut self.prof;
-        let k = &self.k;
-        use KArg::{F, I, L, P};
-        let nu = n as u32;
-        let norm_threads = (hd.div_ceil(32) * 32).min(1024) as u32;
-        let eps = c.rms_norm_eps;
+/// Device addresses of one step's activations (`Scratch`), fixed for the whole step.
+///
+/// Why the launches below may use them (the `// SAFETY:` notes of this file refer here): every
+/// address comes from `Scratch` grown by `CudaExecutor::run` for this step's `n` tokens and `nl`
+/// logits rows before the enqueue, from the step's metadata uploaded at `meta_base` with `layout`
+/// (or its mapped source `meta_src`), or from the weights, caches and RoPE table loaded with the
+/// executor; all live as long as the executor, which synchronizes before it frees or grows any of
+/// them, and a captured graph is dropped when they move (`GraphKey`). Each kernel's output is a
+/// buffer none of its inputs share, except the residual rows `x`, which the kernels that add into
+/// them are written to read and write.
+#[derive(Debug, Clone, Copy)]
+struct Bufs {
+    x: u64,
+    h: u64,
+    qkv: u64,
+    attn: u64,
+    gu: u64,
+    act: u64,
+    q8: u64,
+    logits: u64,
+    part_acc: u64,
+    part_ml: u64,
+    wdq: u64,
+}
 
-        prof.start(g)?;
-        match &self.embed {
-            WMat::F16(t) if st.meta_src != 0 => g.launch(
-                &k.embed_meta,
-                (nu, 1, 1),
-                (256, 1, 1),
-                &[
-                    P(st.meta_src),
-                    P(meta_base),
-                    I(st.meta_words as i32),
-                    I(meta.tokens as i32),
-                    P(t.ptr),
-                    P(x),
-                    I(hd as i32),
-                ],
-            )?,
-            WMat::F16(t) => g.launch(
-                &k.embed,
-                (nu, 1, 1),
-                (256, 1, 1),
-                &[mp(meta.tokens), P(t.ptr), P(x), I(hd as i32)],
-            )?,
-            WMat::Quant { dtype, data } => k.q.embed(
-                g,
-                *dtype,
-                meta_base + 4 * meta.tokens as u64,
-                data.ptr,
-                x,
-                n,
-                hd,
-            )?,
-        }
-        prof.mark(g, "embed", None, n * hd * 6, 0)?;
+/// What every part of one step's enqueue reads: the kernels, the step, its buffers, and the
+/// profiler that marks each op (a no-op unless profiling).
+struct Fwd<'a> {
+    g: &'a Gpu,
+    k: &'a Kernels,
+    c: &'a ModelConfig,
+    prof: &'a mut EventProfiler,
+    st: Step,
+    b: Bufs,
+    /// See `CudaOptions::dequant_gemm_tokens`.
+    dq_min: usize,
+    block_size: usize,
+    rope_cs: u64,
+}
+
+impl CudaExecutor {
+    /// Enqueues one forward pass: embedding, each layer's attention and feed-forward blocks, then
+    /// the output norm and projection of the rows that get logits.
+    pub(super) fn enqueue(&mut self, st: Step) -> Result<(), BackendError> {
+        let s = &self.s;
+        let a = s.acts(st.n);
+        let b = Bufs {
+            x: a.x.ptr,
+            h: a.h.ptr,
+            qkv: a.qkv.ptr,
+            attn: a.attn.ptr,
+            gu: a.gu.ptr,
+            act: a.act.ptr,
+            q8: a.q8.ptr,
+            logits: s.logits.ptr,
+            part_acc: s.part_acc.ptr,
+            part_ml: s.part_ml.ptr,
+            wdq: s.wdq.ptr,
+        };
+        let mut f = Fwd {
+            g: &self.gpu,
+            k: &self.k,
+            c: &self.cfg,
+            prof: &mut self.prof,
+            st,
+            b,
+            dq_min: self.dequant_gemm_tokens,
+            block_size: self.kv.block_size,
+            rope_cs: self.rope_cs.ptr,
+        };
+        f.prof.start(f.g)?;
+        f.embed(&self.embed)?;
         for (li, l) in self.layers.iter().enumerate() {
-            let layer = Some(li);
-            let gemm_cost = |w: &WMat, k_in: usize, out: usize| {
-                (
-                    w.bytes_for(out, k_in) + n * (k_in * 2 + out * 4),
-                    2 * n * k_in * out,
-                )
-            };
-            let norm = (hd, eps, norm_threads);
-            let q8w = q8_in(&l.wqkv, n);
-            let normed = GemvInput::Norm {
-                x,
-                rows_idx: 0,
-                norm_w: l.attn_norm.ptr,
-                eps,
-            };
-            if let Some((gv, wp)) = one_token_gemv(k, &l.wqkv, n, hd, &normed) {
-                gv.run(g, wp, normed, qkv, hd, qkv_dim, 0.0)?;
-            } else {
-                norm_for(g, k, q8w, x, P(0), l.attn_norm.ptr, (h, q8), n, norm)?;
-                prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul { n, wdq, q8_in: q8w };
-                mm.run(g, k, &l.wqkv, (h, q8), qkv, hd, qkv_dim, 0.0)?;
+            f.attention(li, l)?;
+            match &l.ffn {
+                CudaFfn::Dense { w_gate_up, w_down } => f.dense_ffn(li, l, w_gate_up, w_down)?,
+                CudaFfn::Moe(m) => f.moe_ffn(li, l, m, &s.moe)?,
             }
-            let (b, f) = gemm_cost(&l.wqkv, hd, qkv_dim);
-            prof.mark(g, "matmul_qkv", layer, b, f)?;
-            let opt = |b: &Option<DBuf<f32>>| b.as_ref().map_or(0, |b| b.ptr);
-            let rope = RopeArgs {
-                bias: opt(&l.bqkv),
-                q_norm: opt(&l.q_norm),
-                k_norm: opt(&l.k_norm),
-                cs: self.rope_cs.ptr,
-                pairs: c.rope_dim / 2,
-                neox: matches!(c.rope_style, quire_core::RopeStyle::Neox),
-                eps,
-            };
-            // A decode step's attention kernel applies bias, QK-norm and RoPE itself.
-            let fused_rope = plan.decode && k.attention.decode_ropes;
-            if !fused_rope {
+        }
+        let out_w = self.output.as_ref().unwrap_or(&self.embed);
+        f.output(out_w, self.output_norm.ptr)
+    }
+}
+
+impl Fwd<'_> {
+    /// Whether a matmul on `w` over `rows` tokens takes 8-bit blocks (else f16 rows).
+    fn q8_in(&self, w: &WMat, rows: usize) -> bool {
+        w.quant_type().is_some() && rows < self.dq_min
+    }
+
+    fn matmul(&self, w: &WMat, rows: usize) -> MatMul {
+        MatMul {
+            n: rows,
+            wdq: self.b.wdq,
+            q8_in: self.q8_in(w, rows),
+        }
+    }
+
+    /// The step's metadata array at word offset `off`.
+    fn meta(&self, off: usize) -> u64 {
+        self.st.meta_base + 4 * off as u64
+    }
+
+    /// (bytes, flops) of a matmul over the step's tokens, for the profiler.
+    fn gemm_cost(&self, w: &WMat, k_in: usize, out: usize) -> (usize, usize) {
+        let n = self.st.n;
+        (
+            w.bytes_for(out, k_in) + n * (k_in * 2 + out * 4),
+            2 * n * k_in * out,
+        )
+    }
+
+    fn mark_gemm(
+        &mut self,
+        name: &'static str,
+        li: usize,
+        w: &WMat,
+        k_in: usize,
+        out: usize,
+    ) -> Result<(), BackendError> {
+        let (b, f) = self.gemm_cost(w, k_in, out);
+        self.prof.mark(self.g, name, Some(li), b, f)
+    }
+
+    /// RMSNorm of the step's rows into the input form of a matmul (`q8`: 8-bit blocks).
+    fn norm(&mut self, q8: bool, norm_w: u64, li: usize) -> Result<(), BackendError> {
+        let (n, hd) = (self.st.n, self.c.hidden_size);
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            norm_for(
+                self.g,
+                self.k,
+                q8,
+                self.b.x,
+                KArg::P(0),
+                norm_w,
+                (self.b.h, self.b.q8),
+                n,
+                self.norm_shape(),
+            )
+        }?;
+        self.prof
+            .mark(self.g, "rms_norm", Some(li), n * hd * 6, n * hd * 3)
+    }
+
+    /// (hidden, eps, threads per row) of the RMSNorm launches.
+    fn norm_shape(&self) -> (usize, f32, u32) {
+        let hd = self.c.hidden_size;
+        (
+            hd,
+            self.c.rms_norm_eps,
+            (hd.div_ceil(32) * 32).min(1024) as u32,
+        )
+    }
+
+    /// The RMSNorm of the residual row with weight `norm_w` as a GEMV input.
+    fn normed(&self, norm_w: u64, rows_idx: u64) -> GemvInput {
+        GemvInput::Norm {
+            x: self.b.x,
+            rows_idx,
+            norm_w,
+            eps: self.c.rms_norm_eps,
+        }
+    }
+
+    /// The token embeddings into the residual rows `x`.
+    fn embed(&mut self, embed: &WMat) -> Result<(), BackendError> {
+        use KArg::{I, P};
+        let (g, k, st, b) = (self.g, self.k, self.st, self.b);
+        let (n, hd) = (st.n, self.c.hidden_size);
+        let tokens = self.meta(st.layout.tokens);
+        match embed {
+            // SAFETY: embed_meta's list; `meta_src` is mapped host memory of `meta_words` words; the rest as `Bufs` says.
+            WMat::F16(t) if st.meta_src != 0 => unsafe {
                 g.launch(
-                    &k.rope,
-                    (nu, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
-                    (128, 1, 1),
+                    &k.embed_meta,
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
                     &[
-                        P(qkv),
-                        P(rope.bias),
-                        P(rope.q_norm),
-                        P(rope.k_norm),
-                        P(rope.cs),
-                        mp(meta.positions),
-                        I(qkv_dim as i32),
-                        I(c.num_heads as i32),
-                        I(c.num_kv_heads as i32),
-                        I(c.head_dim as i32),
-                        I(rope.pairs as i32),
-                        I(rope.neox as i32),
-                        F(eps),
+                        P(st.meta_src),
+                        P(st.meta_base),
+                        I(st.meta_words as i32),
+                        I(st.layout.tokens as i32),
+                        P(t.ptr),
+                        P(b.x),
+                        I(hd as i32),
                     ],
-                )?;
-                prof.mark(g, "rope", layer, n * qkv_dim * 8, n * (qs + kvs) * 6)?;
+                )
+            }?,
+            // SAFETY: embed's list; the addresses are the step's, as `Bufs` says.
+            WMat::F16(t) => unsafe {
+                g.launch(
+                    &k.embed,
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(tokens), P(t.ptr), P(b.x), I(hd as i32)],
+                )
+            }?,
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            WMat::Quant { dtype, data } => {
+                unsafe { k.q.embed(g, *dtype, tokens, data.ptr, b.x, n, hd) }?
             }
-            // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
-            let q8w = q8_in(&l.wo, n);
+        }
+        self.prof.mark(g, "embed", None, n * hd * 6, 0)
+    }
+
+    /// Layer `li`'s attention block: norm and QKV projection, RoPE (decode: inside the attention
+    /// kernel), paged attention with the KV write, and the o projection added to `x`.
+    fn attention(&mut self, li: usize, l: &Layer) -> Result<(), BackendError> {
+        let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
+        let n = st.n;
+        let (hd, qs, kvs) = (c.hidden_size, c.q_size(), c.kv_size());
+        let qkv_dim = qs + 2 * kvs;
+        let normed = self.normed(l.attn_norm.ptr, 0);
+        if let Some((gv, wp)) = one_token_gemv(k, &l.wqkv, n, hd, &normed) {
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, normed, b.qkv, hd, qkv_dim, 0.0) }?;
+        } else {
+            self.norm(self.q8_in(&l.wqkv, n), l.attn_norm.ptr, li)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe {
+                self.matmul(&l.wqkv, n)
+                    .run(g, k, &l.wqkv, (b.h, b.q8), b.qkv, hd, qkv_dim, 0.0)
+            }?;
+        }
+        self.mark_gemm("matmul_qkv", li, &l.wqkv, hd, qkv_dim)?;
+        let opt = |b: &Option<DBuf<f32>>| b.as_ref().map_or(0, |b| b.ptr);
+        let rope = RopeArgs {
+            bias: opt(&l.bqkv),
+            q_norm: opt(&l.q_norm),
+            k_norm: opt(&l.k_norm),
+            cs: self.rope_cs,
+            pairs: c.rope_dim / 2,
+            neox: matches!(c.rope_style, quire_core::RopeStyle::Neox),
+            eps: c.rms_norm_eps,
+        };
+        // A decode step's attention kernel applies bias, QK-norm and RoPE itself.
+        if !st.plan.decode {
+            self.rope(li, &rope)?;
+        }
+        // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
+        let q8w = self.q8_in(&l.wo, n);
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
             k.attention.launch(
                 g,
                 n,
-                self.kv.block_size,
-                plan,
+                self.block_size,
+                st.plan,
                 &AttnBuffers {
-                    qkv,
+                    qkv: b.qkv,
                     qkv_stride: qkv_dim,
                     k_cache: l.k_cache.ptr,
                     v_cache: l.v_cache.ptr,
-                    meta: meta_base,
-                    layout: meta,
-                    out: attn,
+                    meta: st.meta_base,
+                    layout: st.layout,
+                    out: b.attn,
                     out_f32: q8w,
-                    part_acc,
-                    part_ml,
-                    counters,
-                    rope: fused_rope.then_some(rope),
+                    part_acc: b.part_acc,
+                    part_ml: b.part_ml,
+                    rope: st.plan.decode.then_some(rope),
                 },
-            )?;
-            let kv_read = st.ctx_tokens * 2 * kvs * 2;
-            prof.mark(
-                g,
-                "attention",
-                layer,
-                kv_read + n * (qkv_dim * 4 + qs * 2),
-                4 * st.pairs * qs,
-            )?;
-            if q8w {
-                k.q.quantize(g, attn, true, q8, n, qs)?;
+            )
+        }?;
+        let kv_read = st.ctx_tokens * 2 * kvs * 2;
+        let bytes = kv_read + n * (qkv_dim * 4 + qs * 2);
+        self.prof
+            .mark(g, "attention", Some(li), bytes, 4 * st.pairs * qs)?;
+        if q8w {
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { k.q.quantize(g, b.attn, true, b.q8, n, qs) }?;
+        }
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            self.matmul(&l.wo, n)
+                .run(g, k, &l.wo, (b.attn, b.q8), b.x, qs, hd, 1.0)
+        }?;
+        self.mark_gemm("matmul_o", li, &l.wo, qs, hd)
+    }
+
+    /// `rope_qkv`: bias, QK-norm and RoPE of the QKV rows in place (steps with prompt rows).
+    fn rope(&mut self, li: usize, rope: &RopeArgs) -> Result<(), BackendError> {
+        use KArg::{F, I, P};
+        let (g, c, n) = (self.g, self.c, self.st.n);
+        let (qs, kvs) = (c.q_size(), c.kv_size());
+        let qkv_dim = qs + 2 * kvs;
+        // SAFETY: rope_qkv's list; the addresses are the step's, as `Bufs` says.
+        unsafe {
+            g.launch(
+                &self.k.rope,
+                (n as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1),
+                (128, 1, 1),
+                &[
+                    P(self.b.qkv),
+                    P(rope.bias),
+                    P(rope.q_norm),
+                    P(rope.k_norm),
+                    P(rope.cs),
+                    P(self.meta(self.st.layout.positions)),
+                    I(qkv_dim as i32),
+                    I(c.num_heads as i32),
+                    I(c.num_kv_heads as i32),
+                    I(c.head_dim as i32),
+                    I(rope.pairs as i32),
+                    I(rope.neox as i32),
+                    F(rope.eps),
+                ],
+            )
+        }?;
+        self.prof
+            .mark(g, "rope", Some(li), n * qkv_dim * 8, n * (qs + kvs) * 6)
+    }
+
+    /// Layer `li`'s dense feed-forward block, its down projection added to `x`. A one-token step
+    /// runs it as two GEMVs: gate/up with the norm before and the SwiGLU after it fused in, then
+    /// down on the f16 activations.
+    fn dense_ffn(
+        &mut self,
+        li: usize,
+        l: &Layer,
+        w_gate_up: &WMat,
+        w_down: &WMat,
+    ) -> Result<(), BackendError> {
+        let (g, k, st, b) = (self.g, self.k, self.st, self.b);
+        let n = st.n;
+        let (hd, inter) = (self.c.hidden_size, self.c.intermediate_size);
+        let normed = self.normed(l.ffn_norm.ptr, 0);
+        let act_f16 = GemvInput::F16 { x: b.act };
+        if let Some((gv, wp)) = one_token_gemv(k, w_gate_up, n, hd, &normed) {
+            // With the SwiGLU on the gate/up GEMV's way out, the down GEMV reads f16 rows.
+            if one_token_gemv(k, w_down, n, inter, &act_f16).is_some() {
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { gv.run_glu(g, wp, normed, b.act, hd, inter) }?;
+                self.mark_gemm("matmul_gate_up", li, w_gate_up, hd, 2 * inter)?;
+                let mm = MatMul {
+                    n,
+                    wdq: b.wdq,
+                    q8_in: false,
+                };
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { mm.run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0) }?;
+                return self.mark_gemm("matmul_down", li, w_down, inter, hd);
             }
-            let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, &l.wo, (attn, q8), x, qs, hd, 1.0)?;
-            let (b, f) = gemm_cost(&l.wo, qs, hd);
-            prof.mark(g, "matmul_o", layer, b, f)?;
-            let (w_gate_up, w_down) = match &l.ffn {
-                CudaFfn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
-                CudaFfn::Moe(m) => {
-                    // The router takes f32 rows; the experts f16 rows or 8-bit blocks.
-                    let hf = s.moe.hf.as_ref().expect("grown for MoE models").ptr;
-                    g.launch(
-                        &k.rms_norm_f32,
-                        (nu, 1, 1),
-                        (norm_threads, 1, 1),
-                        &[P(x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
-                    )?;
-                    norm_for(g, k, m.q8_in(), x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-                    prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                    let mk = k.moe.as_ref().expect("compiled for MoE models");
-                    let io = MoeInputs {
-                        hf,
-                        h,
-                        q8,
-                        x,
-                        n,
-                        hidden: hd,
-                    };
-                    moe::run(g, mk, &k.q, &k.swiglu, m, &s.moe, &io)?;
-                    let mc = &m.cfg;
-                    let pairs = n * mc.num_experts_per_tok;
-                    let flops = 2 * pairs * 3 * hd * mc.expert_intermediate_size;
-                    let bytes = pairs.min(mc.num_experts)
-                        * (m.gate_up.bytes_for(2 * mc.expert_intermediate_size, hd)
-                            + m.down.bytes_for(hd, mc.expert_intermediate_size));
-                    prof.mark(g, "moe", layer, bytes, flops)?;
-                    continue;
-                }
-            };
-            let q8w = q8_in(w_gate_up, n);
-            let normed = GemvInput::Norm {
-                x,
-                rows_idx: 0,
-                norm_w: l.ffn_norm.ptr,
-                eps,
-            };
-            let act_f16 = GemvInput::F16 { x: act };
-            if let Some((gv, wp)) = one_token_gemv(k, w_gate_up, n, hd, &normed) {
-                // With the SwiGLU on the gate/up GEMV's way out, the down GEMV reads f16 rows.
-                if gv.glu && one_token_gemv(k, w_down, n, inter, &act_f16).is_some() {
-                    gv.run_glu(g, wp, normed, act, hd, inter)?;
-                    let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
-                    prof.mark(g, "matmul_gate_up", layer, b, f)?;
-                    let mm = MatMul {
-                        n,
-                        wdq,
-                        q8_in: false,
-                    };
-                    mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
-                    let (b, f) = gemm_cost(w_down, inter, hd);
-                    prof.mark(g, "matmul_down", layer, b, f)?;
-                    continue;
-                }
-                gv.run(g, wp, normed, gu, hd, 2 * inter, 0.0)?;
-            } else {
-                norm_for(g, k, q8w, x, P(0), l.ffn_norm.ptr, (h, q8), n, norm)?;
-                prof.mark(g, "rms_norm", layer, n * hd * 6, n * hd * 3)?;
-                let mm = MatMul { n, wdq, q8_in: q8w };
-                mm.run(g, k, w_gate_up, (h, q8), gu, hd, 2 * inter, 0.0)?;
-            }
-            let (b, f) = gemm_cost(w_gate_up, hd, 2 * inter);
-            prof.mark(g, "matmul_gate_up", layer, b, f)?;
-            let total = n * inter;
-            let q8w = q8_in(w_down, n);
-            let act_in = GemvInput::SwiGlu { gu };
-            if let Some((gv, wp)) = one_token_gemv(k, w_down, n, inter, &act_in) {
-                gv.run(g, wp, act_in, x, inter, hd, 1.0)?;
-                let (b, f) = gemm_cost(w_down, inter, hd);
-                prof.mark(g, "matmul_down", layer, b, f)?;
-                continue;
-            }
-            if q8w {
-                let qblocks = total / 32;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, normed, b.gu, hd, 2 * inter, 0.0) }?;
+        } else {
+            self.norm(self.q8_in(w_gate_up, n), l.ffn_norm.ptr, li)?;
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe {
+                self.matmul(w_gate_up, n).run(
+                    g,
+                    k,
+                    w_gate_up,
+                    (b.h, b.q8),
+                    b.gu,
+                    hd,
+                    2 * inter,
+                    0.0,
+                )
+            }?;
+        }
+        self.mark_gemm("matmul_gate_up", li, w_gate_up, hd, 2 * inter)?;
+        let act_in = GemvInput::SwiGlu { gu: b.gu };
+        if let Some((gv, wp)) = one_token_gemv(k, w_down, n, inter, &act_in) {
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, act_in, b.x, inter, hd, 1.0) }?;
+            return self.mark_gemm("matmul_down", li, w_down, inter, hd);
+        }
+        let q8w = self.q8_in(w_down, n);
+        self.swiglu(li, q8w)?;
+        // SAFETY: the addresses are the step's, as `Bufs` says.
+        unsafe {
+            self.matmul(w_down, n)
+                .run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0)
+        }?;
+        self.mark_gemm("matmul_down", li, w_down, inter, hd)
+    }
+
+    /// SwiGLU of the gate/up rows into the down projection's input (`q8`: 8-bit blocks).
+    fn swiglu(&mut self, li: usize, q8: bool) -> Result<(), BackendError> {
+        use KArg::{I, L, P};
+        let (g, k, b, n) = (self.g, self.k, self.b, self.st.n);
+        let inter = self.c.intermediate_size;
+        let total = n * inter;
+        if q8 {
+            let qblocks = total / 32;
+            // SAFETY: swiglu_q8's list; the addresses are the step's, as `Bufs` says.
+            unsafe {
                 g.launch(
                     &k.q.swiglu_q8,
                     (qblocks.div_ceil(8) as u32, 1, 1),
                     (256, 1, 1),
-                    &[P(gu), P(q8), I(inter as i32), L(qblocks as i64)],
-                )?;
-            } else {
-                let blocks = total.div_ceil(256).min(65535) as u32;
+                    &[P(b.gu), P(b.q8), I(inter as i32), L(qblocks as i64)],
+                )
+            }?;
+        } else {
+            let blocks = total.div_ceil(256).min(65535) as u32;
+            // SAFETY: swiglu's list; the addresses are the step's, as `Bufs` says.
+            unsafe {
                 g.launch(
                     &k.swiglu,
                     (blocks, 1, 1),
                     (256, 1, 1),
-                    &[P(gu), P(act), I(inter as i32), L(total as i64)],
-                )?;
-            }
-            prof.mark(g, "swiglu", layer, n * inter * 10, n * inter * 6)?;
-            let mm = MatMul { n, wdq, q8_in: q8w };
-            mm.run(g, k, w_down, (act, q8), x, inter, hd, 1.0)?;
-            let (b, f) = gemm_cost(w_down, inter, hd);
-            prof.mark(g, "matmul_down", layer, b, f)?;
+                    &[P(b.gu), P(b.act), I(inter as i32), L(total as i64)],
+                )
+            }?;
         }
-        let out_w = self.output.as_ref().unwrap_or(&self.embed);
+        self.prof
+            .mark(g, "swiglu", Some(li), n * inter * 10, n * inter * 6)
+    }
+
+    /// Layer `li`'s mixture-of-experts block, added to `x`. The router takes f32 rows; the
+    /// experts f16 rows or 8-bit blocks.
+    fn moe_ffn(
+        &mut self,
+        li: usize,
+        l: &Layer,
+        m: &MoeLayer,
+        ms: &MoeScratch,
+    ) -> Result<(), BackendError> {
+        use KArg::{F, I, P};
+        let (g, k, b, n) = (self.g, self.k, self.b, self.st.n);
+        let (hd, eps, threads) = self.norm_shape();
+        let hf = ms.hf.ptr;
+        // SAFETY: rms_norm_f32's list; `hf` is the MoE scratch, grown with the step; the rest as `Bufs` says.
+        unsafe {
+            g.launch(
+                &k.rms_norm_f32,
+                (n as u32, 1, 1),
+                (threads, 1, 1),
+                &[P(b.x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
+            )
+        }?;
+        self.norm(m.q8_in(), l.ffn_norm.ptr, li)?;
+        let mk = k.moe.as_ref().expect("compiled for MoE models");
+        let io = MoeInputs {
+            hf,
+            h: b.h,
+            q8: b.q8,
+            x: b.x,
+            n,
+            hidden: hd,
+        };
+        let run = MoeRun {
+            g,
+            mk,
+            qk: &k.q,
+            swiglu_f16: &k.swiglu,
+        };
+        // SAFETY: `hf` is the MoE scratch, grown with the step; the rest as `Bufs` says.
+        unsafe { run.run(m, ms, &io) }?;
+        let mc = &m.cfg;
+        let pairs = n * mc.num_experts_per_tok;
+        let flops = 2 * pairs * 3 * hd * mc.expert_intermediate_size;
+        let bytes = pairs.min(mc.num_experts)
+            * (m.gate_up.bytes_for(2 * mc.expert_intermediate_size, hd)
+                + m.down.bytes_for(hd, mc.expert_intermediate_size));
+        self.prof.mark(g, "moe", Some(li), bytes, flops)
+    }
+
+    /// The output norm and projection of the rows listed in `logits_idx`, into `logits` (or, for
+    /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`).
+    fn output(&mut self, out_w: &WMat, norm_w: u64) -> Result<(), BackendError> {
+        let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
+        let (nl, hd) = (st.nl, c.hidden_size);
         if nl > 0 {
-            let norm = (hd, eps, norm_threads);
-            let rows_idx = mp(meta.logits_idx);
-            let q8w = q8_in(out_w, nl);
-            let normed = GemvInput::Norm {
-                x,
-                rows_idx: meta_base + 4 * meta.logits_idx as u64,
-                norm_w: self.output_norm.ptr,
-                eps,
-            };
+            let rows_idx = self.meta(st.layout.logits_idx);
+            let normed = self.normed(norm_w, rows_idx);
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
                 if st.logits_host != 0 {
-                    gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size)?;
+                    // SAFETY: `logits_host` is the executor's mapped logits row (`vocab_size` f32); the rest as `Bufs` says.
+                    unsafe { gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size) }?;
                 } else {
-                    gv.run(g, wp, normed, logits, hd, c.vocab_size, 0.0)?;
+                    // SAFETY: the addresses are the step's, as `Bufs` says.
+                    unsafe { gv.run(g, wp, normed, b.logits, hd, c.vocab_size, 0.0) }?;
                 }
             } else {
                 debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
-                norm_for(
-                    g,
-                    k,
-                    q8w,
-                    x,
-                    rows_idx,
-                    self.output_norm.ptr,
-                    (h, q8),
-                    nl,
-                    norm,
-                )?;
-                let mm = MatMul {
-                    n: nl,
-                    wdq,
-                    q8_in: q8w,
-                };
-                mm.run(g, k, out_w, (h, q8), logits, hd, c.vocab_size, 0.0)?;
+                let q8w = self.q8_in(out_w, nl);
+                let inputs = (b.h, b.q8);
+                let rows = KArg::P(rows_idx);
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { norm_for(g, k, q8w, b.x, rows, norm_w, inputs, nl, self.norm_shape()) }?;
+                let mm = self.matmul(out_w, nl);
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { mm.run(g, k, out_w, inputs, b.logits, hd, c.vocab_size, 0.0) }?;
             }
         }
-        prof.mark(
-            g,
-            "output",
-            None,
-            out_w.bytes_for(c.vocab_size, hd) + nl * c.vocab_size * 4,
-            2 * nl * hd * c.vocab_size,
-        )?;
-        Ok(())
+        let bytes = out_w.bytes_for(c.vocab_size, hd) + nl * c.vocab_size * 4;
+        self.prof
+            .mark(g, "output", None, bytes, 2 * nl * hd * c.vocab_size)
     }
 }
 
@@ -378,8 +560,14 @@ fn one_token_gemv<'a>(
 /// RMSNorm of `rows` rows of `x` (gathered through `rows_idx` when it is not null) into the input
 /// form the next matmul takes: f16 rows in `inputs.0`, or 8-bit blocks in `inputs.1` when `q8`.
 /// `norm`: (hidden, eps, threads per row).
+///
+/// # Safety
+///
+/// `x` (f32 rows), `rows_idx` (`rows` ints, or null), `norm_w` (`hidden` f32) and the chosen
+/// output are live device allocations on `g`'s context sized for `rows` rows of `hidden`, not
+/// freed before the stream has finished the kernel; the output overlaps no input.
 #[allow(clippy::too_many_arguments)]
-fn norm_for(
+unsafe fn norm_for(
     g: &Gpu,
     k: &Kernels,
     q8: bool,
@@ -397,12 +585,15 @@ fn norm_for(
         (&k.rms_norm, inputs.0)
     };
     use KArg::{F, I, P};
-    g.launch(
-        f,
-        (rows as u32, 1, 1),
-        (threads, 1, 1),
-        &[P(x), rows_idx, P(norm_w), P(out), I(hd as i32), F(eps)],
-    )
+    // SAFETY: the RMSNorm kernels' list; the addresses are the caller's (this fn's contract).
+    unsafe {
+        g.launch(
+            f,
+            (rows as u32, 1, 1),
+            (threads, 1, 1),
+            &[P(x), rows_idx, P(norm_w), P(out), I(hd as i32), F(eps)],
+        )
+    }
 }
 
 /// One matmul of a step: `n` tokens; `q8_in`: the input comes as 8-bit blocks (quantized weight,
@@ -415,8 +606,15 @@ struct MatMul {
 
 impl MatMul {
     /// `y[n, out] = input · wᵀ + beta · y`; `inputs`: (f16 rows, 8-bit blocks).
+    ///
+    /// # Safety
+    ///
+    /// The input form this matmul takes (`inputs.0`: `n · k_in` f16; `inputs.1`: `n · k_in / 32`
+    /// 8-bit blocks), `y` (`n · out` f32) and, for a dequantized weight, `wdq` (`out · k_in`
+    /// f16) are live device allocations on `g`'s context, not freed before the stream has
+    /// finished; `y` overlaps no input.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    unsafe fn run(
         &self,
         g: &Gpu,
         k: &Kernels,
@@ -428,20 +626,24 @@ impl MatMul {
         beta: f32,
     ) -> Result<(), BackendError> {
         let n = self.n;
-        match w {
-            WMat::F16(b) => {
-                let x = GemvInput::F16 { x: inputs.0 };
-                match one_token_gemv(k, w, n, k_in, &x) {
-                    Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
-                    None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+        // SAFETY: `w` is a loaded weight of `[out, k_in]`; the other addresses are the caller's
+        // (this fn's contract).
+        unsafe {
+            match w {
+                WMat::F16(b) => {
+                    let x = GemvInput::F16 { x: inputs.0 };
+                    match one_token_gemv(k, w, n, k_in, &x) {
+                        Some((gv, wp)) => gv.run(g, wp, x, y, k_in, out, beta),
+                        None => g.gemm_f16(inputs.0, b.ptr, y, n, k_in, out, beta),
+                    }
                 }
-            }
-            WMat::Quant { dtype, data } if self.q8_in => {
-                k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
-            }
-            WMat::Quant { dtype, data } => {
-                k.q.dequantize(g, *dtype, data.ptr, self.wdq, k_in * out)?;
-                g.gemm_f16(inputs.0, self.wdq, y, n, k_in, out, beta)
+                WMat::Quant { dtype, data } if self.q8_in => {
+                    k.q.matmul(g, *dtype, data.ptr, inputs.1, y, n, k_in, out, beta)
+                }
+                WMat::Quant { dtype, data } => {
+                    k.q.dequantize(g, *dtype, data.ptr, self.wdq, k_in * out)?;
+                    g.gemm_f16(inputs.0, self.wdq, y, n, k_in, out, beta)
+                }
             }
         }
     }

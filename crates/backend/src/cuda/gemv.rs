@@ -26,95 +26,77 @@ pub enum GemvInput {
     SwiGlu { gu: u64 },
 }
 
-/// Longest input the fused forms take by default (`QUIRE_CUDA_GEMV_FUSE_K` overrides). Every CTA
-/// computes the vector itself, so its L2 reads grow with the input and the CTA count. Measured on
-/// the H100 (PERF.md, stop 16, tg128 with every input fused against this bound): the 1B model's
-/// 2048/8192 inputs gain 4.6% fused, the 8B model's 4096/14336 lose 7.5% (its 14336-long SwiGLU
-/// input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
+/// Longest input the fused forms take. Every CTA computes the vector itself, so its L2 reads grow
+/// with the input and the CTA count. Measured on the H100 (tg128, every input fused against this
+/// bound): the 1B model's 2048/8192 inputs gain 4.6% fused, the 8B model's 4096/14336 lose 7.5%
+/// (its 14336-long SwiGLU input is read by 512 CTAs: 59 MB of L2 reads beside 117 MB of weights).
 const MAX_FUSED_K: usize = 8192;
 
-/// Shortest rows that take the EARLY forms by default. Measured on the H100 (PERF.md, stop 20,
-/// tg128 after pp512, alternating in one call): 1B (rows of 2,048 and 8,192) 993.4 / 997.9 →
-/// 1,016.6 / 1,019.0, 8B (4,096 and 14,336) 185.2 / 185.7 → 187.7 / 188.4, but the 135M model
-/// (576 and 1,536) 2,634 / 2,622 → 2,577 / 2,585, so its short rows keep the plain forms.
+/// Shortest rows that take the EARLY forms. Measured on the H100 (tg128 after pp512, alternating
+/// in one call): 1B (rows of 2,048 and 8,192) 993.4 / 997.9 → 1,016.6 / 1,019.0, 8B (4,096 and
+/// 14,336) 185.2 / 185.7 → 187.7 / 188.4, but the 135M model (576 and 1,536) 2,634 / 2,622 →
+/// 2,577 / 2,585, so its short rows keep the plain forms.
 const EARLY_MIN_K: usize = 2048;
 
-/// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`.
-/// 2 × 2 is built for three CTAs per SM or more (64 registers: four).
-pub const SHAPES: [(usize, usize); 7] = [(1, 8), (2, 4), (1, 16), (2, 8), (4, 4), (4, 2), (2, 2)];
+/// Longest rows the host-output form takes on a persistent grid (`gemv_host_rounds`): one 2 × 4
+/// batch, 32 lanes × 4 chunks × 8 elements. The 135M model's 576-long output rows: tg128 after
+/// pp512 +0.6% on the H100 (2,514.6 against 2,499.1, three alternating pairs).
+const HOST_ROUNDS_MAX_K: usize = 32 * 4 * 8;
+
+/// Rows of at least this many elements take one row per warp with 8 chunks in flight (a warp's
+/// row is several batches); see `Gemv::shape_for`.
+const LONG_ROWS_K: usize = 8192;
+
+/// The compiled shapes (rows per warp, chunks per row in flight), gemv.cu's `GEMV_SHAPES`: 1 × 8
+/// for long rows and short matrices, 2 × 4 otherwise (`Gemv::shape_for` says why).
+pub const SHAPES: [(usize, usize); 2] = [(1, 8), (2, 4)];
+
+/// Index of 1 × 8 and 2 × 4 in `SHAPES`.
+const R1U8: usize = 0;
+const R2U4: usize = 1;
 
 pub struct Gemv {
     /// [input form][shape of `SHAPES`]
-    f: [Vec<CudaFunction>; 3],
-    /// The GLU forms, [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
+    f: [[CudaFunction; 2]; 3],
+    /// The GLU forms (2 × 4), [f16 input, RMSNorm input]: gate/up with the SwiGLU on the way out.
     glu_f: [CudaFunction; 2],
     /// The host-output forms (RMSNorm input) of shapes 1 × 8 and 2 × 4: a one-row step's
     /// logits straight into page-locked host memory.
     host_f: [CudaFunction; 2],
-    /// The host-output form for rows of one batch (≤ 1024 elements) on a persistent grid of
-    /// `host_rounds_grid` CTAs (gemv.cu's `gemv_host_rounds`), when `host_rounds` is on (the
-    /// default; `QUIRE_CUDA_GEMV_HOST_ROUNDS=0` off). 135M tg128 after pp512 +0.6% (2,514.6
-    /// against 2,499.1, three alternating pairs; PERF.md stop 19).
+    /// The host-output form for rows of one batch (≤ `HOST_ROUNDS_MAX_K` elements) on a
+    /// persistent grid of `host_rounds_grid` CTAs (gemv.cu's `gemv_host_rounds`).
     host_rounds_f: CudaFunction,
     host_rounds_grid: usize,
+    /// Whether `run_host` takes `host_rounds_f` for short rows (true; tests turn it off to check
+    /// the plain host forms at those lengths).
     pub host_rounds: bool,
-    /// Matrices whose rows fit one 1 × 8 batch (k ≤ 2048) and whose 1 × 8 grid fits one wave
-    /// (≤ `wave_1x8` CTAs) take 1 × 8 (the default; `QUIRE_CUDA_GEMV_WAVE1X8=0` off): every
-    /// weight load is then issued before the wait. Only the 1B model's o projection is such a
-    /// matrix: 5.09 → 4.06 µs, tg128 +0.9% (987.8 against 979.1; PERF.md stop 19).
-    pub one_wave_1x8: bool,
+    /// CTAs of a 1 × 8 grid that fit the GPU at once: matrices whose rows fit one 1 × 8 batch
+    /// (k ≤ 2048) and whose 1 × 8 grid fits one wave take 1 × 8, so every weight load is issued
+    /// before the wait. Only the 1B model's o projection is such a matrix: 5.09 → 4.06 µs, tg128
+    /// +0.9% on the H100 (987.8 against 979.1).
     wave_1x8: usize,
-    /// Whether decode steps take the GLU form (`QUIRE_CUDA_GEMV_GLU=0` turns it off).
-    pub glu: bool,
-    /// The GLU form's shape is 2 × 4 (the one with an EARLY form).
-    glu_2x4: bool,
-    /// `QUIRE_CUDA_GEMV_SHAPE`: the shapes (of `SHAPES`) for matrices of few rows and of many
-    /// (measurements).
-    forced: Option<(usize, usize)>,
-    /// `QUIRE_CUDA_GEMV_SHAPE_AT=KxOUT:RxU,...`: shapes of single matrices by their row length
-    /// and row count (measurements; before `forced` and the rule).
-    forced_at: Vec<((usize, usize), usize)>,
     sms: usize,
-    max_fused_k: usize,
-    /// CTAs per SM of a persistent grid, per [input form][shape] (0: one row group per warp).
-    ctas_per_sm: [[usize; SHAPES.len()]; 3],
     /// The EARLY forms (gemv.cu: the norm weight and the residual rows read before the wait),
     /// [input form][1 × 8, 2 × 4], the GLU forms and the host forms; used for rows of at least
     /// `early_min_k` elements.
     early_f: [[CudaFunction; 2]; 3],
     early_glu: [CudaFunction; 2],
     early_host: [CudaFunction; 2],
-    /// `EARLY_MIN_K` by default; `QUIRE_CUDA_GEMV_EARLY=0` never (`usize::MAX`), `all` always.
+    /// `EARLY_MIN_K`; tests set 0 (always) or `usize::MAX` (never) to compare the two forms.
     pub early_min_k: usize,
 }
 
 impl Gemv {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         let m = gpu.module(&nvrtc::GEMV, &[])?;
-        let get = |name: &str| -> Result<Vec<CudaFunction>, BackendError> {
-            SHAPES
-                .iter()
-                .map(|(r, u)| Gpu::function(&m, &format!("{name}_r{r}u{u}")))
-                .collect()
+        let pair = |a: &str, b: &str| -> Result<[CudaFunction; 2], BackendError> {
+            Ok([Gpu::function(&m, a)?, Gpu::function(&m, b)?])
         };
+        let shapes = |name: &str| pair(&format!("{name}_r1u8"), &format!("{name}_r2u4"));
         let f = [
-            get("gemv_f16")?,
-            get("gemv_f16_norm")?,
-            get("gemv_f16_swiglu")?,
-        ];
-        // `QUIRE_CUDA_GEMV_GLU_SHAPE=2x8` measures the deeper shape (2x4 by default).
-        let glu_shape = match std::env::var("QUIRE_CUDA_GEMV_GLU_SHAPE").as_deref() {
-            Ok("2x8") => "r2u8",
-            Ok("2x4") | Err(_) => "r2u4",
-            Ok(v) => {
-                return Err(BackendError::Cuda(format!(
-                    "QUIRE_CUDA_GEMV_GLU_SHAPE: {v} is not 2x4 or 2x8"
-                )))
-            }
-        };
-        let host_f = [
-            Gpu::function(&m, "gemv_f16_norm_host_r1u8")?,
-            Gpu::function(&m, "gemv_f16_norm_host_r2u4")?,
+            shapes("gemv_f16")?,
+            shapes("gemv_f16_norm")?,
+            shapes("gemv_f16_swiglu")?,
         ];
         let host_rounds_f = Gpu::function(&m, "gemv_f16_norm_host_rounds_r2u4")?;
         // CTAs of 256 threads resident per SM.
@@ -126,107 +108,32 @@ impl Gemv {
             )
         };
         let sms = gpu.sms as usize;
-        let glu_f = [
-            Gpu::function(&m, &format!("gemv_f16_glu_{glu_shape}"))?,
-            Gpu::function(&m, &format!("gemv_f16_norm_glu_{glu_shape}"))?,
-        ];
-        // `QUIRE_CUDA_GEMV_CTAS`: CTAs per SM of a persistent grid ("max": as many as fit); by
-        // default 0, one row group per warp. Measured on the H100 (PERF.md, stop 16) the
-        // persistent grid lost 6% of the 1B model's tg128 and 0.6% of the 8B's (the 128K-row
-        // output projection 363 vs 340 µs) and gained 1.5% on the 135M model.
-        let env_ctas: Option<usize> = match std::env::var("QUIRE_CUDA_GEMV_CTAS") {
-            Ok(v) if v == "max" => None,
-            Ok(v) => Some(v.parse().unwrap_or(0)),
-            Err(_) => Some(0),
-        };
-        let pair = |a: &str, b: &str| -> Result<[CudaFunction; 2], BackendError> {
-            Ok([Gpu::function(&m, a)?, Gpu::function(&m, b)?])
-        };
-        let early_f = [
-            pair("gemv_f16_r1u8_e", "gemv_f16_r2u4_e")?,
-            pair("gemv_f16_norm_r1u8_e", "gemv_f16_norm_r2u4_e")?,
-            pair("gemv_f16_swiglu_r1u8_e", "gemv_f16_swiglu_r2u4_e")?,
-        ];
-        let early_glu = pair("gemv_f16_glu_r2u4_e", "gemv_f16_norm_glu_r2u4_e")?;
-        let early_host = pair("gemv_f16_norm_host_r1u8_e", "gemv_f16_norm_host_r2u4_e")?;
-        let mut ctas_per_sm = [[0usize; SHAPES.len()]; 3];
-        for (form, fs) in f.iter().enumerate() {
-            for (variant, func) in fs.iter().enumerate() {
-                ctas_per_sm[form][variant] = match env_ctas {
-                    Some(c) => c,
-                    None => per_sm(func)?,
-                };
-            }
-        }
-        // `QUIRE_CUDA_GEMV_SHAPE=RxU` (every matrix) or `RxU,RxU` (matrices of few rows, of many).
-        let shape = |v: &str| {
-            SHAPES
-                .iter()
-                .position(|(r, u)| format!("{r}x{u}") == v)
-                .ok_or_else(|| {
-                    BackendError::Cuda(format!(
-                        "QUIRE_CUDA_GEMV_SHAPE: {v} is not one of {}",
-                        SHAPES.map(|(r, u)| format!("{r}x{u}")).join(", ")
-                    ))
-                })
-        };
-        let mut forced_at = vec![];
-        if let Ok(v) = std::env::var("QUIRE_CUDA_GEMV_SHAPE_AT") {
-            for item in v.split(',').filter(|i| !i.is_empty()) {
-                let bad = || {
-                    BackendError::Cuda(format!("QUIRE_CUDA_GEMV_SHAPE_AT: {item} is not KxOUT:RxU"))
-                };
-                let (mat, sh) = item.split_once(':').ok_or_else(bad)?;
-                let (k, o) = mat.split_once('x').ok_or_else(bad)?;
-                let k: usize = k.parse().map_err(|_| bad())?;
-                let o: usize = o.parse().map_err(|_| bad())?;
-                forced_at.push(((k, o), shape(sh)?));
-            }
-        }
-        let forced = match std::env::var("QUIRE_CUDA_GEMV_SHAPE") {
-            Ok(v) => Some(match v.split_once(',') {
-                Some((few, many)) => (shape(few)?, shape(many)?),
-                None => (shape(&v)?, shape(&v)?),
-            }),
-            Err(_) => None,
-        };
-        let env_on = |name: &str| std::env::var(name).map_or(true, |v| v != "0");
         Ok(Gemv {
-            wave_1x8: per_sm(&f[0][0])? * sms,
+            wave_1x8: per_sm(&f[0][R1U8])? * sms,
             host_rounds_grid: per_sm(&host_rounds_f)? * sms,
             host_rounds_f,
-            host_rounds: env_on("QUIRE_CUDA_GEMV_HOST_ROUNDS"),
-            one_wave_1x8: env_on("QUIRE_CUDA_GEMV_WAVE1X8"),
+            host_rounds: true,
             f,
-            glu_f,
-            host_f,
-            glu: env_on("QUIRE_CUDA_GEMV_GLU"),
-            glu_2x4: glu_shape == "r2u4",
-            forced,
-            forced_at,
-            ctas_per_sm,
-            early_f,
-            early_glu,
-            early_host,
-            early_min_k: match std::env::var("QUIRE_CUDA_GEMV_EARLY").as_deref() {
-                Ok("0") => usize::MAX,
-                Ok("all") => 0,
-                _ => EARLY_MIN_K,
-            },
+            glu_f: pair("gemv_f16_glu_r2u4", "gemv_f16_norm_glu_r2u4")?,
+            host_f: pair("gemv_f16_norm_host_r1u8", "gemv_f16_norm_host_r2u4")?,
+            early_f: [
+                pair("gemv_f16_r1u8_e", "gemv_f16_r2u4_e")?,
+                pair("gemv_f16_norm_r1u8_e", "gemv_f16_norm_r2u4_e")?,
+                pair("gemv_f16_swiglu_r1u8_e", "gemv_f16_swiglu_r2u4_e")?,
+            ],
+            early_glu: pair("gemv_f16_glu_r2u4_e", "gemv_f16_norm_glu_r2u4_e")?,
+            early_host: pair("gemv_f16_norm_host_r1u8_e", "gemv_f16_norm_host_r2u4_e")?,
+            early_min_k: EARLY_MIN_K,
             sms,
-            max_fused_k: std::env::var("QUIRE_CUDA_GEMV_FUSE_K")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(MAX_FUSED_K),
         })
     }
 
     /// Whether `run` takes a matrix of rows `k_in` long with this input form (whole 16-byte
-    /// chunks; the fused forms up to `max_fused_k`).
+    /// chunks; the fused forms up to `MAX_FUSED_K`).
     pub fn fits(&self, k_in: usize, input: &GemvInput) -> bool {
         k_in > 0
             && k_in.is_multiple_of(8)
-            && (matches!(input, GemvInput::F16 { .. }) || k_in <= self.max_fused_k)
+            && (matches!(input, GemvInput::F16 { .. }) || k_in <= MAX_FUSED_K)
     }
 
     /// The input form's index (`f`'s first axis), its kernel arguments (x, rows_idx, norm_w, eps)
@@ -239,8 +146,7 @@ impl Gemv {
     ) -> Result<(usize, u64, u64, u64, f32, usize), BackendError> {
         if !self.fits(k_in, &input) {
             return Err(BackendError::InvalidBatch(format!(
-                "{name} needs rows of a multiple of 8 elements, at most {} when fused (got {k_in})",
-                self.max_fused_k
+                "{name} needs rows of a multiple of 8 elements, at most {MAX_FUSED_K} when fused (got {k_in})"
             )));
         }
         Ok(match input {
@@ -258,7 +164,11 @@ impl Gemv {
     /// The gate/up projection with the SwiGLU applied on the way out: `w` `[2 * inter, k_in]`
     /// (gate rows, then up rows), `act[i] = silu(gate_i) · up_i` as f16 `[inter]`, one gate row
     /// and its up row per warp (gemv.cu's GLU form). Input forms as `run`; not the SwiGLU one.
-    pub fn run_glu(
+    ///
+    /// # Safety
+    ///
+    /// As `run`, with `act` holding `inter` f16 values and `w` `2 · inter` rows.
+    pub unsafe fn run_glu(
         &self,
         g: &Gpu,
         w: u64,
@@ -276,19 +186,27 @@ impl Gemv {
             self.input_args(input, k_in, "gemv_f16_glu")?;
         let args = [w, x, rows_idx, norm_w, act];
         let (f, smem) = match self.early_smem(form, k_in, smem) {
-            Some(smem) if self.glu_2x4 => (&self.early_glu[form], smem),
-            _ => (&self.glu_f[form], smem),
+            Some(smem) => (&self.early_glu[form], smem),
+            None => (&self.glu_f[form], smem),
         };
         // One (gate, up) pair per warp, eight warps per CTA.
-        launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0)
+        // SAFETY: the addresses are the caller's (this fn's contract); the shapes are checked.
+        unsafe { launch_gemv(g, f, inter.div_ceil(8), smem, args, k_in, inter, eps, 0.0) }
     }
 
     /// `y[out] = w[out, k_in] · input + beta · y` (w f16; y f32, not read when beta is 0).
     /// With rows of `early_min_k` or more, y is read before the kernel launched just before this
     /// one has finished (the EARLY forms): that kernel must not write y. In a decode step it never
     /// does (y is the residual row: o follows attention, down follows gate/up).
+    ///
+    /// # Safety
+    ///
+    /// `w` (`[out, k_in]` f16), `y` (`out` f32) and the input's addresses (`x`: `k_in` f16, the
+    /// norm's row and `k_in` f16 weights, `rows_idx` one int or null, `gu` `2 · k_in` f32) are
+    /// live device allocations on `g`'s context, not freed before the stream has finished the
+    /// kernel; `y` overlaps no input.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(
+    pub unsafe fn run(
         &self,
         g: &Gpu,
         w: u64,
@@ -300,24 +218,25 @@ impl Gemv {
     ) -> Result<(), BackendError> {
         let (form, x, rows_idx, norm_w, eps, smem) = self.input_args(input, k_in, "gemv_f16")?;
         let variant = self.shape_for(k_in, out);
-        let rows = SHAPES[variant].0 * 8;
-        let one_group_per_warp = out.div_ceil(rows);
-        let grid = match self.ctas_per_sm[form][variant] {
-            0 => one_group_per_warp,
-            c => one_group_per_warp.min(c * self.sms),
-        };
+        // One row group per warp, eight warps per CTA.
+        let grid = out.div_ceil(SHAPES[variant].0 * 8);
         let args = [w, x, rows_idx, norm_w, y];
         let (f, smem) = match self.early_smem(form, k_in, smem) {
-            Some(smem) if variant < 2 => (&self.early_f[form][variant], smem),
-            _ => (&self.f[form][variant], smem),
+            Some(smem) => (&self.early_f[form][variant], smem),
+            None => (&self.f[form][variant], smem),
         };
-        launch_gemv(g, f, grid, smem, args, k_in, out, eps, beta)
+        // SAFETY: the addresses are the caller's (this fn's contract); the shapes are checked.
+        unsafe { launch_gemv(g, f, grid, smem, args, k_in, out, eps, beta) }
     }
 
     /// `y[out] = w[out, k_in] · RMSNorm(x)` with `y` the device address of page-locked host
-    /// memory (`HostBuf::mapped`): each CTA's rows leave in one store (gemv.cu's HOST form). The
-    /// shape is `run`'s rule, 1 × 8 or 2 × 4 (a forced other shape takes 2 × 4).
-    pub fn run_host(
+    /// memory (`HostBuf::mapped`): each CTA's rows leave in one store (gemv.cu's HOST form). Rows
+    /// of one batch go on a persistent grid; longer ones take `run`'s shape.
+    ///
+    /// # Safety
+    ///
+    /// As `run`, `y` being the device address of mapped host memory of `out` f32.
+    pub unsafe fn run_host(
         &self,
         g: &Gpu,
         w: u64,
@@ -333,29 +252,20 @@ impl Gemv {
                 "the host-output GEMV takes an RMSNorm input".into(),
             ));
         }
-        // Rows of one 2 × 4 batch (32 lanes × 4 chunks × 8 elements) go in rounds.
-        let (f, grid, smem) = if self.host_rounds && k_in <= 32 * 4 * 8 {
+        let (f, grid, smem) = if self.host_rounds && k_in <= HOST_ROUNDS_MAX_K {
             let grid = self.host_rounds_grid.min(out.div_ceil(16));
             (&self.host_rounds_f, grid, smem)
         } else {
-            let variant = usize::from(self.shape_for(k_in, out) != 0);
+            let variant = self.shape_for(k_in, out);
             let grid = out.div_ceil(SHAPES[variant].0 * 8);
             match self.early_smem(form, k_in, smem) {
                 Some(smem) => (&self.early_host[variant], grid, smem),
                 None => (&self.host_f[variant], grid, smem),
             }
         };
-        launch_gemv(
-            g,
-            f,
-            grid,
-            smem,
-            [w, x, rows_idx, norm_w, y],
-            k_in,
-            out,
-            eps,
-            0.0,
-        )
+        let args = [w, x, rows_idx, norm_w, y];
+        // SAFETY: the addresses are the caller's (this fn's contract); the shapes are checked.
+        unsafe { launch_gemv(g, f, grid, smem, args, k_in, out, eps, 0.0) }
     }
 
     /// The dynamic shared memory of the EARLY form of input `form` with rows `k_in` long (its
@@ -371,37 +281,38 @@ impl Gemv {
     }
 
     /// The shape (index into `SHAPES`) for a matrix `[out, k_in]`.
+    ///
+    /// Long rows (k ≥ 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
+    /// projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
+    /// otherwise two rows per warp, 4 chunks each. Measured end to end on the H100 against every
+    /// shape once compiled (1 × 8, 2 × 4, 1 × 16, 2 × 8, 4 × 4, 4 × 2, 2 × 2): 135M 2,086 tok/s
+    /// (1,931 by row count), 1B 929 (875), 8B 178.3 (176.9); per kernel, the 8B model's q/k/v
+    /// and o matrices (k 4096) take 20.05 and 13.75 µs at 2 × 4 against 20.36 and 14.02 at 1 × 8,
+    /// its 14336-long down rows 40.2 at 1 × 8 against 46.3.
+    /// Rows of one 1 × 8 batch whose grid fits one wave (`wave_1x8`), and short rows of a matrix
+    /// of few rows (the 135M model's per-layer matrices: k 576 and 1536): also 1 × 8, a warp's
+    /// whole row in one batch issued before the wait; 135M tg128 2,427 / 2,486 against 2,375 /
+    /// 2,368 at 2 × 4. The 1B model's 4 KB rows lose at 1 × 8 (938 against 969): 2 × 4.
     fn shape_for(&self, k_in: usize, out: usize) -> usize {
-        // Long rows (k >= 8192), and 8 KB rows of a matrix with many rows (the 8B model's output
-        // projection): one row per warp, 8 chunks in flight (a warp's row is several batches);
-        // otherwise two rows per warp, 4 chunks each. Measured end to end on the H100 (PERF.md,
-        // stop 16) against every compiled shape: 135M 2,086 tok/s (1,931 by row count), 1B 929
-        // (875), 8B 178.3 (176.9); per kernel with the decode timeline (stop 17), the 8B model's
-        // q/k/v and o matrices (k 4096) take 20.05 and 13.75 µs at 2 × 4 against 20.36 and 14.02
-        // at 1 × 8, its 14336-long down rows 40.2 at 1 × 8 against 46.3.
-        // Short rows of a matrix of few rows (the 135M model's per-layer matrices: k 576 and
-        // 1536): also 1 × 8, a warp's whole row in one batch issued before the wait; tg128
-        // 2,427 / 2,486 against 2,375 / 2,368 at 2 × 4 (stop 17). The 1B model's 4 KB rows lose
-        // at 1 × 8 (938 against 969), so they stay at 2 × 4.
         let few_rows = out.div_ceil(16) < 4 * self.sms;
-        if let Some(&(_, v)) = self.forced_at.iter().find(|(m, _)| *m == (k_in, out)) {
-            return v;
-        }
-        match self.forced {
-            Some((few, _)) if few_rows => few,
-            Some((_, many)) => many,
-            None if k_in >= 8192 || (k_in >= 4096 && out >= 65536) => 0,
-            None if self.one_wave_1x8 && k_in <= 2048 && out.div_ceil(8) <= self.wave_1x8 => 0,
-            None if k_in < 2048 && few_rows => 0,
-            None => 1,
+        let long_rows = k_in >= LONG_ROWS_K || (k_in >= LONG_ROWS_K / 2 && out >= 65536);
+        let one_wave = k_in <= 2048 && out.div_ceil(8) <= self.wave_1x8;
+        if long_rows || one_wave || (k_in < 2048 && few_rows) {
+            R1U8
+        } else {
+            R2U4
         }
     }
 }
 
 /// One launch of a gemv.cu entry point (they share one argument list): `args` are the weight,
 /// input, rows_idx, norm weight and output pointers.
+///
+/// # Safety
+///
+/// As `Gemv::run` for the addresses in `args`.
 #[allow(clippy::too_many_arguments)]
-fn launch_gemv(
+unsafe fn launch_gemv(
     g: &Gpu,
     f: &CudaFunction,
     grid: usize,
@@ -414,21 +325,24 @@ fn launch_gemv(
 ) -> Result<(), BackendError> {
     use KArg::{F, I, P};
     let [w, x, rows_idx, norm_w, y] = args;
-    g.launch_smem(
-        f,
-        (grid as u32, 1, 1),
-        (256, 1, 1),
-        smem as u32,
-        &[
-            P(w),
-            P(x),
-            P(rows_idx),
-            P(norm_w),
-            F(eps),
-            P(y),
-            I(k_in as i32),
-            I(out as i32),
-            F(beta),
-        ],
-    )
+    // SAFETY: the argument list is gemv.cu's shared one; the addresses are the caller's.
+    unsafe {
+        g.launch_smem(
+            f,
+            (grid as u32, 1, 1),
+            (256, 1, 1),
+            smem as u32,
+            &[
+                P(w),
+                P(x),
+                P(rows_idx),
+                P(norm_w),
+                F(eps),
+                P(y),
+                I(k_in as i32),
+                I(out as i32),
+                F(beta),
+            ],
+        )
+    }
 }

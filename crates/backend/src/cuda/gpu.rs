@@ -224,7 +224,7 @@ impl Gpu {
             _workspace: workspace,
             arch: format!("sm_{major}{minor}"),
             sms,
-            pdl: major >= 9 && std::env::var("QUIRE_CUDA_PDL").map_or(true, |v| v != "0"),
+            pdl: major >= 9 && super::CudaEnv::get().pdl,
         })
     }
 
@@ -277,22 +277,8 @@ impl Gpu {
     }
 
     pub fn function(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, BackendError> {
-        let f = m
-            .load_function(name)
-            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))?;
-        // `QUIRE_CUDA_CARVEOUT=P`: ask for P% of the unified L1/shared memory as shared memory
-        // for every quire kernel (a measurement switch; the driver picks by default).
-        if let Some(p) = std::env::var("QUIRE_CUDA_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok())
-        {
-            f.set_attribute(
-                drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                p,
-            )
-            .map_err(cuda_err("setting the shared memory carveout"))?;
-        }
-        Ok(f)
+        m.load_function(name)
+            .map_err(|e| BackendError::Cuda(format!("kernel {name}: {e}")))
     }
 
     pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(
@@ -357,8 +343,14 @@ impl Gpu {
     }
 
     /// `y[n, out] (f32) = x[n, in] (f16) · w[out, in]ᵀ (f16) + beta · y`, f32 accumulation.
+    ///
+    /// # Safety
+    ///
+    /// `x`, `w` and `y` are addresses of live device allocations on this context holding at least
+    /// `n·k_in`, `out·k_in` and `n·out` elements of their types, not freed before the stream has
+    /// finished the GEMM; `y` overlaps neither input.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_f16(
+    pub unsafe fn gemm_f16(
         &self,
         x: u64,
         w: u64,
@@ -369,13 +361,20 @@ impl Gpu {
         beta: f32,
     ) -> Result<(), BackendError> {
         let f16 = blas_sys::cudaDataType::CUDA_R_16F;
-        self.gemm(f16, x, w, y, (n, k_in, out), beta)
+        // SAFETY: the caller's contract is `gemm`'s.
+        unsafe { self.gemm(f16, x, w, y, (n, k_in, out), beta) }
             .map_err(|e| BackendError::Cuda(format!("cuBLAS GEMM {n}x{k_in}x{out}: {e}")))
     }
 
     /// `y[n, out] = x[n, in] · w[out, in]ᵀ + beta · y`, all f32 (full-precision FP32 math).
+    ///
+    /// # Safety
+    ///
+    /// `x`, `w` and `y` are addresses of live device allocations on this context holding at least
+    /// `n·k_in`, `out·k_in` and `n·out` elements of their types, not freed before the stream has
+    /// finished the GEMM; `y` overlaps neither input.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_f32(
+    pub unsafe fn gemm_f32(
         &self,
         x: u64,
         w: u64,
@@ -386,13 +385,18 @@ impl Gpu {
         beta: f32,
     ) -> Result<(), BackendError> {
         let f32 = blas_sys::cudaDataType::CUDA_R_32F;
-        self.gemm(f32, x, w, y, (n, k_in, out), beta)
+        // SAFETY: the caller's contract is `gemm`'s.
+        unsafe { self.gemm(f32, x, w, y, (n, k_in, out), beta) }
             .map_err(|e| BackendError::Cuda(format!("cuBLAS SGEMM {n}x{k_in}x{out}: {e}")))
     }
 
     /// The one cuBLAS call behind both: `x` and `w` of type `input`, `y` f32, f32 compute.
     /// Row-major y[n, out] is column-major [out, n] = wᵀ(col-major [in, out])ᵀ · x(col-major [in, n]).
-    fn gemm(
+    ///
+    /// # Safety
+    ///
+    /// As `gemm_f16`, with `x` and `w` of type `input`.
+    unsafe fn gemm(
         &self,
         input: blas_sys::cudaDataType,
         x: u64,
@@ -402,7 +406,7 @@ impl Gpu {
         beta: f32,
     ) -> Result<(), blas_result::CublasError> {
         let alpha = 1.0f32;
-        // SAFETY: the caller passes device buffers of the stated shapes.
+        // SAFETY: the caller passes live device buffers of the stated shapes (this fn's contract).
         unsafe {
             blas_result::gemm_ex(
                 *self.blas.handle(),
@@ -522,18 +526,31 @@ pub enum KArg {
 
 impl Gpu {
     /// Launches `f` on the stream; `args` must match the kernel's parameter list (see its .cu file).
-    pub fn launch(
+    ///
+    /// # Safety
+    ///
+    /// `args` match `f`'s parameter list in number and type, and every `KArg::P` is null (where
+    /// the kernel allows it) or the address of a live device allocation on this context at least
+    /// as large as the kernel reads or writes through it for the given shape arguments and grid,
+    /// not freed before the stream has finished the kernel; no two pointers alias where the
+    /// kernel writes through one of them, unless the kernel is written for it (in-place forms).
+    pub unsafe fn launch(
         &self,
         f: &CudaFunction,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         args: &[KArg],
     ) -> Result<(), BackendError> {
-        self.launch_smem(f, grid, block, 0, args)
+        // SAFETY: the caller's contract is `launch_smem`'s.
+        unsafe { self.launch_smem(f, grid, block, 0, args) }
     }
 
     /// `launch` with `smem` bytes of dynamic shared memory.
-    pub fn launch_smem(
+    ///
+    /// # Safety
+    ///
+    /// As `launch`; `smem` is what `f` expects for this launch (at most its configured limit).
+    pub unsafe fn launch_smem(
         &self,
         f: &CudaFunction,
         grid: (u32, u32, u32),
@@ -576,8 +593,8 @@ impl Gpu {
             attrs: &mut attr,
             numAttrs: self.pdl as u32,
         };
-        // SAFETY: the caller matches `args` to the kernel's signature (see its .cu file); every
-        // kernel starts with `pdl_enter`, so the relaxed serialization is safe; the parameter
+        // SAFETY: the caller matches `args` to the kernel's signature and vouches for every
+        // address (this fn's contract); every kernel starts with `pdl_enter`, so the relaxed serialization is safe; the parameter
         // values outlive the call (the driver copies them at launch).
         unsafe {
             drv_sys::cuLaunchKernelEx(

@@ -10,21 +10,18 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph};
 use half::f16;
 use quire_core::ModelConfig;
-use quire_gguf::GgmlType;
 
 use super::attention::{pack_meta, PagedAttention};
 use super::forward::Step;
 use super::gpu::{DBuf, Gpu};
 use super::meta::{pack_meta_padded, MappedMeta};
 use super::moe::{MoeKernels, MoeLayer};
-use super::nvrtc;
-use super::qmat::{is_block32_quant, is_native_quant, upload_stacked, QuantKernels, WMat};
+use super::qmat::{QuantKernels, WMat};
 use super::sample::SampleKernel;
 use super::scratch::Scratch;
 use super::CudaOptions;
 use crate::{
-    BackendError, Executor, ForwardBatch, HostTensor, KvCacheSpec, ModelWeights, OpStat,
-    SampleParams,
+    BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat, SampleParams,
 };
 
 use super::profile::EventProfiler;
@@ -88,28 +85,38 @@ pub struct CudaExecutor {
     pub(super) host_logits_len: usize,
     /// One logits row in page-locked memory the device writes (and its device address): a
     /// one-row step that returns logits has the output GEMV write them there, so no copy
-    /// follows the step (`QUIRE_CUDA_LOGITS_MAPPED=0`: copy as before). `None` when off.
-    pub(super) host_row: Option<(super::gpu::HostBuf<f32>, u64)>,
+    /// follows the step.
+    pub(super) host_row: (super::gpu::HostBuf<f32>, u64),
     /// Whether the last `forward` left its logits in `host_row`.
     pub(super) logits_in_row: bool,
     pub(super) host_ids: Vec<i32>,
     pub(super) meta_host: Vec<i32>,
     pub(super) prof: EventProfiler,
     pub(super) use_graphs: bool,
-    /// Capture decode graphs for the longest context (`graph_ctx`).
-    pub(super) graph_ctx_max: bool,
-    /// The smallest context bound of a decode graph (`GRAPH_CTX_MIN` unless measuring).
-    pub(super) graph_ctx_min: usize,
     /// See `CudaOptions::dequant_gemm_tokens`.
     pub(super) dequant_gemm_tokens: usize,
-    /// Decode graphs by (padded batch size, chained steps, context bound: `graph_ctx`, logits
-    /// to `host_row`, words of metadata read from `meta_mapped`, 0 when copied).
-    pub(super) graphs: HashMap<(usize, usize, usize, bool, usize), Graph>,
+    /// Captured decode graphs.
+    pub(super) graphs: HashMap<GraphKey, Graph>,
     /// Small decode steps' metadata, read by the graph's first kernel from page-locked memory
     /// instead of copied (f16 embeddings only, the kernel that copies it being
-    /// `embed_f16_meta`). `None` when off (`QUIRE_CUDA_META_MAPPED=0`). Measured on the H100
-    /// (PERF.md, stop 20): within ±0.6% of the copy, ahead in most alternating pairs.
+    /// `embed_f16_meta`; `None` for quantized embeddings). Measured on the H100: within ±0.6% of
+    /// the copy, ahead in most alternating pairs.
     pub(super) meta_mapped: Option<MappedMeta>,
+}
+
+/// What a captured decode graph was captured for: a replay must match all of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct GraphKey {
+    /// Padded batch size (a power of two up to `MAX_GRAPH_BATCH`).
+    pub(super) rows: usize,
+    /// Chained decode steps (1 for a plain decode step).
+    pub(super) steps: usize,
+    /// Context bound the attention splits were planned for (`graph_ctx`).
+    pub(super) ctx: usize,
+    /// Whether the logits go to `host_row`.
+    pub(super) logits_to_host: bool,
+    /// Words of metadata the graph reads from `meta_mapped` (0: copied before the replay).
+    pub(super) meta_words: usize,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -137,300 +144,11 @@ pub(super) struct Graph(pub(super) CudaGraph, pub(super) Vec<super::trace::Mark>
 // SAFETY: see above; CUDA graph handles are not tied to the thread that created them.
 unsafe impl Send for Graph {}
 
-fn upload_vec(gpu: &Gpu, t: &HostTensor, len: usize) -> Result<DBuf<f32>, BackendError> {
-    if t.n_elements() != len {
-        return Err(BackendError::Shape {
-            name: t.name.clone(),
-            got: t.dims.clone(),
-            expected: vec![len],
-        });
-    }
-    gpu.upload(&t.to_f32()?)
-}
-
 impl CudaExecutor {
     // Boxed: callers hold executors as `Box<dyn Executor>`, and the stand-in has nothing else to return.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(w: &ModelWeights, opts: CudaOptions) -> Result<Box<dyn Executor>, BackendError> {
         Ok(Box::new(Self::create(w, opts)?))
-    }
-
-    pub fn create(w: &ModelWeights, opts: CudaOptions) -> Result<Self, BackendError> {
-        let c = &w.config;
-        c.validate().map_err(BackendError::Config)?;
-        let bs = opts.block_size;
-        if !matches!(bs, 16 | 32 | 64 | 128) {
-            return Err(BackendError::Config(format!(
-                "block size must be 16, 32, 64 or 128 (got {bs})"
-            )));
-        }
-        if !matches!(c.head_dim, 64 | 128 | 256) || !c.num_heads.is_multiple_of(c.num_kv_heads) {
-            return Err(BackendError::Config(format!(
-                "the CUDA backend supports head_dim 64, 128 or 256 (got {})",
-                c.head_dim
-            )));
-        }
-        let gqa = c.num_heads / c.num_kv_heads;
-        if gqa > 8 {
-            return Err(BackendError::Config(format!(
-                "the CUDA backend supports up to 8 query heads per KV head (got {gqa})"
-            )));
-        }
-        let gpu = Gpu::new(opts.device)?;
-        let (free_before, total) = gpu.mem_info()?;
-        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-        let keep_quant = opts.quantized_weights;
-        // Bytes on the device: stored bytes where the kernels read the type (the MoE expert
-        // kernels only the 32-element types), else f16.
-        let dev_bytes = |(t, stays): (&HostTensor, fn(GgmlType) -> bool)| {
-            if keep_quant && stays(t.dtype) {
-                t.bytes.as_slice().len()
-            } else {
-                2 * t.n_elements()
-            }
-        };
-        let dense: fn(GgmlType) -> bool = is_native_quant;
-        let experts: fn(GgmlType) -> bool = is_block32_quant;
-        let weight_bytes: usize = w
-            .layers
-            .iter()
-            .flat_map(|l| {
-                let ffn = match &l.ffn {
-                    crate::FfnWeights::Dense {
-                        w_gate,
-                        w_up,
-                        w_down,
-                    } => vec![(w_gate, dense), (w_up, dense), (w_down, dense)],
-                    crate::FfnWeights::Moe(m) => vec![
-                        (&m.gate_inp, dense),
-                        (&m.gate_exps, experts),
-                        (&m.up_exps, experts),
-                        (&m.down_exps, experts),
-                    ],
-                };
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .into_iter()
-                    .map(|t| (t, dense))
-                    .chain(ffn)
-            })
-            .chain([(&w.tok_embd, dense)])
-            .chain(w.output.as_ref().map(|t| (t, dense)))
-            .map(dev_bytes)
-            .sum();
-        if weight_bytes as f64 > free_before as f64 * opts.gpu_memory_utilization as f64 {
-            return Err(BackendError::OutOfMemory(format!(
-                "the model needs {:.1} GiB of weights but {:.1} GiB of {:.1} GiB is free on {} (x {} utilization)",
-                weight_bytes as f64 / (1u64 << 30) as f64,
-                free_before as f64 / (1u64 << 30) as f64,
-                total as f64 / (1u64 << 30) as f64,
-                gpu.name,
-                opts.gpu_memory_utilization
-            )));
-        }
-
-        let norm = gpu.module(&nvrtc::NORM, &[])?;
-        let embed_m = gpu.module(&nvrtc::EMBED, &[])?;
-        let act = gpu.module(&nvrtc::ACTIVATION, &[])?;
-        let rope = gpu.module(&nvrtc::ROPE, &[])?;
-        let sample = gpu.module(&nvrtc::SAMPLE, &[])?;
-        let k = Kernels {
-            rms_norm: Gpu::function(&norm, "rms_norm_f16")?,
-            rms_norm_f32: Gpu::function(&norm, "rms_norm_f32")?,
-            embed: Gpu::function(&embed_m, "embed_f16")?,
-            embed_meta: Gpu::function(&embed_m, "embed_f16_meta")?,
-            swiglu: Gpu::function(&act, "swiglu_f16")?,
-            rope: Gpu::function(&rope, "rope_qkv")?,
-            argmax: Gpu::function(&sample, "argmax_split")?,
-            sample: SampleKernel::new(&gpu, &sample)?,
-            attention: PagedAttention::new(&gpu, c.num_heads, c.num_kv_heads, c.head_dim)?
-                .with_window(c.sliding_window),
-            q: QuantKernels::new(&gpu)?,
-            gemv: if opts.gemv {
-                Some(super::gemv::Gemv::new(&gpu)?)
-            } else {
-                None
-            },
-            moe: c.moe.map(|_| MoeKernels::new(&gpu)).transpose()?,
-        };
-
-        let embed = upload_stacked(&gpu, &[&w.tok_embd], hd, &[c.vocab_size], keep_quant)?;
-        let output = w
-            .output
-            .as_ref()
-            .map(|t| upload_stacked(&gpu, &[t], hd, &[c.vocab_size], keep_quant))
-            .transpose()?;
-        if w.layers.len() != c.num_layers {
-            return Err(BackendError::Config(format!(
-                "config says {} layers, weights have {}",
-                c.num_layers,
-                w.layers.len()
-            )));
-        }
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for l in &w.layers {
-            let bqkv = match (&l.bq, &l.bk, &l.bv) {
-                (Some(bq), Some(bk), Some(bv)) => {
-                    let mut b = bq.to_f32()?;
-                    b.extend(bk.to_f32()?);
-                    b.extend(bv.to_f32()?);
-                    if b.len() != qs + 2 * kvs {
-                        return Err(BackendError::Config("QKV bias has the wrong length".into()));
-                    }
-                    Some(gpu.upload(&b)?)
-                }
-                (None, None, None) => None,
-                _ => {
-                    return Err(BackendError::Config(
-                        "Q, K and V biases must come together".into(),
-                    ))
-                }
-            };
-            let opt_vec = |t: &Option<HostTensor>| {
-                t.as_ref()
-                    .map(|t| upload_vec(&gpu, t, c.head_dim))
-                    .transpose()
-            };
-            let ffn = match &l.ffn {
-                crate::FfnWeights::Dense {
-                    w_gate,
-                    w_up,
-                    w_down,
-                } => CudaFfn::Dense {
-                    w_gate_up: upload_stacked(
-                        &gpu,
-                        &[w_gate, w_up],
-                        hd,
-                        &[inter, inter],
-                        keep_quant,
-                    )?,
-                    w_down: upload_stacked(&gpu, &[w_down], inter, &[hd], keep_quant)?,
-                },
-                crate::FfnWeights::Moe(m) => {
-                    let cfg = c.moe.ok_or_else(|| {
-                        BackendError::Config("MoE weights without a MoE config".into())
-                    })?;
-                    CudaFfn::Moe(MoeLayer::upload(&gpu, m, cfg, hd, keep_quant)?)
-                }
-            };
-            layers.push(Layer {
-                attn_norm: upload_vec(&gpu, &l.attn_norm, hd)?,
-                wqkv: upload_stacked(
-                    &gpu,
-                    &[&l.wq, &l.wk, &l.wv],
-                    hd,
-                    &[qs, kvs, kvs],
-                    keep_quant,
-                )?,
-                bqkv,
-                q_norm: opt_vec(&l.q_norm)?,
-                k_norm: opt_vec(&l.k_norm)?,
-                wo: upload_stacked(&gpu, &[&l.wo], qs, &[hd], keep_quant)?,
-                ffn_norm: upload_vec(&gpu, &l.ffn_norm, hd)?,
-                ffn,
-                // The caches come below, once their size is known.
-                k_cache: gpu.alloc::<f16>(0)?,
-                v_cache: gpu.alloc::<f16>(0)?,
-            });
-        }
-        let output_norm = upload_vec(&gpu, &w.output_norm, hd)?;
-        // Room to dequantize the largest quantized matrix for many-token matmuls.
-        let mut scratch = Scratch::default();
-        let quant_elems = layers
-            .iter()
-            .flat_map(|l| {
-                let mut m = vec![(&l.wqkv, hd * (qs + 2 * kvs)), (&l.wo, qs * hd)];
-                if let CudaFfn::Dense { w_gate_up, w_down } = &l.ffn {
-                    m.extend([(w_gate_up, hd * 2 * inter), (w_down, inter * hd)]);
-                }
-                m
-            })
-            .chain([(output.as_ref().unwrap_or(&embed), hd * c.vocab_size)])
-            .filter(|(m, _)| m.quant_type().is_some())
-            .map(|(_, e)| e)
-            .max();
-        if let (Some(e), true) = (quant_elems, opts.dequant_gemm_tokens != usize::MAX) {
-            scratch.wdq = Some(gpu.alloc::<f16>(e)?);
-        }
-
-        // The KV pool: what the utilization leaves after weights and a reserve for activations.
-        let per_block = 2 * c.num_layers * bs * kvs * 2;
-        let num_blocks = match opts.num_blocks {
-            Some(n) => n,
-            None => {
-                let (free_now, _) = gpu.mem_info()?;
-                let used = free_before.saturating_sub(free_now);
-                let budget = (free_before as f64 * opts.gpu_memory_utilization as f64) as usize;
-                let reserve = 512usize << 20;
-                budget.saturating_sub(used + reserve) / per_block
-            }
-        };
-        if num_blocks == 0 {
-            return Err(BackendError::OutOfMemory(format!(
-                "no room for a KV-cache block on {} after the weights; raise --gpu-memory-utilization",
-                gpu.name
-            )));
-        }
-        // One block more than the engine sees: padding rows of decode graphs write there.
-        let slots = (num_blocks + 1) * bs * kvs;
-        for l in &mut layers {
-            l.k_cache = gpu.alloc::<f16>(slots)?;
-            l.v_cache = gpu.alloc::<f16>(slots)?;
-        }
-        let max_pos = c.max_position_embeddings.min(num_blocks * bs).max(1);
-        let table =
-            crate::cpu::ops::RopeTable::new(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref());
-        let mut cs = Vec::with_capacity(max_pos * c.rope_dim);
-        let mut tmp = Vec::new();
-        for p in 0..max_pos {
-            table.angles(p as u32, &mut tmp);
-            cs.extend(tmp.iter().flat_map(|&(co, si)| [co, si]));
-        }
-        let rope_cs = gpu.upload(&cs)?;
-        gpu.sync()?;
-        let host_row = if std::env::var("QUIRE_CUDA_LOGITS_MAPPED").map_or(true, |v| v != "0") {
-            Some(super::gpu::HostBuf::mapped(c.vocab_size)?)
-        } else {
-            None
-        };
-        let meta_mapped = match (&embed, std::env::var("QUIRE_CUDA_META_MAPPED").as_deref()) {
-            (_, Ok("0")) => None,
-            (WMat::F16(_), _) => Some(MappedMeta::new()?),
-            _ => None,
-        };
-        Ok(Self {
-            cfg: c.clone(),
-            k,
-            embed,
-            output,
-            output_norm,
-            rope_cs,
-            max_pos,
-            layers,
-            kv: KvCacheSpec {
-                num_blocks,
-                block_size: bs,
-            },
-            s: scratch,
-            host_logits: Default::default(),
-            host_logits_len: 0,
-            host_row,
-            logits_in_row: false,
-            host_ids: vec![],
-            meta_host: vec![],
-            prof: EventProfiler::default(),
-            use_graphs: opts.graphs,
-            graph_ctx_max: std::env::var("QUIRE_CUDA_GRAPH_CTX").is_ok_and(|v| v == "max"),
-            // `QUIRE_CUDA_GRAPH_CTX=N`: the smallest bound (a measurement switch; 256 was the
-            // bound of stop 17).
-            graph_ctx_min: std::env::var("QUIRE_CUDA_GRAPH_CTX")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(GRAPH_CTX_MIN),
-            dequant_gemm_tokens: opts.dequant_gemm_tokens,
-            graphs: HashMap::new(),
-            meta_mapped,
-            gpu,
-        })
     }
 }
 
@@ -501,18 +219,20 @@ impl CudaExecutor {
 
     /// The logits the last `forward_inner` left on the host.
     pub(super) fn logits_on_host(&self) -> &[f32] {
-        match &self.host_row {
-            Some((row, _)) if self.logits_in_row => row.slice(self.cfg.vocab_size),
-            _ => self.host_logits.slice(self.host_logits_len),
+        if self.logits_in_row {
+            self.host_row.0.slice(self.cfg.vocab_size)
+        } else {
+            self.host_logits.slice(self.host_logits_len)
         }
     }
 
     /// Where a step with `nl` logits rows that go to the host writes them: `host_row`'s device
     /// address when it is one row by the output GEMV, else 0 (`s.logits`, copied afterwards).
     fn logits_dst(&self, nl: usize, to_host: bool) -> u64 {
-        match &self.host_row {
-            Some((_, dev)) if to_host && self.output_by_gemv(nl) => *dev,
-            _ => 0,
+        if to_host && self.output_by_gemv(nl) {
+            self.host_row.1
+        } else {
+            0
         }
     }
 
@@ -549,13 +269,12 @@ impl CudaExecutor {
             self.graphs.clear();
         }
         self.upload_meta()?;
-        let meta_buf = self.s.meta.as_ref().unwrap();
         let logits_host = self.logits_dst(nl, to_host);
         let step = Step {
             n,
             nl,
             plan,
-            meta_base: meta_buf.ptr,
+            meta_base: self.s.meta.ptr,
             layout,
             pairs: batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum(),
             ctx_tokens: batch.seqs.iter().map(|q| q.seq_len).sum(),
@@ -593,13 +312,12 @@ impl CudaExecutor {
         if mapped.is_none() {
             self.upload_meta()?;
         }
-        let meta_buf = self.s.meta.as_ref().unwrap();
         let logits_host = self.logits_dst(b, to_host);
         let step = Step {
             n: b,
             nl: b,
             plan,
-            meta_base: meta_buf.ptr,
+            meta_base: self.s.meta.ptr,
             layout,
             pairs: 0,
             ctx_tokens: 0,
@@ -607,14 +325,31 @@ impl CudaExecutor {
             meta_src,
             meta_words,
         };
-        let key = (b, 1, ctx, logits_host != 0, meta_words);
+        let key = GraphKey {
+            rows: b,
+            steps: 1,
+            ctx,
+            logits_to_host: logits_host != 0,
+            meta_words,
+        };
+        self.replay(key, |e| e.enqueue(step))?;
+        Ok(logits_host != 0)
+    }
+
+    /// Launches the graph of `key`, capturing what `enqueue` puts on the stream first when there
+    /// is none yet.
+    pub(super) fn replay(
+        &mut self,
+        key: GraphKey,
+        enqueue: impl FnOnce(&mut Self) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         if !self.graphs.contains_key(&key) {
             let stream = self.gpu.stream.clone();
             let mark0 = self.gpu.trace_len();
             stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(super::gpu::cuda_err("beginning graph capture"))?;
-            let r = self.enqueue(step);
+            let r = enqueue(self);
             let marks = self.gpu.trace_take(mark0);
             let graph = stream
                 .end_capture(CUgraphInstantiate_flags(0))
@@ -629,32 +364,26 @@ impl CudaExecutor {
         graph
             .0
             .launch()
-            .map_err(super::gpu::cuda_err("launching the decode graph"))?;
-        Ok(logits_host != 0)
+            .map_err(super::gpu::cuda_err("launching the decode graph"))
     }
 
     /// Copies `meta_host` to the device's metadata buffer. From pageable memory on purpose: the
     /// driver carries a copy this small in its command stream, which measured faster than a DMA
-    /// from page-locked memory (PERF.md, stop 17: 135M tg128 2,358 against 2,388).
+    /// from page-locked memory (135M tg128 on the H100: 2,388 against 2,358).
     fn upload_meta(&mut self) -> Result<(), BackendError> {
-        let meta_buf = self.s.meta.as_mut().expect("grown before the upload");
-        self.gpu.htod(&self.meta_host, meta_buf, 0)
+        self.gpu.htod(&self.meta_host, &mut self.s.meta, 0)
     }
 
     /// The context bound a decode graph is captured for: `max_ctx` (the longest context of the
-    /// batch's last step) rounded up to a power of two, at least `GRAPH_CTX_MIN`, or every
-    /// position with `QUIRE_CUDA_GRAPH_CTX=max`. The attention launch's split count follows it,
-    /// so short contexts do not pay for the splits (and their merge launch) the longest would
-    /// need; the kernel divides each row's own keys among the splits, so any context up to the
-    /// bound is right. The bound once started at 256, which gave a one-sequence decode at 128
-    /// keys two splits and a merge launch per layer when the cache could hold 256 positions, but
-    /// not when it held only 128: that was the "slower decode after a prompt" (PERF.md, stop 18).
+    /// batch's last step) rounded up to a power of two, at least `GRAPH_CTX_MIN`. The attention
+    /// launch's split count follows it, so short contexts do not pay for the splits (and their
+    /// merge launch) the longest would need; the kernel divides each row's own keys among the
+    /// splits, so any context up to the bound is right. A bound starting at 256 gave a
+    /// one-sequence decode at 128 keys two splits and a merge launch per layer when the cache
+    /// could hold 256 positions, but not when it held only 128: decode was slower after a prompt.
     pub(super) fn graph_ctx(&self, max_ctx: usize) -> usize {
-        if self.graph_ctx_max {
-            return self.max_pos;
-        }
         max_ctx
-            .max(self.graph_ctx_min)
+            .max(GRAPH_CTX_MIN)
             .next_power_of_two()
             .min(self.max_pos)
     }
@@ -668,7 +397,7 @@ impl CudaExecutor {
             let nl = batch.logits_indices.len();
             self.host_logits_len = nl * self.cfg.vocab_size;
             let out = self.host_logits.slice_mut(self.host_logits_len)?;
-            self.gpu.dtoh(self.s.logits.as_ref().unwrap(), out)?;
+            self.gpu.dtoh(&self.s.logits, out)?;
         }
         self.prof.finish(&self.gpu)
     }
@@ -677,12 +406,12 @@ impl CudaExecutor {
         self.run(batch, false)?;
         let nl = batch.logits_indices.len();
         if nl > 0 {
-            let ids = self.s.ids.as_ref().unwrap().ptr;
-            self.launch_argmax(nl, ids)?;
+            // SAFETY: `run` grew `ids` to the step's `nl` logits rows; scratch lives as long as
+            // the executor.
+            unsafe { self.launch_argmax(nl, self.s.ids.ptr) }?;
         }
-        let ids = self.s.ids.as_ref().unwrap();
         self.host_ids.resize(nl, 0);
-        self.gpu.dtoh(ids, &mut self.host_ids)?;
+        self.gpu.dtoh(&self.s.ids, &mut self.host_ids)?;
         self.prof.finish(&self.gpu)
     }
 }

@@ -2,6 +2,14 @@
 //! `kernels/*.cu` compiled by NVRTC at first use, paged attention with the KV write fused in.
 //! Libraries are loaded at run time, so the crate builds without CUDA; without the feature,
 //! `CudaExecutor::new` says the backend was not built in.
+//!
+//! Kernel launches take raw device addresses, so the functions that launch with addresses a
+//! caller passes are `unsafe fn`s; every unsafe operation inside them still sits in its own
+//! `unsafe` block with the reason it holds.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod env;
+pub use env::{non_default_env, CudaEnv};
 
 #[derive(Debug, Clone, Copy)]
 pub struct CudaOptions {
@@ -14,10 +22,10 @@ pub struct CudaOptions {
     pub num_blocks: Option<usize>,
     pub block_size: usize,
     /// Run decode steps through CUDA graphs (one per batch-size bucket). `QUIRE_CUDA_GRAPHS=0`
-    /// turns the default off.
+    /// turns the default off (`CudaEnv`).
     pub graphs: bool,
     /// One-token f16 matmuls through quire's GEMV kernel rather than cuBLAS. `QUIRE_CUDA_GEMV=0`
-    /// turns the default off.
+    /// turns the default off (`CudaEnv`).
     pub gemv: bool,
     /// Keep Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights as stored and multiply them with 8-bit
     /// activations (the CPU backend's numerics, fewer bytes per step); `false` dequantizes every
@@ -36,8 +44,8 @@ impl Default for CudaOptions {
             gpu_memory_utilization: 0.9,
             num_blocks: None,
             block_size: 16,
-            graphs: std::env::var("QUIRE_CUDA_GRAPHS").map_or(true, |v| v != "0"),
-            gemv: std::env::var("QUIRE_CUDA_GEMV").map_or(true, |v| v != "0"),
+            graphs: CudaEnv::get().graphs,
+            gemv: CudaEnv::get().gemv,
             quantized_weights: true,
             dequant_gemm_tokens: 64,
         }
@@ -56,6 +64,8 @@ pub mod gemv;
 pub mod gpu;
 #[cfg(feature = "cuda")]
 mod llama;
+#[cfg(feature = "cuda")]
+mod load;
 #[cfg(feature = "cuda")]
 mod meta;
 #[cfg(feature = "cuda")]

@@ -135,21 +135,21 @@ impl MoeLayer {
     }
 }
 
-/// Device scratch of the MoE FFN for `n` tokens.
-#[derive(Default)]
+/// Device scratch of the MoE FFN, grown to the largest step so far (empty until the first).
 pub struct MoeScratch {
+    /// Tokens the buffers hold (0: not grown).
     tokens: usize,
     /// The router's f32 input rows: [n, hidden].
-    pub hf: Option<DBuf<f32>>,
-    logits: Option<DBuf<f32>>,    // [n, experts]
-    ids: Option<DBuf<i32>>,       // [n, k]
-    weights: Option<DBuf<f32>>,   // [n, k]
-    sorted: Option<DBuf<i32>>,    // [n * k]
-    tiles: Option<DBuf<i32>>,     // [max_tiles, 4]
-    num_tiles: Option<DBuf<i32>>, // [1]
-    gu: Option<DBuf<f32>>,        // [n * k, 2 * inter]
-    act: Option<DBuf<u8>>,        // [n * k, inter] f16 or 8-bit blocks
-    y: Option<DBuf<f32>>,         // [n * k, hidden]
+    pub hf: DBuf<f32>,
+    logits: DBuf<f32>,    // [n, experts]
+    ids: DBuf<i32>,       // [n, k]
+    weights: DBuf<f32>,   // [n, k]
+    sorted: DBuf<i32>,    // [n * k]
+    tiles: DBuf<i32>,     // [max_tiles, 4]
+    num_tiles: DBuf<i32>, // [1]
+    gu: DBuf<f32>,        // [n * k, 2 * inter]
+    act: DBuf<u8>,        // [n * k, inter] f16 or 8-bit blocks
+    y: DBuf<f32>,         // [n * k, hidden]
 }
 
 fn max_tiles(pairs: usize, experts: usize) -> usize {
@@ -157,6 +157,23 @@ fn max_tiles(pairs: usize, experts: usize) -> usize {
 }
 
 impl MoeScratch {
+    /// No buffers yet (dense models never grow it).
+    pub fn empty(gpu: &Gpu) -> Result<Self, BackendError> {
+        Ok(Self {
+            tokens: 0,
+            hf: gpu.alloc(0)?,
+            logits: gpu.alloc(0)?,
+            ids: gpu.alloc(0)?,
+            weights: gpu.alloc(0)?,
+            sorted: gpu.alloc(0)?,
+            tiles: gpu.alloc(0)?,
+            num_tiles: gpu.alloc(0)?,
+            gu: gpu.alloc(0)?,
+            act: gpu.alloc(0)?,
+            y: gpu.alloc(0)?,
+        })
+    }
+
     /// Grows to `n` tokens; true when anything moved.
     pub fn grow(
         &mut self,
@@ -175,16 +192,16 @@ impl MoeScratch {
             cfg.expert_intermediate_size,
         );
         let pairs = cap * k;
-        self.hf = Some(gpu.alloc(cap * hidden)?);
-        self.logits = Some(gpu.alloc(cap * e)?);
-        self.ids = Some(gpu.alloc(pairs)?);
-        self.weights = Some(gpu.alloc(pairs)?);
-        self.sorted = Some(gpu.alloc(pairs)?);
-        self.tiles = Some(gpu.alloc(4 * max_tiles(pairs, e))?);
-        self.num_tiles = Some(gpu.alloc(1)?);
-        self.gu = Some(gpu.alloc(pairs * 2 * inter)?);
-        self.act = Some(gpu.alloc(pairs * (2 * inter).max(inter / 32 * Q8A_BYTES))?);
-        self.y = Some(gpu.alloc(pairs * hidden)?);
+        self.hf = gpu.alloc(cap * hidden)?;
+        self.logits = gpu.alloc(cap * e)?;
+        self.ids = gpu.alloc(pairs)?;
+        self.weights = gpu.alloc(pairs)?;
+        self.sorted = gpu.alloc(pairs)?;
+        self.tiles = gpu.alloc(4 * max_tiles(pairs, e))?;
+        self.num_tiles = gpu.alloc(1)?;
+        self.gu = gpu.alloc(pairs * 2 * inter)?;
+        self.act = gpu.alloc(pairs * (2 * inter).max(inter / 32 * Q8A_BYTES))?;
+        self.y = gpu.alloc(pairs * hidden)?;
         self.tokens = cap;
         Ok(true)
     }
@@ -202,136 +219,220 @@ pub struct MoeInputs {
     pub hidden: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    g: &Gpu,
-    mk: &MoeKernels,
-    qk: &super::qmat::QuantKernels,
-    swiglu_f16: &CudaFunction,
-    layer: &MoeLayer,
-    s: &MoeScratch,
-    io: &MoeInputs,
-) -> Result<(), BackendError> {
-    use KArg::{I, L, P};
-    let c = &layer.cfg;
-    let (e, k, inter) = (
-        c.num_experts,
-        c.num_experts_per_tok,
-        c.expert_intermediate_size,
-    );
-    let (n, hd) = (io.n, io.hidden);
-    let pairs = n * k;
-    let p = |b: &Option<DBuf<i32>>| b.as_ref().unwrap().ptr;
-    let pf = |b: &Option<DBuf<f32>>| b.as_ref().unwrap().ptr;
-    let (logits, weights, gu, y) = (pf(&s.logits), pf(&s.weights), pf(&s.gu), pf(&s.y));
-    let (ids, sorted, tiles, num_tiles) = (p(&s.ids), p(&s.sorted), p(&s.tiles), p(&s.num_tiles));
-    let act = s.act.as_ref().unwrap().ptr;
+/// The kernels one MoE block launches.
+pub struct MoeRun<'a> {
+    pub g: &'a Gpu,
+    pub mk: &'a MoeKernels,
+    pub qk: &'a super::qmat::QuantKernels,
+    /// The dense SwiGLU kernel (f16 activations).
+    pub swiglu_f16: &'a CudaFunction,
+}
 
-    // Router logits (f32), top-k, sort into tiles.
-    g.gemm_f32(io.hf, layer.router.ptr, logits, n, hd, e, 0.0)?;
-    g.launch(
-        &mk.topk,
-        (n.div_ceil(4) as u32, 1, 1),
-        (128, 1, 1),
-        &[
-            P(logits),
-            I(e as i32),
-            I(k as i32),
-            I(c.norm_topk_prob as i32),
-            I(n as i32),
-            P(ids),
-            P(weights),
-        ],
-    )?;
-    g.launch(
-        &mk.sort,
-        (1, 1, 1),
-        (1024, 1, 1),
-        &[
-            P(ids),
-            I(pairs as i32),
-            I(e as i32),
-            P(sorted),
-            P(tiles),
-            P(num_tiles),
-        ],
-    )?;
-    let grid_y = max_tiles(pairs, e) as u32;
-    let expert_mm = |w: &WMat, a: u64, act_div: usize, out: u64, rows: usize, cols: usize| match w {
-        WMat::Quant { dtype, data } => {
-            let idx = match dtype {
-                quire_gguf::GgmlType::Q4_0 => 0,
-                quire_gguf::GgmlType::Q4_1 => 1,
-                _ => 2,
-            };
-            let expert_bytes = rows * dtype.row_size(cols as u64).unwrap_or(0) as usize;
+/// One step's sizes: experts, picks per token, expert rows, tokens, hidden, (token, expert)
+/// pairs, and the tile grid the expert matmuls launch over.
+#[derive(Clone, Copy)]
+struct Dims {
+    e: usize,
+    k: usize,
+    inter: usize,
+    n: usize,
+    hd: usize,
+    pairs: usize,
+    grid_y: u32,
+}
+
+impl MoeRun<'_> {
+    /// Layer `layer`'s MoE block over `io.n` tokens, added into `io.x`.
+    ///
+    /// # Safety
+    ///
+    /// `io`'s addresses are live device allocations on `g`'s context, not freed before the
+    /// stream has finished the block: `hf` and `x` `n · hidden` f32, `h` `n · hidden` f16 (f16
+    /// experts), `q8` `n · hidden / 32` 8-bit blocks (quantized experts); `x` overlaps none.
+    pub unsafe fn run(
+        &self,
+        layer: &MoeLayer,
+        s: &MoeScratch,
+        io: &MoeInputs,
+    ) -> Result<(), BackendError> {
+        let c = &layer.cfg;
+        let (e, k) = (c.num_experts, c.num_experts_per_tok);
+        let pairs = io.n * k;
+        let d = Dims {
+            e,
+            k,
+            inter: c.expert_intermediate_size,
+            n: io.n,
+            hd: io.hidden,
+            pairs,
+            grid_y: max_tiles(pairs, e) as u32,
+        };
+        if io.n > s.tokens {
+            return Err(BackendError::InvalidBatch(format!(
+                "MoE scratch holds {} tokens, the step has {}",
+                s.tokens, io.n
+            )));
+        }
+        let quant = layer.q8_in();
+        let x_in = if quant { io.q8 } else { io.h };
+        // SAFETY: `io`'s addresses are the caller's (this fn's contract); every other address
+        // is `s`'s, grown (checked above) for at least `n` tokens of this model's MoE shape, or
+        // the layer's weights, both alive for the executor's life.
+        unsafe {
+            self.route(layer, s, io, d)?;
+            self.experts(&layer.gate_up, x_in, k, s.gu.ptr, 2 * d.inter, d.hd, s, d)?;
+            self.swiglu(quant, s, d)?;
+            self.experts(&layer.down, s.act.ptr, 1, s.y.ptr, d.hd, d.inter, s, d)?;
+            self.combine(io.x, s, d)
+        }
+    }
+
+    /// Router logits (f32), the top `k` experts of each token, and the counting sort of the
+    /// (token, expert) pairs into tiles of one expert.
+    ///
+    /// # Safety
+    ///
+    /// As `run`.
+    unsafe fn route(
+        &self,
+        layer: &MoeLayer,
+        s: &MoeScratch,
+        io: &MoeInputs,
+        d: Dims,
+    ) -> Result<(), BackendError> {
+        use KArg::{I, P};
+        let (g, mk) = (self.g, self.mk);
+        let norm_topk = layer.cfg.norm_topk_prob as i32;
+        // SAFETY: as `run` (this fn's contract); the argument lists are moe.cu's.
+        unsafe {
+            g.gemm_f32(io.hf, layer.router.ptr, s.logits.ptr, d.n, d.hd, d.e, 0.0)?;
             g.launch(
-                &mk.mmq[idx],
-                (rows.div_ceil(ROWS_PER_CTA) as u32, grid_y, 1),
+                &mk.topk,
+                (d.n.div_ceil(4) as u32, 1, 1),
                 (128, 1, 1),
                 &[
-                    P(data.ptr),
-                    L(expert_bytes as i64),
-                    P(a),
-                    I(act_div as i32),
-                    P(sorted),
-                    P(tiles),
-                    P(num_tiles),
-                    P(out),
-                    I(rows as i32),
-                    I((cols / 32) as i32),
+                    P(s.logits.ptr),
+                    I(d.e as i32),
+                    I(d.k as i32),
+                    I(norm_topk),
+                    I(d.n as i32),
+                    P(s.ids.ptr),
+                    P(s.weights.ptr),
+                ],
+            )?;
+            g.launch(
+                &mk.sort,
+                (1, 1, 1),
+                (1024, 1, 1),
+                &[
+                    P(s.ids.ptr),
+                    I(d.pairs as i32),
+                    I(d.e as i32),
+                    P(s.sorted.ptr),
+                    P(s.tiles.ptr),
+                    P(s.num_tiles.ptr),
                 ],
             )
         }
-        WMat::F16(b) => g.launch(
-            &mk.gemv_f16,
-            (rows.div_ceil(ROWS_PER_CTA) as u32, grid_y, 1),
-            (128, 1, 1),
-            &[
-                P(b.ptr),
-                P(a),
-                I(act_div as i32),
-                P(sorted),
-                P(tiles),
-                P(num_tiles),
-                P(out),
-                I(rows as i32),
-                I(cols as i32),
-            ],
-        ),
-    };
-    let quant = layer.q8_in();
-    expert_mm(
-        &layer.gate_up,
-        if quant { io.q8 } else { io.h },
-        k,
-        gu,
-        2 * inter,
-        hd,
-    )?;
-    if quant {
-        let blocks = pairs * inter / 32;
-        g.launch(
-            &qk.swiglu_q8,
-            (blocks.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            &[P(gu), P(act), I(inter as i32), L(blocks as i64)],
-        )?;
-    } else {
-        let total = pairs * inter;
-        g.launch(
-            swiglu_f16,
-            (total.div_ceil(256).min(65535) as u32, 1, 1),
-            (256, 1, 1),
-            &[P(gu), P(act), I(inter as i32), L(total as i64)],
-        )?;
     }
-    expert_mm(&layer.down, act, 1, y, hd, inter)?;
-    g.launch(
-        &mk.combine,
-        (n as u32, 1, 1),
-        (256, 1, 1),
-        &[P(io.x), P(y), P(weights), I(k as i32), I(hd as i32)],
-    )?;
-    Ok(())
+
+    /// One expert matmul over the sorted tiles: `out[pair] = w[expert] · a[pair / act_div]`,
+    /// `w` `rows × cols` per expert.
+    ///
+    /// # Safety
+    ///
+    /// As `run`; `a` holds the matmul's input rows (`act_div` 1: one per pair, `k`: one per
+    /// token) and `out` `pairs · rows` f32.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn experts(
+        &self,
+        w: &WMat,
+        a: u64,
+        act_div: usize,
+        out: u64,
+        rows: usize,
+        cols: usize,
+        s: &MoeScratch,
+        d: Dims,
+    ) -> Result<(), BackendError> {
+        use KArg::{I, L, P};
+        let grid = (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1);
+        let tiles = [P(s.sorted.ptr), P(s.tiles.ptr), P(s.num_tiles.ptr)];
+        match w {
+            WMat::Quant { dtype, data } => {
+                let idx = match dtype {
+                    quire_gguf::GgmlType::Q4_0 => 0,
+                    quire_gguf::GgmlType::Q4_1 => 1,
+                    _ => 2,
+                };
+                let expert_bytes = rows * dtype.row_size(cols as u64).unwrap_or(0) as usize;
+                let mut args = vec![P(data.ptr), L(expert_bytes as i64), P(a), I(act_div as i32)];
+                args.extend(tiles);
+                args.extend([P(out), I(rows as i32), I((cols / 32) as i32)]);
+                // SAFETY: moe_mmq's list; the addresses as this fn's contract says.
+                unsafe { self.g.launch(&self.mk.mmq[idx], grid, (128, 1, 1), &args) }
+            }
+            WMat::F16(b) => {
+                let mut args = vec![P(b.ptr), P(a), I(act_div as i32)];
+                args.extend(tiles);
+                args.extend([P(out), I(rows as i32), I(cols as i32)]);
+                // SAFETY: moe_gemv_f16's list; the addresses as this fn's contract says.
+                unsafe { self.g.launch(&self.mk.gemv_f16, grid, (128, 1, 1), &args) }
+            }
+        }
+    }
+
+    /// SwiGLU of every pair's gate/up row into the down matmul's input (`quant`: 8-bit blocks).
+    ///
+    /// # Safety
+    ///
+    /// As `run`.
+    unsafe fn swiglu(&self, quant: bool, s: &MoeScratch, d: Dims) -> Result<(), BackendError> {
+        use KArg::{I, L, P};
+        let (gu, act, inter) = (s.gu.ptr, s.act.ptr, d.inter as i32);
+        // SAFETY: the swiglu kernels' lists; `gu` and `act` are `s`'s, sized for the pairs.
+        unsafe {
+            if quant {
+                let blocks = d.pairs * d.inter / 32;
+                self.g.launch(
+                    &self.qk.swiglu_q8,
+                    (blocks.div_ceil(8) as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(gu), P(act), I(inter), L(blocks as i64)],
+                )
+            } else {
+                let total = d.pairs * d.inter;
+                self.g.launch(
+                    self.swiglu_f16,
+                    (total.div_ceil(256).min(65535) as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(gu), P(act), I(inter), L(total as i64)],
+                )
+            }
+        }
+    }
+
+    /// `x[t] += Σ weight · y[pair]` over each token's `k` pairs.
+    ///
+    /// # Safety
+    ///
+    /// As `run`, `x` being `io.x`.
+    unsafe fn combine(&self, x: u64, s: &MoeScratch, d: Dims) -> Result<(), BackendError> {
+        use KArg::{I, P};
+        // SAFETY: moe_combine's list; `x` is the caller's, the rest `s`'s.
+        unsafe {
+            self.g.launch(
+                &self.mk.combine,
+                (d.n as u32, 1, 1),
+                (256, 1, 1),
+                &[
+                    P(x),
+                    P(s.y.ptr),
+                    P(s.weights.ptr),
+                    I(d.k as i32),
+                    I(d.hd as i32),
+                ],
+            )
+        }
+    }
 }

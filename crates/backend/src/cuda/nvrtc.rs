@@ -137,8 +137,8 @@ fn check(r: sys::nvrtcResult, what: &str) -> Result<(), BackendError> {
 }
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("QUIRE_KERNEL_CACHE") {
-        return Some(PathBuf::from(d));
+    if let Some(d) = super::env::kernel_cache_dir() {
+        return Some(d);
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -149,7 +149,7 @@ fn cache_dir() -> Option<PathBuf> {
 /// Include directories for NVRTC: `QUIRE_CUDA_INCLUDE`, else the toolkit's, when present.
 fn include_paths() -> Vec<String> {
     let mut v = vec![];
-    if let Ok(p) = std::env::var("QUIRE_CUDA_INCLUDE") {
+    if let Some(p) = super::env::include_dir() {
         v.push(p);
     } else if std::path::Path::new("/usr/local/cuda/include").is_dir() {
         v.push("/usr/local/cuda/include".into());

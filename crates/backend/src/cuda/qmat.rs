@@ -182,8 +182,14 @@ impl QuantKernels {
 
     /// `y[n, out] (f32) = x · wᵀ + beta · y` for a quantized `w: [out, k_in]`; `xq: [n, k_in / 32]`
     /// q8 blocks.
+    ///
+    /// # Safety
+    ///
+    /// `w` (`[out, k_in]` blocks of `dtype`), `xq` (`n · k_in / 32` q8 blocks) and `y` (`n · out`
+    /// f32) are live device allocations on `gpu`'s context, not freed before the stream has
+    /// finished the kernel; `y` overlaps neither input.
     #[allow(clippy::too_many_arguments)]
-    pub fn matmul(
+    pub unsafe fn matmul(
         &self,
         gpu: &Gpu,
         dtype: GgmlType,
@@ -208,24 +214,32 @@ impl QuantKernels {
             )));
         }
         use KArg::{F, I, P};
-        gpu.launch(
-            f,
-            (out.div_ceil(MMQ_ROWS_PER_CTA) as u32, grid_y as u32, 1),
-            (128, 1, 1),
-            &[
-                P(w),
-                P(xq),
-                P(y),
-                I(out as i32),
-                I((k_in / 32) as i32),
-                I(n as i32),
-                F(beta),
-            ],
-        )
+        // SAFETY: the arguments are mmq's list; the addresses are the caller's (this fn's contract).
+        unsafe {
+            gpu.launch(
+                f,
+                (out.div_ceil(MMQ_ROWS_PER_CTA) as u32, grid_y as u32, 1),
+                (128, 1, 1),
+                &[
+                    P(w),
+                    P(xq),
+                    P(y),
+                    I(out as i32),
+                    I((k_in / 32) as i32),
+                    I(n as i32),
+                    F(beta),
+                ],
+            )
+        }
     }
 
     /// Quantizes `x: [n, k]` (f32 when `x_f32`, else f16) into `xq: [n, k / 32]` blocks.
-    pub fn quantize(
+    ///
+    /// # Safety
+    ///
+    /// `x` and `xq` are live device allocations on `gpu`'s context of those sizes, not freed
+    /// before the stream has finished the kernel, and do not overlap.
+    pub unsafe fn quantize(
         &self,
         gpu: &Gpu,
         x: u64,
@@ -235,21 +249,29 @@ impl QuantKernels {
         k: usize,
     ) -> Result<(), BackendError> {
         let blocks = n * k / 32;
-        gpu.launch(
-            if x_f32 {
-                &self.quantize_f32
-            } else {
-                &self.quantize_f16
-            },
-            (blocks.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            &[KArg::P(x), KArg::P(xq), KArg::L(blocks as i64)],
-        )
+        // SAFETY: the arguments are the quantize kernels' list; the addresses are the caller's.
+        unsafe {
+            gpu.launch(
+                if x_f32 {
+                    &self.quantize_f32
+                } else {
+                    &self.quantize_f16
+                },
+                (blocks.div_ceil(8) as u32, 1, 1),
+                (256, 1, 1),
+                &[KArg::P(x), KArg::P(xq), KArg::L(blocks as i64)],
+            )
+        }
     }
 
     /// `x[t] = table[ids[t]]` from a quantized `[vocab, hidden]` table.
+    ///
+    /// # Safety
+    ///
+    /// `ids` (`n` ints, each below the table's rows), `table` and `x` (`n · hidden` f32) are live
+    /// device allocations on `gpu`'s context, not freed before the stream has finished the kernel.
     #[allow(clippy::too_many_arguments)]
-    pub fn embed(
+    pub unsafe fn embed(
         &self,
         gpu: &Gpu,
         dtype: GgmlType,
@@ -259,21 +281,29 @@ impl QuantKernels {
         n: usize,
         hidden: usize,
     ) -> Result<(), BackendError> {
-        gpu.launch(
-            &self.embed[type_index(dtype)],
-            (n as u32, 1, 1),
-            (256, 1, 1),
-            &[
-                KArg::P(ids),
-                KArg::P(table),
-                KArg::P(x),
-                KArg::I(hidden as i32),
-            ],
-        )
+        // SAFETY: the arguments are the embed kernels' list; the addresses are the caller's.
+        unsafe {
+            gpu.launch(
+                &self.embed[type_index(dtype)],
+                (n as u32, 1, 1),
+                (256, 1, 1),
+                &[
+                    KArg::P(ids),
+                    KArg::P(table),
+                    KArg::P(x),
+                    KArg::I(hidden as i32),
+                ],
+            )
+        }
     }
 
     /// Dequantizes a whole `[rows, row_len]` matrix (`elems` values) to f16 into `out`.
-    pub fn dequantize(
+    ///
+    /// # Safety
+    ///
+    /// `w` (`elems` values of `dtype`) and `out` (`elems` f16) are live device allocations on
+    /// `gpu`'s context, not freed before the stream has finished the kernel, and do not overlap.
+    pub unsafe fn dequantize(
         &self,
         gpu: &Gpu,
         dtype: GgmlType,
@@ -281,11 +311,14 @@ impl QuantKernels {
         out: u64,
         elems: usize,
     ) -> Result<(), BackendError> {
-        gpu.launch(
-            &self.dequant[type_index(dtype)],
-            (elems.div_ceil(256) as u32, 1, 1),
-            (256, 1, 1),
-            &[KArg::P(w), KArg::P(out), KArg::L(elems as i64)],
-        )
+        // SAFETY: the arguments are the dequantize kernels' list; the addresses are the caller's.
+        unsafe {
+            gpu.launch(
+                &self.dequant[type_index(dtype)],
+                (elems.div_ceil(256) as u32, 1, 1),
+                (256, 1, 1),
+                &[KArg::P(w), KArg::P(out), KArg::L(elems as i64)],
+            )
+        }
     }
 }

@@ -81,7 +81,13 @@ impl SampleKernel {
 
     /// Uploads `rows` and enqueues the kernel: token `i` of `out` from row `i` of `logits`.
     // logits: [rows.len(), stride] f32 (the first `vocab` of each row); out: [rows.len()] i32
-    pub fn launch(
+    ///
+    /// # Safety
+    ///
+    /// `logits` (`rows.len() · stride` f32, `vocab <= stride`) and `out` (`rows.len()` i32) are
+    /// live device allocations on `gpu`'s context, not freed before the stream has finished the
+    /// kernel, and do not overlap.
+    pub unsafe fn launch(
         &mut self,
         gpu: &Gpu,
         logits: u64,
@@ -122,7 +128,8 @@ impl SampleKernel {
             .arg(&params.ptr)
             .arg(&out);
         // SAFETY: the arguments match sample_rows' signature; `logits` holds `rows` rows of
-        // `stride` floats (the caller's buffer), `params` `rows · PARAM_WORDS` words, `out` `rows` ints.
+        // `stride` floats and `out` `rows` ints (this fn's contract), `params` `rows · PARAM_WORDS`
+        // words (grown above).
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(cuda_err("sample_rows launch"))
@@ -139,25 +146,31 @@ pub fn argmax_ctas(vocab: usize) -> usize {
 
 impl CudaExecutor {
     /// The greedy pick of the first `rows` logits rows into `out` (`rows` i32 on the device).
-    pub(super) fn launch_argmax(&self, rows: usize, out: u64) -> Result<(), BackendError> {
+    ///
+    /// # Safety
+    ///
+    /// `out` is a live device allocation of at least `rows` i32 on this executor's context, not
+    /// freed before the stream has finished the kernel; `rows` is at most the logits rows.
+    pub(super) unsafe fn launch_argmax(&self, rows: usize, out: u64) -> Result<(), BackendError> {
         use super::gpu::KArg::{I, P};
         let s = &self.s;
         let vocab = self.cfg.vocab_size;
-        self.gpu.launch(
-            &self.k.argmax,
-            (argmax_ctas(vocab) as u32, rows as u32, 1),
-            (256, 1, 1),
-            &[
-                P(s.logits.as_ref().expect("grown by run").ptr),
-                I(vocab as i32),
-                P(out),
-                P(s.argmax_part.as_ref().expect("grown with the logits").ptr),
-                P(s.argmax_counters
-                    .as_ref()
-                    .expect("grown with the logits")
-                    .ptr),
-            ],
-        )?;
+        // SAFETY: argmax_split's list; `logits`, `argmax_part` and `argmax_counters` are scratch
+        // sized at load for the largest batch's rows, `out` the caller's (this fn's contract).
+        unsafe {
+            self.gpu.launch(
+                &self.k.argmax,
+                (argmax_ctas(vocab) as u32, rows as u32, 1),
+                (256, 1, 1),
+                &[
+                    P(s.logits.ptr),
+                    I(vocab as i32),
+                    P(out),
+                    P(s.argmax_part.ptr),
+                    P(s.argmax_counters.ptr),
+                ],
+            )
+        }?;
         self.gpu.trace_end();
         Ok(())
     }
@@ -184,10 +197,13 @@ impl CudaExecutor {
         }
         self.run(batch, false)?;
         let nl = rows.len();
-        let ids = self.s.ids.as_ref().expect("grown by run");
+        let ids = &self.s.ids;
         if let Some(k) = self.k.sample.as_mut() {
-            let logits = self.s.logits.as_ref().expect("grown by run").ptr;
-            k.launch(&self.gpu, logits, vocab, vocab, rows, ids.ptr)?;
+            let logits = self.s.logits.ptr;
+            // SAFETY: `logits` holds the step's `rows.len()` rows of `vocab` f32 (checked by
+            // `check_sample_rows`) and `ids` scratch grown by `run` for as many i32, both alive
+            // for the executor's life.
+            unsafe { k.launch(&self.gpu, logits, vocab, vocab, rows, ids.ptr) }?;
         }
         // Bytes: the rows are read a few times (a histogram pass, gathers), mostly from L2.
         self.prof

@@ -1,60 +1,109 @@
 //! The CUDA executor's device activations and how they grow with the batches it sees.
+//!
+//! Every buffer exists from load on (empty until a step needs it), so the forward pass reads
+//! plain fields; `grow` replaces a buffer that is too small and reports the move, because CUDA
+//! graphs captured before it hold the old addresses.
 
 use half::f16;
 
-use super::gpu::DBuf;
-use super::llama::CudaExecutor;
+use super::gpu::{DBuf, Gpu};
+use super::llama::{CudaExecutor, MAX_GRAPH_BATCH};
 use super::moe::MoeScratch;
 use super::qmat::Q8A_BYTES;
+use crate::chain::MAX_CHAIN;
 use crate::BackendError;
 
 /// Steps of at most this many tokens (single-sequence decode, small decode batches) use their own
 /// activations, allocated once and never regrown.
 pub(super) const SMALL_ROWS: usize = 16;
 
-/// One set of per-token activations for up to `tokens` rows.
-#[derive(Default)]
+/// One set of per-token activations for up to `tokens` rows (0: not allocated yet).
 pub(super) struct Acts {
     tokens: usize,
-    pub(super) x: Option<DBuf<f32>>,    // [n, hidden]
-    pub(super) h: Option<DBuf<f16>>,    // [n, hidden]
-    pub(super) qkv: Option<DBuf<f32>>,  // [n, q + 2kv]
-    pub(super) attn: Option<DBuf<f32>>, // [n, q] f16 or f32 (see AttnBuffers::out_f32)
-    pub(super) gu: Option<DBuf<f32>>,   // [n, 2 inter]
-    pub(super) act: Option<DBuf<f16>>,  // [n, inter]
-    /// [n, num_kv_heads] split arrivals of the decode attention kernel; zeroed when allocated,
-    /// left zero by every launch.
-    pub(super) attn_counters: Option<DBuf<i32>>,
+    pub(super) x: DBuf<f32>,    // [n, hidden]
+    pub(super) h: DBuf<f16>,    // [n, hidden]
+    pub(super) qkv: DBuf<f32>,  // [n, q + 2kv]
+    pub(super) attn: DBuf<f32>, // [n, q] f16 or f32 (see AttnBuffers::out_f32)
+    pub(super) gu: DBuf<f32>,   // [n, 2 inter]
+    pub(super) act: DBuf<f16>,  // [n, inter]
     /// Quantized activations for the quantized matmuls: [n, max(hidden, q, inter) / 32] blocks.
-    pub(super) q8: Option<DBuf<u8>>,
+    pub(super) q8: DBuf<u8>,
+}
+
+impl Acts {
+    fn empty(g: &Gpu) -> Result<Self, BackendError> {
+        Ok(Self {
+            tokens: 0,
+            x: g.alloc(0)?,
+            h: g.alloc(0)?,
+            qkv: g.alloc(0)?,
+            attn: g.alloc(0)?,
+            gu: g.alloc(0)?,
+            act: g.alloc(0)?,
+            q8: g.alloc(0)?,
+        })
+    }
 }
 
 /// Device activations, in two sets: small steps (decode of one or a few sequences) keep theirs
-/// together and never moved by a prompt's growth. Written to test whether scattered rows of
-/// grown buffers explained the slower tg128 after a 512-token prompt; they did not (PERF.md,
-/// stop 17: it was the decode graph's context bound, stop 18), the split stays because it costs
-/// nothing.
-#[derive(Default)]
+/// together, never moved by a prompt's growth (so their graphs stay valid). Measured on the H100,
+/// the split neither costs nor gains speed.
 pub(super) struct Scratch {
     /// Steps of up to `SMALL_ROWS` tokens.
     pub(super) small: Acts,
     /// Larger steps, grown to the largest seen.
     pub(super) large: Acts,
-    pub(super) logits: Option<DBuf<f32>>, // [n, vocab]
-    pub(super) part_acc: Option<DBuf<f32>>,
-    pub(super) part_ml: Option<DBuf<f32>>,
-    pub(super) meta: Option<DBuf<i32>>,
+    pub(super) logits: DBuf<f32>, // [n, vocab]
+    pub(super) part_acc: DBuf<f32>,
+    pub(super) part_ml: DBuf<f32>,
+    pub(super) meta: DBuf<i32>,
     /// The MoE FFN's routing and expert activations.
     pub(super) moe: MoeScratch,
-    /// The largest quantized matrix dequantized to f16, for many-token matmuls (allocated at load).
-    pub(super) wdq: Option<DBuf<f16>>,
-    pub(super) ids: Option<DBuf<i32>>,
+    /// The largest quantized matrix dequantized to f16, for many-token matmuls (sized at load;
+    /// empty when no matmul dequantizes).
+    pub(super) wdq: DBuf<f16>,
+    pub(super) ids: DBuf<i32>,
     /// `argmax_split`'s slices `[rows, ARGMAX_MAX_CTAS]` (value, index) and its per-row arrival
     /// counters (zeroed when allocated, left zero by every launch); grown with the logits.
-    pub(super) argmax_part: Option<DBuf<f32>>,
-    pub(super) argmax_counters: Option<DBuf<i32>>,
-    /// Chain decode's token ids, `[MAX_CHAIN][MAX_GRAPH_BATCH]` (allocated at first use, never moved).
-    pub(super) chain_ids: Option<DBuf<i32>>,
+    pub(super) argmax_part: DBuf<f32>,
+    pub(super) argmax_counters: DBuf<i32>,
+    /// Chain decode's token ids, `[MAX_CHAIN][MAX_GRAPH_BATCH]` (never moved).
+    pub(super) chain_ids: DBuf<i32>,
+}
+
+impl Scratch {
+    /// Empty activations beside `wdq` (allocated by the caller before the KV pool is sized).
+    pub(super) fn new(g: &Gpu, wdq: DBuf<f16>) -> Result<Self, BackendError> {
+        Ok(Self {
+            small: Acts::empty(g)?,
+            large: Acts::empty(g)?,
+            logits: g.alloc(0)?,
+            part_acc: g.alloc(0)?,
+            part_ml: g.alloc(0)?,
+            meta: g.alloc(0)?,
+            moe: MoeScratch::empty(g)?,
+            wdq,
+            ids: g.alloc(0)?,
+            argmax_part: g.alloc(0)?,
+            argmax_counters: g.alloc(0)?,
+            chain_ids: g.alloc(MAX_CHAIN * MAX_GRAPH_BATCH)?,
+        })
+    }
+
+    /// The activations a step of `n` tokens uses.
+    pub(super) fn acts(&self, n: usize) -> &Acts {
+        if n <= SMALL_ROWS {
+            &self.small
+        } else {
+            &self.large
+        }
+    }
+}
+
+/// Whether `b` must be (re)allocated to hold `len` elements: never allocated yet (an empty
+/// buffer), or too small.
+fn too_small<T>(b: &DBuf<T>, len: usize) -> bool {
+    b.len == 0 || b.len < len
 }
 
 impl CudaExecutor {
@@ -81,50 +130,35 @@ impl CudaExecutor {
             let cap = n.next_power_of_two().max(SMALL_ROWS);
             let (hd, qs, kvs, inter) =
                 (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-            a.x = Some(g.alloc(cap * hd)?);
-            a.h = Some(g.alloc(cap * hd)?);
-            a.qkv = Some(g.alloc(cap * (qs + 2 * kvs))?);
-            a.attn = Some(g.alloc(cap * qs)?);
-            a.gu = Some(g.alloc(cap * 2 * inter)?);
-            a.act = Some(g.alloc(cap * inter)?);
-            a.q8 = Some(g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?);
-            a.attn_counters = Some(g.alloc(cap * c.num_kv_heads)?);
+            a.x = g.alloc(cap * hd)?;
+            a.h = g.alloc(cap * hd)?;
+            a.qkv = g.alloc(cap * (qs + 2 * kvs))?;
+            a.attn = g.alloc(cap * qs)?;
+            a.gu = g.alloc(cap * 2 * inter)?;
+            a.act = g.alloc(cap * inter)?;
+            a.q8 = g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?;
             a.tokens = cap;
         }
         if let Some(m) = c.moe {
             moved |= s.moe.grow(g, n, &m, c.hidden_size)?;
         }
-        if s.logits.as_ref().is_none_or(|b| b.len < nl * c.vocab_size) {
+        if too_small(&s.logits, nl * c.vocab_size) {
             let rows = nl.next_power_of_two();
-            s.logits = Some(g.alloc(rows * c.vocab_size)?);
-            s.ids = Some(g.alloc(rows)?);
-            s.argmax_part = Some(g.alloc(rows * super::sample::ARGMAX_MAX_CTAS * 2)?);
-            s.argmax_counters = Some(g.alloc(rows)?);
+            s.logits = g.alloc(rows * c.vocab_size)?;
+            s.ids = g.alloc(rows)?;
+            s.argmax_part = g.alloc(rows * super::sample::ARGMAX_MAX_CTAS * 2)?;
+            s.argmax_counters = g.alloc(rows)?;
             moved = true;
         }
-        if s.part_acc
-            .as_ref()
-            .is_none_or(|b| b.len < part * c.head_dim)
-        {
-            s.part_acc = Some(g.alloc(part.next_power_of_two() * c.head_dim)?);
-            s.part_ml = Some(g.alloc(part.next_power_of_two() * 2)?);
+        if too_small(&s.part_acc, part * c.head_dim) {
+            s.part_acc = g.alloc(part.next_power_of_two() * c.head_dim)?;
+            s.part_ml = g.alloc(part.next_power_of_two() * 2)?;
             moved = true;
         }
-        if s.meta.as_ref().is_none_or(|b| b.len < meta) {
-            s.meta = Some(g.alloc(meta.next_power_of_two())?);
+        if too_small(&s.meta, meta) {
+            s.meta = g.alloc(meta.next_power_of_two())?;
             moved = true;
         }
         Ok(moved)
-    }
-}
-
-impl Scratch {
-    /// The activations a step of `n` tokens uses.
-    pub(super) fn acts(&self, n: usize) -> &Acts {
-        if n <= SMALL_ROWS {
-            &self.small
-        } else {
-            &self.large
-        }
     }
 }

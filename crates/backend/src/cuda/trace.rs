@@ -171,7 +171,7 @@ fn func_name(f: usize) -> String {
 
 /// `QUIRE_CUDA_TRACE=1`: whether to compile the kernels with their timeline marks.
 pub fn wanted() -> bool {
-    std::env::var("QUIRE_CUDA_TRACE").is_ok_and(|v| v == "1")
+    super::CudaEnv::get().trace
 }
 
 /// Points the module's `quire_trace` at the tracer's buffer.

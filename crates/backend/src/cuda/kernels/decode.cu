@@ -1,7 +1,8 @@
 // ---------------------------------------------------------------------------------------------
 // paged_decode: the decode kernel (compiled after attention.cu, same module). Grid (n,
 // num_kv_heads, splits), block 32 * WARPS, the first arguments as paged_attention's, then the
-// split counters and the RoPE inputs.
+// RoPE inputs. With splits > 1 each CTA leaves its split's partial (m = -inf for an empty split)
+// and attention_reduce merges them.
 //
 // Why a second kernel: a decode row reads its whole context once, so the step is a stream of
 // K/V bytes and must run at memory bandwidth. paged_attention's K phase gives each lane its own
@@ -44,15 +45,6 @@
 // runs after the prologue's copies are issued (their latency hides its global reads), each warp
 // taking whole heads through a scratch row in the last stage, which the prologue leaves idle.
 // Without `cs` the rows must come roped, and the kernel is correct for any row, prompt rows too.
-//
-// In-kernel split merge (splits > 1): every CTA writes its split's partial (m = -inf for an empty
-// split) and counts its arrival on its (row, KV head)'s counter; the CTA that arrives last merges
-// all splits of its GQA heads (merge_splits, as attention_reduce does) into the output row and
-// resets the counter to 0, so the buffer is clean for the next layer and the next graph replay.
-// No CTA waits for another, so any residency is safe. Ordering: each thread fences its partial
-// stores, a barrier, then one thread fences and does the atomicAdd (release); the last arriver's
-// thread fences after its atomicAdd, a barrier, every thread fences again (acquire) and reads the
-// partials through L2 (ld.cg; L1 is not coherent across SMs).
 #define DEC_TILE (4096 / HEAD_DIM)   // keys per tile: 64, 32, 16
 #define DEC_KW (DEC_TILE / WARPS)    // keys per warp per tile: 16, 8, 4
 #define DEC_QD (32 / DEC_KW)         // lanes per key in QK (HEAD_DIM / 32)
@@ -127,35 +119,6 @@ __device__ __forceinline__ void rope_head(float* x, const float* __restrict__ bi
     }
 }
 
-// The in-kernel split merge (see the comment above): every thread of the CTA calls it once its
-// split's partial is written. counter: this (row, KV head)'s arrivals, 0 before the launch;
-// part0: (row * num_heads + kvh * GQA) * splits, the group's first partial; out0: the group's
-// first output element.
-__device__ __forceinline__ void arrive_and_merge(int* counter, int splits,
-                                                 const float* part_acc, const float2* part_ml,
-                                                 long part0, void* out, int out_f32, long out0) {
-    __shared__ int last_s;
-    __threadfence();  // this thread's partial stores, GPU-wide, before the arrival
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();  // release: the whole CTA's stores (ordered by the barrier)
-        const int last = atomicAdd(counter, 1) == splits - 1;
-        if (last) {
-            atomicExch(counter, 0);  // every split has arrived: clean for the next launch
-            __threadfence();         // acquire: the other CTAs' partials
-        }
-        last_s = last;
-    }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < GQA * HEAD_DIM; i += blockDim.x) {
-        const int g = i / HEAD_DIM, d = i % HEAD_DIM;
-        store_out(out, out_f32, out0 + i,
-                  merge_splits(part_acc, part_ml, part0 + (long)g * splits, splits, d));
-    }
-}
-
 // DPL f16 values (DPL = 2, 4 or 8) from shared memory, one vector load.
 __device__ __forceinline__ void load_dpl(const half_t* p, float* v) {
 #if DPL == 2
@@ -176,8 +139,6 @@ __device__ __forceinline__ void load_dpl(const half_t* p, float* v) {
 
 // The first 17 arguments and their shapes: as paged_attention's (qkv rows un-roped when `cs` is
 // set), then
-// split_counters: [n, num_kv_heads] arrivals, all 0 between launches; null: the partials are left
-// for attention_reduce (when splits > 1);
 // bias: [qkv_stride] (q | k | v) or null; q_norm, k_norm: [HEAD_DIM] or null;
 // cs: [max_pos, pairs] (cos, sin), or null: the rows come roped; positions: [n];
 // pairs: rope_dim / 2 (<= HEAD_DIM / 2); neox: pairs (i, i + pairs) rather than (2i, 2i + 1);
@@ -190,8 +151,7 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
              const int* __restrict__ slot_mapping, int num_kv_heads, int block_size_log2,
              float scale, int window, void* __restrict__ out, int out_f32,
              float* __restrict__ part_acc, float2* __restrict__ part_ml, int skip_qlen,
-             int* __restrict__ split_counters, const float* __restrict__ bias,
-             const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+             const float* __restrict__ bias, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
              const float2* __restrict__ cs, const int* __restrict__ positions, int pairs,
              int neox, float eps) {
     // With the fused RoPE the kernel before this one (the QKV matmul) wrote nothing but the QKV
@@ -231,15 +191,10 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
         ((ctx - lo + splits - 1) / splits + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
     const int start = lo + split * keys_per_split;
     const int end = min(ctx, start + keys_per_split);
-    const long part0 = ((long)row * num_heads + kvh * GQA) * splits;  // the group's split 0
-    const long part = part0 + split;
-    const long out0 = (long)row * q_size + kvh * GQA * HEAD_DIM;
-    int* const counter = split_counters + (long)row * num_kv_heads + kvh;
-    if (start >= end) {  // an empty split (never split 0): nothing to attend, but it arrives
+    const long part = ((long)row * num_heads + kvh * GQA) * splits + split;  // the group's head 0
+    if (start >= end) {  // an empty split (never split 0): nothing to attend, an empty partial
         if (fused) pdl_enter();  // no global write before the wait
         if (tid < GQA) part_ml[part + (long)tid * splits] = make_float2(-INFINITY, 0.0f);
-        if (splits > 1 && split_counters)
-            arrive_and_merge(counter, splits, part_acc, part_ml, part0, out, out_f32, out0);
         return;
     }
     const int ntiles = (end - start + DEC_TILE - 1) / DEC_TILE;
@@ -468,6 +423,4 @@ paged_decode(const float* __restrict__ qkv, int qkv_stride, half_t* __restrict__
     }
     __syncthreads();
     merge_warps(acc_s, m_s, l_s, row, kvh, q_size, splits, part, out, out_f32, part_acc, part_ml);
-    if (splits > 1 && split_counters)
-        arrive_and_merge(counter, splits, part_acc, part_ml, part0, out, out_f32, out0);
 }

@@ -6,10 +6,9 @@
 // non-allocating loads, GV_UNROLL chunks per row in flight per lane (32 KB per CTA), and x comes
 // through L1 (every warp of the CTA reads the same x). Reduced with shuffles; lane 0 writes.
 //
-// Several shapes of one kernel (rows per warp × chunks per row in flight, below). The host picks
-// 1 row × 8 chunks for rows of 8 KB and more and 2 rows × 4 chunks for shorter rows (measured end
-// to end, PERF.md stop 16), and the grid: one row group per warp, or (`QUIRE_CUDA_GEMV_CTAS`) as
-// many CTAs as fit on the GPU at once, each warp walking a contiguous run of groups.
+// Two shapes of one kernel (rows per warp × chunks per row in flight, below): the host picks
+// 1 row × 8 chunks for long rows and small matrices and 2 rows × 4 chunks otherwise (gemv.rs,
+// `shape_for`, with the measurements), and one row group per warp.
 //
 // Requires in % 8 == 0 (16-byte chunks); rows past `out` are skipped.
 #define GV_WARPS 8
@@ -46,7 +45,7 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
 // the kernel before finishes (the rest of the step only needs the input vector). After that the
 // loads of batch i + 1 are issued before batch i's arithmetic. Every lane still accumulates its
 // chunks c, c + 32, c + 64, ... in order, so the sums do not depend on UNROLL. (An L2 bulk
-// prefetch of more of the rows before the wait was slower in every form tried: PERF.md, stop 19.)
+// prefetch of more of the rows before the wait was slower in every form tried on the H100.)
 // w: [out, in] f16; y: [out] f32. grid: ceil(out / (GV_WARPS * RPW)); block: 32 * GV_WARPS;
 // dynamic shared memory: in * 2 bytes for MODE 1 and 2, in * 6 for MODE 1's EARLY form (below).
 __device__ __forceinline__ unsigned gv_smem_u32(const void* p) {
@@ -128,7 +127,7 @@ __device__ __forceinline__ void gv_store_host(const float* ys, float* __restrict
 // w of CTA b takes row group b * GV_WARPS + w (one group per warp, the host's grid), beta is 0,
 // and the CTA's rows leave in one store after a barrier. Stored a row at a time from each warp,
 // the 4-8 byte bus writes cost the 135M model's 49K-row projection more than the copy they
-// replace (PERF.md, stop 19).
+// replace (measured on the H100).
 //
 // GLU (the gate/up projection of a decode step): w holds the gate rows [0, out) and then the up
 // rows [out, 2 * out); a warp's row group pairs gate row i with up row out + i (RPW is 2) and lane
@@ -156,9 +155,8 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     const int chunks = in >> 3;
     const int bpr = (chunks + 32 * UNROLL - 1) / (32 * UNROLL);  // batches per row group
     // This warp's row groups: a contiguous share [g_begin, g_end) of the ceil(out / RPW) groups.
-    // With one warp per group (the host's grid for short matrices) that is at most one group;
-    // with a grid of a few CTAs per SM, each warp walks many rows and the loads of the next
-    // group are in flight while the last batch of a group is summed.
+    // With one warp per group (the host's grid) that is at most one group; on a smaller grid
+    // each warp would walk many rows, the next group's loads in flight while a group is summed.
     const long groups = GLU ? out : (out + RPW - 1) / RPW, total_warps = (long)gridDim.x * GV_WARPS;
     const long gw = (long)blockIdx.x * GV_WARPS + warp;
     const int g_begin = HOST ? (int)gw : (int)(gw * groups / total_warps);
@@ -270,14 +268,11 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
     if (HOST) gv_store_host<RPW>(ys, y, out);
 }
 
-// Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list. The host
-// (gemv.rs) picks r1u8 or r2u4 by row length; the others are there to be measured
-// (`QUIRE_CUDA_GEMV_SHAPE`, `cuda_matmul_bench`).
-// Shapes of at most 4 chunks of a row group in flight per warp (2 x 2) are built for three CTAs
-// per SM or more (64 registers: four), so the 8B model's q/k/v grid (384 CTAs) fits one wave; it
-// measured slower (PERF.md, stop 20) and is kept for measurement. EARLY: see gemv_rows.
+// Entry points gemv_f16{,_norm,_swiglu}_r{RPW}u{UNROLL}, all with one argument list; the host
+// (gemv.rs) picks r1u8 or r2u4 (other shapes measured slower on the H100; git history has them).
+// EARLY: see gemv_rows.
 #define GEMV_ENTRY_X(name, RPW, UNROLL, MODE, GLU, HOST, EARLY)                               \
-    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, RPW * UNROLL <= 4 ? 3 : 1)       \
+    extern "C" __global__ void __launch_bounds__(32 * GV_WARPS, 1)                             \
     name(const half_t* __restrict__ w, const void* __restrict__ xin,                           \
          const int* __restrict__ rows_idx, const float* __restrict__ nw, float eps,            \
          void* __restrict__ y, int in, int out, float beta) {                                  \
@@ -289,23 +284,16 @@ __device__ __forceinline__ void gemv_rows(const half_t* __restrict__ w, const vo
 #define GEMV_ENTRY_E(name, RPW, UNROLL, MODE, GLU, HOST) \
     GEMV_ENTRY_X(name, RPW, UNROLL, MODE, GLU, HOST, true)
 #define GEMV_ENTRY(name, RPW, UNROLL, MODE, GLU) GEMV_ENTRY_H(name, RPW, UNROLL, MODE, GLU, false)
-#define GEMV_SHAPES(prefix, MODE)                         \
-    GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false)          \
-    GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)          \
-    GEMV_ENTRY(prefix##_r1u16, 1, 16, MODE, false)        \
-    GEMV_ENTRY(prefix##_r2u8, 2, 8, MODE, false)          \
-    GEMV_ENTRY(prefix##_r4u4, 4, 4, MODE, false)          \
-    GEMV_ENTRY(prefix##_r4u2, 4, 2, MODE, false)          \
-    GEMV_ENTRY(prefix##_r2u2, 2, 2, MODE, false)
+#define GEMV_SHAPES(prefix, MODE)                \
+    GEMV_ENTRY(prefix##_r1u8, 1, 8, MODE, false) \
+    GEMV_ENTRY(prefix##_r2u4, 2, 4, MODE, false)
 GEMV_SHAPES(gemv_f16, 0)
 GEMV_SHAPES(gemv_f16_norm, 1)
 GEMV_SHAPES(gemv_f16_swiglu, 2)
 // The GLU forms (gate/up with the SwiGLU applied on the way out), f16 or RMSNorm input.
 GEMV_ENTRY(gemv_f16_glu_r2u4, 2, 4, 0, true)
-GEMV_ENTRY(gemv_f16_glu_r2u8, 2, 8, 0, true)
 GEMV_ENTRY(gemv_f16_norm_glu_r2u4, 2, 4, 1, true)
-GEMV_ENTRY(gemv_f16_norm_glu_r2u8, 2, 8, 1, true)
-// The EARLY forms of the shapes the host picks (gemv.rs, `QUIRE_CUDA_GEMV_EARLY`).
+// The EARLY forms, for rows of at least gemv.rs's EARLY_MIN_K elements.
 GEMV_ENTRY_E(gemv_f16_r1u8_e, 1, 8, 0, false, false)
 GEMV_ENTRY_E(gemv_f16_r2u4_e, 2, 4, 0, false, false)
 GEMV_ENTRY_E(gemv_f16_norm_r1u8_e, 1, 8, 1, false, false)
