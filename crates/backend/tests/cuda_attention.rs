@@ -7,34 +7,29 @@
 //! un-roped rows (checked against the CPU backend's routines) and merges its own splits. Needs a
 //! GPU: ignored without one (see quire-testkit).
 
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
 #[cfg(feature = "cuda")]
-use half::f16;
-#[cfg(feature = "cuda")]
-use quire_backend::cpu::attention::{dense_reference, AttnParams};
-#[cfg(feature = "cuda")]
-use quire_backend::cpu::ops;
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::attention::{HostRun, PagedAttention, RopeInputs, PREFILL_MIN_ROWS};
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::gpu::Gpu;
-#[cfg(feature = "cuda")]
-use quire_backend::{ForwardBatch, SeqBatch};
-#[cfg(feature = "cuda")]
-use quire_core::{BlockId, RopeStyle};
-#[cfg(feature = "cuda")]
-use quire_testkit::metric::{self, RelL2};
-#[cfg(feature = "cuda")]
-use quire_testkit::paged::PagedCase;
-#[cfg(feature = "cuda")]
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use {
+    half::f16,
+    quire_backend::cpu::attention::{dense_reference, AttnParams},
+    quire_backend::cpu::ops,
+    quire_backend::cuda::attention::{HostRun, PagedAttention, RopeInputs, PREFILL_MIN_ROWS},
+    quire_backend::cuda::gpu::Gpu,
+    quire_backend::{ForwardBatch, SeqBatch},
+    quire_core::{BlockId, RopeStyle},
+    quire_testkit::metric::{self, RelL2},
+    quire_testkit::paged::PagedCase,
+    rand::{rngs::StdRng, Rng, SeedableRng},
+};
 
 #[cfg(feature = "cuda")]
 fn gpu() -> Gpu {
     Gpu::new(0).unwrap_or_else(|e| quire_testkit::no_gpu(&e))
 }
 
-#[cfg(feature = "cuda")]
 /// (query_len, seq_len) of each sequence. Returns the relative error against the dense reference.
+#[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
 fn case(
     g: &Gpu,
@@ -49,8 +44,8 @@ fn case(
     case_with(g, rng, nh, nkv, d, bs, seqs, window, None)
 }
 
-#[cfg(feature = "cuda")]
 /// What `paged_decode` applies to un-roped QKV rows in a `case_with` (decode batches only).
+#[cfg(feature = "cuda")]
 #[derive(Debug, Clone, Copy)]
 struct Rope {
     rope_dim: usize,
@@ -60,8 +55,8 @@ struct Rope {
     theta: f32,
 }
 
-#[cfg(feature = "cuda")]
 /// `Rope`'s host data: random bias and norm weights, the (cos, sin) table.
+#[cfg(feature = "cuda")]
 struct RopeData {
     bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
@@ -150,10 +145,10 @@ impl RopeData {
     }
 }
 
-#[cfg(feature = "cuda")]
 /// The kernel's f16 K/V against the host's: at most one f16 step apart, or, below 2e-3, within
 /// 2e-6. The two QK-norms differ by an f32 rounding or two (sum order, rsqrt), which a rotation
 /// that cancels to nearly zero magnifies beyond one step of the (then fine) f16 grid.
+#[cfg(feature = "cuda")]
 fn kv_close(got: f16, want: f16) -> bool {
     // Ordered integers: adjacent f16 values differ by 1 across zero too.
     let ord = |h: f16| {
@@ -168,13 +163,13 @@ fn kv_close(got: f16, want: f16) -> bool {
     (ord(got) - ord(want)).abs() <= 1 || (w.abs() < 2e-3 && (g - w).abs() <= 2e-6)
 }
 
-#[cfg(feature = "cuda")]
 /// `case`, or with `rope` (and a forced split count) a decode batch whose QKV rows are un-roped:
 /// `paged_decode` applies bias, QK-norm and RoPE itself. Such a case runs three times, with one
 /// split, the planned splits and the forced count (the in-kernel merge, empty splits included),
 /// each checked against the reference (rows roped on the host by the CPU backend's routines) and
 /// the cache slots against the host-roped K/V rounded to f16 (`kv_close`), and the split runs'
 /// outputs against the unsplit one's.
+#[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
 fn case_with(
     g: &Gpu,

@@ -3,20 +3,18 @@
 //! and the argmax. Outputs are poisoned with NaN first so an unwritten element fails. Needs a GPU:
 //! ignored without one (see quire-testkit). Per-op timings: `quire profile --backend cuda`.
 
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
 #[cfg(feature = "cuda")]
-use half::f16;
-#[cfg(feature = "cuda")]
-use quire_backend::cpu::ops;
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::gpu::{Gpu, KArg};
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::nvrtc;
-#[cfg(feature = "cuda")]
-use quire_core::RopeStyle;
-#[cfg(feature = "cuda")]
-use quire_testkit::metric::{self, rel_l2 as rel};
-#[cfg(feature = "cuda")]
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use {
+    half::f16,
+    quire_backend::cpu::ops,
+    quire_backend::cuda::gpu::{Gpu, KArg},
+    quire_backend::cuda::nvrtc,
+    quire_core::RopeStyle,
+    quire_testkit::metric::{self, rel_l2 as rel},
+    rand::{rngs::StdRng, Rng, SeedableRng},
+};
 
 #[cfg(feature = "cuda")]
 fn gpu() -> Gpu {
@@ -348,7 +346,6 @@ quire_testkit::gpu_test! {
     }
 }
 
-#[cfg(feature = "cuda")]
 /// The one-token GEMV against an f64 dot product of the same f16 values and against cuBLAS:
 /// shapes of the 135M/1B/8B layers plus odd ones (rows not a multiple of the CTA's 16, lengths
 /// not a multiple of the unrolled 1024 elements), beta 0 over a NaN-poisoned output and beta 1
@@ -358,6 +355,7 @@ quire_testkit::gpu_test! {
 /// Runs `launch` (a GEMV into the output address it is given) again in the EARLY forms, with the
 /// output reset to `init`, and checks it writes `got` bit for bit: the forms differ only in when
 /// the norm weight and the residual rows are read, never in the sums or their order.
+#[cfg(feature = "cuda")]
 fn same_when_early(
     g: &Gpu,
     gv: &mut quire_backend::cuda::gemv::Gemv,

@@ -6,27 +6,23 @@
 //! (see quire-testkit). Timing: `cargo run --release -p quire-backend --features cuda
 //! --example cuda_matmul_bench`.
 
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
 #[cfg(feature = "cuda")]
-use half::f16;
-#[cfg(feature = "cuda")]
-use quire_backend::cpu::kquant::{self, is_kquant};
-#[cfg(feature = "cuda")]
-use quire_backend::cpu::ops;
-#[cfg(feature = "cuda")]
-use quire_backend::cpu::quant::{dot_row, quantize_row_q8a_scalar, BlockQ8A, QK};
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::gpu::{Gpu, KArg};
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
-#[cfg(feature = "cuda")]
-use quire_gguf::GgmlType;
-#[cfg(feature = "cuda")]
-use quire_testkit::metric::{self, rel_l2};
-#[cfg(feature = "cuda")]
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use {
+    half::f16,
+    quire_backend::cpu::kquant::{self, is_kquant},
+    quire_backend::cpu::ops,
+    quire_backend::cpu::quant::{dot_row, quantize_row_q8a_scalar, BlockQ8A, QK},
+    quire_backend::cuda::gpu::{Gpu, KArg},
+    quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES},
+    quire_gguf::GgmlType,
+    quire_testkit::metric::{self, rel_l2},
+    rand::{rngs::StdRng, Rng, SeedableRng},
+};
 
-#[cfg(feature = "cuda")]
 /// Every stored type the quantized kernels read.
+#[cfg(feature = "cuda")]
 const ALL: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -82,9 +78,9 @@ fn cpu_q8(x: &[f32]) -> Vec<BlockQ8A> {
     out
 }
 
-#[cfg(feature = "cuda")]
 /// Blocks quantized from rows that may differ in the last bits: scales within f16 rounding, every
 /// value within one step, and at most 2% of them off by one.
+#[cfg(feature = "cuda")]
 fn assert_q8_close(got: &[BlockQ8A], want: &[BlockQ8A], what: &str) {
     assert_eq!(got.len(), want.len());
     let (mut off, mut total) = (0, 0);

@@ -11,19 +11,17 @@
 //! stratified sweep of u over a row checks the frequencies against the exact probabilities. Needs
 //! a GPU: ignored without one (see quire-testkit). Prints the kernel's time per launch.
 
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
 #[cfg(feature = "cuda")]
-use std::time::Instant;
-
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::gpu::Gpu;
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::nvrtc;
-#[cfg(feature = "cuda")]
-use quire_backend::cuda::sample::SampleKernel;
-#[cfg(feature = "cuda")]
-use quire_backend::{argmax, sample_row, SampleParams};
-#[cfg(feature = "cuda")]
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use {
+    quire_backend::cuda::gpu::Gpu,
+    quire_backend::cuda::nvrtc,
+    quire_backend::cuda::sample::SampleKernel,
+    quire_backend::{argmax, sample_row, SampleParams},
+    rand::{rngs::StdRng, Rng, SeedableRng},
+    std::time::Instant,
+};
 
 #[cfg(feature = "cuda")]
 struct Device {
@@ -75,8 +73,8 @@ fn normal(rng: &mut StdRng) -> f32 {
     ((-2.0 * (1.0 - a).ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
 }
 
-#[cfg(feature = "cuda")]
 /// A model's head: a few tokens far above the rest.
+#[cfg(feature = "cuda")]
 fn head(l: &mut [f32], rng: &mut StdRng) {
     for _ in 0..rng.random_range(1..30) {
         let i = rng.random_range(0..l.len());
@@ -84,8 +82,8 @@ fn head(l: &mut [f32], rng: &mut StdRng) {
     }
 }
 
-#[cfg(feature = "cuda")]
 /// A row of one of the kinds below.
+#[cfg(feature = "cuda")]
 fn row(rng: &mut StdRng, vocab: usize, kind: usize) -> Vec<f32> {
     let sigma = rng.random_range(1.5f32..3.0);
     let mut l: Vec<f32> = (0..vocab).map(|_| sigma * normal(rng)).collect();
@@ -167,10 +165,10 @@ fn random_params(rng: &mut StdRng) -> SampleParams {
     }
 }
 
-#[cfg(feature = "cuda")]
 /// `sample_row`'s kept tokens (sorted) and their weights, with f64 sums (exact to ~1e-15), and
 /// how close (relative) the top-p or min-p cut came to a boundary. Temperature > 0; `None`
 /// without finite logits.
+#[cfg(feature = "cuda")]
 fn exact_kept(l: &[f32], p: &SampleParams) -> Option<(Vec<u32>, Vec<f64>, f64)> {
     let mut c: Vec<(f32, u32)> = l
         .iter()
@@ -226,9 +224,9 @@ fn exact_kept(l: &[f32], p: &SampleParams) -> Option<(Vec<u32>, Vec<f64>, f64)> 
     Some((c[..keep].iter().map(|e| e.1).collect(), w, margin))
 }
 
-#[cfg(feature = "cuda")]
 /// `sample_row` with exact sums, and how close (relative) its top-p, min-p or draw decision came
 /// to a boundary.
+#[cfg(feature = "cuda")]
 fn exact(l: &[f32], p: &SampleParams) -> (u32, f64) {
     if p.temperature <= 0.0 {
         return (argmax(l), f64::INFINITY);
@@ -253,9 +251,9 @@ fn exact(l: &[f32], p: &SampleParams) -> (u32, f64) {
     (ids[ids.len() - 1], margin.min((t - cum).abs() / total))
 }
 
-#[cfg(feature = "cuda")]
 /// Row kinds like a model's output (a head far above the rest; some with ties on a grid or
 /// non-finite entries); the others are flat or dominated by huge runs of equal logits.
+#[cfg(feature = "cuda")]
 const MODEL_LIKE: [usize; 3] = [0, 2, 3];
 
 quire_testkit::gpu_test! {
