@@ -5,30 +5,31 @@
 //! `paged_prefill` (tensor cores), other rows of mixed batches `paged_attention`, all-decode
 //! batches `paged_decode` (checked per case), which also applies bias, QK-norm and RoPE to
 //! un-roped rows (checked against the CPU backend's routines) and merges its own splits. Needs a
-//! GPU; skipped without one unless QUIRE_REQUIRE_GPU is set.
-#![cfg(feature = "cuda")]
+//! GPU: ignored without one (see quire-testkit).
 
-use half::f16;
-use quire_backend::cpu::attention::{dense_reference, AttnParams};
-use quire_backend::cpu::ops;
-use quire_backend::cuda::attention::{HostRun, PagedAttention, RopeInputs, PREFILL_MIN_ROWS};
-use quire_backend::cuda::gpu::Gpu;
-use quire_backend::{ForwardBatch, SeqBatch};
-use quire_core::{BlockId, RopeStyle};
-use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
+#[cfg(feature = "cuda")]
+use {
+    half::f16,
+    quire_backend::cpu::attention::{dense_reference, AttnParams},
+    quire_backend::cpu::ops,
+    quire_backend::cuda::attention::{HostRun, PagedAttention, RopeInputs, PREFILL_MIN_ROWS},
+    quire_backend::cuda::gpu::Gpu,
+    quire_backend::{ForwardBatch, SeqBatch},
+    quire_core::{BlockId, RopeStyle},
+    quire_testkit::metric::{self, RelL2},
+    quire_testkit::paged::PagedCase,
+    rand::{rngs::StdRng, Rng, SeedableRng},
+};
 
-fn gpu() -> Option<Gpu> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) if std::env::var_os("QUIRE_REQUIRE_GPU").is_some() => panic!("{e}"),
-        Err(e) => {
-            eprintln!("SKIPPED (no GPU): {e}");
-            None
-        }
-    }
+#[cfg(feature = "cuda")]
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| quire_testkit::no_gpu(&e))
 }
 
 /// (query_len, seq_len) of each sequence. Returns the relative error against the dense reference.
+#[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
 fn case(
     g: &Gpu,
@@ -44,6 +45,7 @@ fn case(
 }
 
 /// What `paged_decode` applies to un-roped QKV rows in a `case_with` (decode batches only).
+#[cfg(feature = "cuda")]
 #[derive(Debug, Clone, Copy)]
 struct Rope {
     rope_dim: usize,
@@ -54,6 +56,7 @@ struct Rope {
 }
 
 /// `Rope`'s host data: random bias and norm weights, the (cos, sin) table.
+#[cfg(feature = "cuda")]
 struct RopeData {
     bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
@@ -64,6 +67,7 @@ struct RopeData {
     eps: f32,
 }
 
+#[cfg(feature = "cuda")]
 impl RopeData {
     fn new(rng: &mut StdRng, r: &Rope, q_size: usize, kv: usize, d: usize, max_pos: usize) -> Self {
         let mut vec = |len: usize, lo: f32, hi: f32| -> Vec<f32> {
@@ -144,6 +148,7 @@ impl RopeData {
 /// The kernel's f16 K/V against the host's: at most one f16 step apart, or, below 2e-3, within
 /// 2e-6. The two QK-norms differ by an f32 rounding or two (sum order, rsqrt), which a rotation
 /// that cancels to nearly zero magnifies beyond one step of the (then fine) f16 grid.
+#[cfg(feature = "cuda")]
 fn kv_close(got: f16, want: f16) -> bool {
     // Ordered integers: adjacent f16 values differ by 1 across zero too.
     let ord = |h: f16| {
@@ -164,6 +169,7 @@ fn kv_close(got: f16, want: f16) -> bool {
 /// each checked against the reference (rows roped on the host by the CPU backend's routines) and
 /// the cache slots against the host-roped K/V rounded to f16 (`kv_close`), and the split runs'
 /// outputs against the unsplit one's.
+#[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
 fn case_with(
     g: &Gpu,
@@ -180,63 +186,34 @@ fn case_with(
     let kv = nkv * d;
     let stride = q_size + 2 * kv + 3; // odd padding: rows are not packed
     let stride = stride.div_ceil(4) * 4; // float4 loads need 16-byte rows
-    let blocks_needed: usize = seqs.iter().map(|&(_, l)| l.div_ceil(bs)).sum();
-    let num_blocks = blocks_needed + 5;
-    let mut ids: Vec<usize> = (0..num_blocks).collect();
-    ids.shuffle(rng);
-    let nan = f16::from_f32(f32::NAN);
-    let mut k_cache = vec![nan; num_blocks * bs * kv];
-    let mut v_cache = vec![nan; num_blocks * bs * kv];
-    let n: usize = seqs.iter().map(|s| s.0).sum();
-    let mut qkv = vec![0f32; n * stride];
-    let (mut tok, mut pos, mut slot) = (vec![], vec![], vec![]);
-    let mut tables: Vec<Vec<BlockId>> = vec![];
-    let mut dense_k: Vec<Vec<f32>> = vec![];
-    let mut dense_v: Vec<Vec<f32>> = vec![];
-    let mut next = 0;
-    let mut row = 0;
-    for &(ql, sl) in seqs {
-        let table: Vec<BlockId> = ids[next..next + sl.div_ceil(bs)]
+                                         // The cache and the dense copies from the shared generator (the new rows' K/V go into the
+                                         // QKV rows, their slots stay NaN for the kernel's fused write).
+    let gen = PagedCase::new(
+        bs,
+        kv,
+        &seqs
             .iter()
-            .map(|&b| BlockId(b as u32))
-            .collect();
-        next += sl.div_ceil(bs);
-        let (mut dk, mut dv) = (vec![0f32; sl * kv], vec![0f32; sl * kv]);
-        for p in 0..sl {
-            let s = table[p / bs].as_usize() * bs + p % bs;
-            let new = p >= sl - ql;
-            for i in 0..kv {
-                let (a, b) = (
-                    f16::from_f32(rng.random_range(-1.0..1.0)),
-                    f16::from_f32(rng.random_range(-1.0..1.0)),
-                );
-                dk[p * kv + i] = a.to_f32();
-                dv[p * kv + i] = b.to_f32();
-                if new {
-                    let r = row + p - (sl - ql);
-                    qkv[r * stride + q_size + i] = a.to_f32();
-                    qkv[r * stride + q_size + kv + i] = b.to_f32();
-                } else {
-                    k_cache[s * kv + i] = a;
-                    v_cache[s * kv + i] = b;
-                }
-            }
-            if new {
-                tok.push(0u32);
-                pos.push(p as u32);
-                slot.push(s as u32);
-            }
+            .map(|&(ql, sl)| (sl - ql, ql))
+            .collect::<Vec<_>>(),
+    )
+    .generate::<f16>(rng);
+    let (k_cache, v_cache, num_blocks) = (gen.k_cache, gen.v_cache, gen.num_blocks);
+    let (pos, slot) = (gen.positions, gen.slot_mapping);
+    let n = pos.len();
+    let tok = vec![0u32; n];
+    let mut qkv = vec![0f32; n * stride];
+    for r in 0..n {
+        qkv[r * stride + q_size..r * stride + q_size + kv]
+            .copy_from_slice(&gen.k_new[r * kv..(r + 1) * kv]);
+        qkv[r * stride + q_size + kv..r * stride + q_size + 2 * kv]
+            .copy_from_slice(&gen.v_new[r * kv..(r + 1) * kv]);
+        for i in 0..q_size {
+            qkv[r * stride + i] = rng.random_range(-1.0..1.0);
         }
-        for r in row..row + ql {
-            for i in 0..q_size {
-                qkv[r * stride + i] = rng.random_range(-1.0..1.0);
-            }
-        }
-        row += ql;
-        tables.push(table);
-        dense_k.push(dk);
-        dense_v.push(dv);
     }
+    let tables: Vec<Vec<BlockId>> = gen.seqs.iter().map(|s| s.block_table.clone()).collect();
+    let mut dense_k: Vec<Vec<f32>> = gen.seqs.iter().map(|s| s.keys.clone()).collect();
+    let mut dense_v: Vec<Vec<f32>> = gen.seqs.iter().map(|s| s.values.clone()).collect();
     // With `rope`: the rows stay un-roped for the kernel; the reference reads them roped on the
     // host, the step's keys and values rounded to f16 as the kernel stores them.
     let rope = rope.map(|(r, forced)| {
@@ -385,21 +362,13 @@ fn case_with(
             assert!(back == qkv, "the QKV rows were modified");
         }
 
-        let (mut num, mut den) = (0f64, 0f64);
+        let mut err = RelL2::default();
         for (i, s) in sb.iter().enumerate() {
             let s0 = s.query_start;
-            for (j, &x) in reference[i].iter().enumerate() {
-                let got = out[s0 * q_size + j] as f64;
-                assert!(
-                    got.is_finite(),
-                    "non-finite output at seq {i} elem {j} ({:?}; NaN: a poisoned slot was read)",
-                    run.plan
-                );
-                num += (got - x) * (got - x);
-                den += x * x;
-            }
+            let got = &out[s0 * q_size..s0 * q_size + reference[i].len()];
+            err.add(got, &reference[i]);
         }
-        worst = worst.max((num / den).sqrt());
+        worst = worst.max(err.value());
         // Split runs against the unsplit one: the same attention, summed in another order
         // (outputs within a step or two of f16 rounding).
         match &unsplit {
@@ -419,280 +388,287 @@ fn case_with(
     worst
 }
 
-#[test]
-fn paged_attention_matches_the_dense_reference() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(7);
-    let mut worst = 0f64;
-    for &(nh, nkv) in &[(8, 8), (9, 3), (32, 8), (16, 2), (12, 6)] {
-        for d in [64, 128] {
-            for bs in [16, 32, 64, 128] {
-                let decode_len = rng.random_range(1..400);
-                let chunk_ctx = rng.random_range(1..200);
-                let seqs = [(1, decode_len), (37, 37 + chunk_ctx), (13, 13), (1, 1)];
-                let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, None);
-                assert!(
-                    err < 2e-3,
-                    "Hq {nh} Hkv {nkv} D {d} block {bs}: rel err {err:.2e}"
-                );
-                worst = worst.max(err);
-            }
-        }
-    }
-    eprintln!("paged attention: worst relative error {worst:.2e}");
-}
-
-#[test]
-fn long_contexts_split_the_keys_and_still_match() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(11);
-    for &(seqs, bs) in &[
-        (&[(1usize, 4097usize)][..], 16),
-        (&[(1, 3000), (1, 17), (1, 9000)][..], 128),
-        (&[(5, 2500)][..], 32),
-    ] {
-        let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
-        let max = seqs.iter().map(|s| s.1).max().unwrap();
-        assert!(
-            a.plan(
-                g.sms,
-                seqs.iter().map(|s| s.0).sum(),
-                max,
-                seqs.iter().all(|s| s.0 == 1)
-            )
-            .splits
-                > 1,
-            "this case should split"
-        );
-        let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, None);
-        assert!(err < 2e-3, "{seqs:?}: rel err {err:.2e}");
-    }
-}
-
-#[test]
-fn sliding_windows_match_the_windowed_dense_reference() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(17);
-    // Windows shorter and longer than the contexts, a split long context, prompt chunks.
-    for &(window, bs) in &[
-        (1usize, 16usize),
-        (5, 16),
-        (8, 32),
-        (17, 64),
-        (40, 128),
-        (1000, 16),
-    ] {
-        let seqs = [(1, 300), (37, 80), (13, 13), (1, 2500)];
-        let err = case(&g, &mut rng, 32, 8, 128, bs, &seqs, Some(window));
-        assert!(err < 2e-3, "window {window} block {bs}: rel err {err:.2e}");
-        let err = case(&g, &mut rng, 9, 3, 64, bs, &seqs[..3], Some(window));
-        assert!(
-            err < 2e-3,
-            "window {window} block {bs} (GQA 3, D 64): rel err {err:.2e}"
-        );
-    }
-}
-
-/// The decode kernel: all-decode batches over every block size, GQA 1, 2, 3, 4 and 8, head dims
-/// 64, 128 and 256, contexts of one key, one tile's worth ± 1 (tiles are 4096 / head_dim keys),
-/// odd and long lengths, with and without windows.
-#[test]
-fn decode_batches_match_the_dense_reference() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(23);
-    let mut worst = 0f64;
-    for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
-        for d in [64, 128, 256] {
-            let tile = 4096 / d;
-            for bs in [16, 32, 64, 128] {
-                let seqs = [
-                    (1, 1),
-                    (1, rng.random_range(2..tile)),
-                    (1, tile),
-                    (1, tile + 1),
-                    (1, 4 * tile - 1),
-                    (1, rng.random_range(300..900) | 1),
-                    (1, rng.random_range(1500..2600)),
-                ];
-                let window = (bs == 32 || bs == 128).then(|| rng.random_range(1..3 * tile));
-                let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
-                assert!(
-                    err < 2e-3,
-                    "decode Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
-                );
-                worst = worst.max(err);
-            }
-        }
-    }
-    eprintln!("paged decode: worst relative error {worst:.2e}");
-}
-
-/// The decode kernel's split choices: one row with a long context (many splits, B1), a batch
-/// large enough for one split per row (the output written directly), windows over split contexts.
-#[test]
-fn decode_splits_and_windows_match() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(29);
-    let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
-    let many: Vec<(usize, usize)> = (0..80).map(|_| (1, rng.random_range(1..700))).collect();
-    let one_split = a.plan(g.sms, many.len(), 700, true);
-    assert_eq!(one_split.splits, 1, "{} rows: {one_split:?}", many.len());
-    let err = case(&g, &mut rng, 32, 8, 128, 16, &many, None);
-    assert!(err < 2e-3, "80 decode rows: rel err {err:.2e}");
-    for &(seqs, bs, window) in &[
-        (&[(1usize, 20001usize)][..], 64, None),
-        (&[(1, 4096)][..], 16, None),
-        (&[(1, 5000), (1, 3), (1, 777)][..], 32, Some(1000)),
-        (&[(1, 2500), (1, 2049)][..], 128, Some(300)),
-    ] {
-        let max = seqs.iter().map(|s| s.1).max().unwrap();
-        let a = PagedAttention::new(&g, 32, 8, 128)
-            .unwrap()
-            .with_window(window);
-        assert!(
-            a.plan(g.sms, seqs.len(), max, true).splits > 1,
-            "{seqs:?} should split"
-        );
-        let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, window);
-        assert!(err < 2e-3, "{seqs:?} window {window:?}: rel err {err:.2e}");
-    }
-}
-
-/// The decode kernel on un-roped QKV rows (the forward pass's decode steps): it applies the QKV
-/// bias, QK-norm and RoPE itself and merges its own splits. Batches of 1 to 9 decode rows, GQA 1,
-/// 2, 3, 4 and 8, head dims 64 and 128, block sizes 16 and 128, every combination of bias, QK-norm
-/// and rotation style, rotations over part of the head (rope_dim = head_dim / 2, and 40), contexts
-/// from one key to a few thousand, some windows; then one long row, and head dim 256. Each case
-/// runs with one split, the planned splits and a forced count (short rows then leave most splits
-/// empty), against the dense reference on rows roped by the CPU backend's routines, the cache
-/// slots against the host-roped K/V, and the split outputs against the unsplit one.
-#[test]
-fn fused_rope_and_split_merge_match_host_rope_and_the_dense_reference() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(31);
-    let mut worst = 0f64;
-    let mut i = 0usize;
-    for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
-        for d in [64, 128] {
-            let tile = 4096 / d;
-            for bs in [16, 128] {
-                let rows = rng.random_range(1..=9);
-                let seqs: Vec<(usize, usize)> = (0..rows)
-                    .map(|r| match r {
-                        0 => (1, 1),
-                        1 => (1, tile + 1),
-                        _ => (1, rng.random_range(2..3500)),
-                    })
-                    .collect();
-                let rope = Rope {
-                    rope_dim: match i % 5 {
-                        3 => d / 2,
-                        4 => 40,
-                        _ => d,
-                    },
-                    neox: i & 1 == 0,
-                    bias: i & 2 != 0,
-                    qk_norm: i & 4 != 0,
-                    theta: if i.is_multiple_of(3) { 1e6 } else { 1e4 },
-                };
-                let window = (i % 7 == 5).then(|| rng.random_range(1..500));
-                let forced = rng.random_range(5..40);
-                let err = case_with(
-                    &g,
-                    &mut rng,
-                    nh,
-                    nkv,
-                    d,
-                    bs,
-                    &seqs,
-                    window,
-                    Some((rope, forced)),
-                );
-                assert!(
-                    err < 2e-3,
-                    "fused RoPE Hq {nh} Hkv {nkv} D {d} block {bs} {rope:?} window {window:?} \
-                     rows {seqs:?}: rel err {err:.2e}"
-                );
-                worst = worst.max(err);
-                i += 1;
-            }
-        }
-    }
-    // One row over a long context: the planned splits are many (the B1 graph's case).
-    let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
-    assert!(
-        a.plan(g.sms, 1, 6000, true).splits > 1,
-        "one long row should split"
-    );
-    let rope = Rope {
-        rope_dim: 128,
-        neox: true,
-        bias: true,
-        qk_norm: true,
-        theta: 5e5,
-    };
-    let err = case_with(
-        &g,
-        &mut rng,
-        32,
-        8,
-        128,
-        16,
-        &[(1, 6000)],
-        None,
-        Some((rope, 64)),
-    );
-    assert!(
-        err < 2e-3,
-        "fused RoPE, one row of 6000 keys: rel err {err:.2e}"
-    );
-    // Head dim 256 (a quarter of it rotated), GQA 1 and 8.
-    for (nh, nkv) in [(4, 4), (16, 2)] {
-        let rope = Rope {
-            rope_dim: 64,
-            neox: false,
-            bias: true,
-            qk_norm: true,
-            theta: 1e4,
-        };
-        let seqs = [(1, 1), (1, 17), (1, 700)];
-        let err = case_with(&g, &mut rng, nh, nkv, 256, 32, &seqs, None, Some((rope, 9)));
-        assert!(
-            err < 2e-3,
-            "fused RoPE, D 256, Hq {nh} Hkv {nkv}: rel err {err:.2e}"
-        );
-    }
-    eprintln!("fused RoPE decode: worst relative error {worst:.2e}");
-}
-
-/// The prefill kernel: prompt chunks alone and on top of a cached context, beside decode rows and
-/// short chunks in one batch, every block size, GQA 1 to 8, head dims 64, 128 and 256, chunk
-/// lengths around the tile size (64 score rows / GQA query rows) and the key tile (64 keys; 32 at
-/// head_dim 256), with and without windows.
-#[test]
-fn prefill_chunks_match_the_dense_reference() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(23);
-    let mut worst = 0f64;
-    for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
-        for d in [64, 128, 256] {
-            for bs in [16, 32, 64, 128] {
-                let cached = rng.random_range(0..300);
-                let q = rng.random_range(16..200);
-                let seqs = [(q, q + cached), (1, 77), (64, 64), (7, 40), (17, 17 + 65)];
-                for window in [None, Some(rng.random_range(1..90))] {
-                    let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
+quire_testkit::gpu_test! {
+    fn paged_attention_matches_the_dense_reference() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut worst = 0f64;
+        for &(nh, nkv) in &[(8, 8), (9, 3), (32, 8), (16, 2), (12, 6)] {
+            for d in [64, 128] {
+                for bs in [16, 32, 64, 128] {
+                    let decode_len = rng.random_range(1..400);
+                    let chunk_ctx = rng.random_range(1..200);
+                    let seqs = [(1, decode_len), (37, 37 + chunk_ctx), (13, 13), (1, 1)];
+                    let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, None);
                     assert!(
-                        err < 2e-3,
-                        "prefill Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
+                        err < metric::ATTENTION_GPU,
+                        "Hq {nh} Hkv {nkv} D {d} block {bs}: rel err {err:.2e}"
                     );
                     worst = worst.max(err);
                 }
             }
         }
+        eprintln!("paged attention: worst relative error {worst:.2e}");
     }
-    // A lone 512-token prompt from an empty cache, as `bench` pp512 runs it.
-    let err = case(&g, &mut rng, 32, 8, 128, 16, &[(512, 512)], None);
-    assert!(err < 2e-3, "512-token prompt: rel err {err:.2e}");
-    eprintln!("paged prefill: worst relative error {worst:.2e}");
+}
+
+quire_testkit::gpu_test! {
+    fn long_contexts_split_the_keys_and_still_match() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(11);
+        for &(seqs, bs) in &[
+            (&[(1usize, 4097usize)][..], 16),
+            (&[(1, 3000), (1, 17), (1, 9000)][..], 128),
+            (&[(5, 2500)][..], 32),
+        ] {
+            let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
+            let max = seqs.iter().map(|s| s.1).max().unwrap();
+            assert!(
+                a.plan(
+                    g.sms,
+                    seqs.iter().map(|s| s.0).sum(),
+                    max,
+                    seqs.iter().all(|s| s.0 == 1)
+                )
+                .splits
+                    > 1,
+                "this case should split"
+            );
+            let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, None);
+            assert!(err < metric::ATTENTION_GPU, "{seqs:?}: rel err {err:.2e}");
+        }
+    }
+}
+
+quire_testkit::gpu_test! {
+    fn sliding_windows_match_the_windowed_dense_reference() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(17);
+        // Windows shorter and longer than the contexts, a split long context, prompt chunks.
+        for &(window, bs) in &[
+            (1usize, 16usize),
+            (5, 16),
+            (8, 32),
+            (17, 64),
+            (40, 128),
+            (1000, 16),
+        ] {
+            let seqs = [(1, 300), (37, 80), (13, 13), (1, 2500)];
+            let err = case(&g, &mut rng, 32, 8, 128, bs, &seqs, Some(window));
+            assert!(err < metric::ATTENTION_GPU, "window {window} block {bs}: rel err {err:.2e}");
+            let err = case(&g, &mut rng, 9, 3, 64, bs, &seqs[..3], Some(window));
+            assert!(
+                err < metric::ATTENTION_GPU,
+                "window {window} block {bs} (GQA 3, D 64): rel err {err:.2e}"
+            );
+        }
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// The decode kernel: all-decode batches over every block size, GQA 1, 2, 3, 4 and 8, head dims
+    /// 64, 128 and 256, contexts of one key, one tile's worth ± 1 (tiles are 4096 / head_dim keys),
+    /// odd and long lengths, with and without windows.
+    fn decode_batches_match_the_dense_reference() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(23);
+        let mut worst = 0f64;
+        for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
+            for d in [64, 128, 256] {
+                let tile = 4096 / d;
+                for bs in [16, 32, 64, 128] {
+                    let seqs = [
+                        (1, 1),
+                        (1, rng.random_range(2..tile)),
+                        (1, tile),
+                        (1, tile + 1),
+                        (1, 4 * tile - 1),
+                        (1, rng.random_range(300..900) | 1),
+                        (1, rng.random_range(1500..2600)),
+                    ];
+                    let window = (bs == 32 || bs == 128).then(|| rng.random_range(1..3 * tile));
+                    let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
+                    assert!(
+                        err < metric::ATTENTION_GPU,
+                        "decode Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
+                    );
+                    worst = worst.max(err);
+                }
+            }
+        }
+        eprintln!("paged decode: worst relative error {worst:.2e}");
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// The decode kernel's split choices: one row with a long context (many splits, B1), a batch
+    /// large enough for one split per row (the output written directly), windows over split contexts.
+    fn decode_splits_and_windows_match() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(29);
+        let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
+        let many: Vec<(usize, usize)> = (0..80).map(|_| (1, rng.random_range(1..700))).collect();
+        let one_split = a.plan(g.sms, many.len(), 700, true);
+        assert_eq!(one_split.splits, 1, "{} rows: {one_split:?}", many.len());
+        let err = case(&g, &mut rng, 32, 8, 128, 16, &many, None);
+        assert!(err < metric::ATTENTION_GPU, "80 decode rows: rel err {err:.2e}");
+        for &(seqs, bs, window) in &[
+            (&[(1usize, 20001usize)][..], 64, None),
+            (&[(1, 4096)][..], 16, None),
+            (&[(1, 5000), (1, 3), (1, 777)][..], 32, Some(1000)),
+            (&[(1, 2500), (1, 2049)][..], 128, Some(300)),
+        ] {
+            let max = seqs.iter().map(|s| s.1).max().unwrap();
+            let a = PagedAttention::new(&g, 32, 8, 128)
+                .unwrap()
+                .with_window(window);
+            assert!(
+                a.plan(g.sms, seqs.len(), max, true).splits > 1,
+                "{seqs:?} should split"
+            );
+            let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, window);
+            assert!(err < metric::ATTENTION_GPU, "{seqs:?} window {window:?}: rel err {err:.2e}");
+        }
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// The decode kernel on un-roped QKV rows (the forward pass's decode steps): it applies the QKV
+    /// bias, QK-norm and RoPE itself and merges its own splits. Batches of 1 to 9 decode rows, GQA 1,
+    /// 2, 3, 4 and 8, head dims 64 and 128, block sizes 16 and 128, every combination of bias, QK-norm
+    /// and rotation style, rotations over part of the head (rope_dim = head_dim / 2, and 40), contexts
+    /// from one key to a few thousand, some windows; then one long row, and head dim 256. Each case
+    /// runs with one split, the planned splits and a forced count (short rows then leave most splits
+    /// empty), against the dense reference on rows roped by the CPU backend's routines, the cache
+    /// slots against the host-roped K/V, and the split outputs against the unsplit one.
+    fn fused_rope_and_split_merge_match_host_rope_and_the_dense_reference() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(31);
+        let mut worst = 0f64;
+        let mut i = 0usize;
+        for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
+            for d in [64, 128] {
+                let tile = 4096 / d;
+                for bs in [16, 128] {
+                    let rows = rng.random_range(1..=9);
+                    let seqs: Vec<(usize, usize)> = (0..rows)
+                        .map(|r| match r {
+                            0 => (1, 1),
+                            1 => (1, tile + 1),
+                            _ => (1, rng.random_range(2..3500)),
+                        })
+                        .collect();
+                    let rope = Rope {
+                        rope_dim: match i % 5 {
+                            3 => d / 2,
+                            4 => 40,
+                            _ => d,
+                        },
+                        neox: i & 1 == 0,
+                        bias: i & 2 != 0,
+                        qk_norm: i & 4 != 0,
+                        theta: if i.is_multiple_of(3) { 1e6 } else { 1e4 },
+                    };
+                    let window = (i % 7 == 5).then(|| rng.random_range(1..500));
+                    let forced = rng.random_range(5..40);
+                    let err = case_with(
+                        &g,
+                        &mut rng,
+                        nh,
+                        nkv,
+                        d,
+                        bs,
+                        &seqs,
+                        window,
+                        Some((rope, forced)),
+                    );
+                    assert!(
+                        err < metric::ATTENTION_GPU,
+                        "fused RoPE Hq {nh} Hkv {nkv} D {d} block {bs} {rope:?} window {window:?} \
+                         rows {seqs:?}: rel err {err:.2e}"
+                    );
+                    worst = worst.max(err);
+                    i += 1;
+                }
+            }
+        }
+        // One row over a long context: the planned splits are many (the B1 graph's case).
+        let a = PagedAttention::new(&g, 32, 8, 128).unwrap();
+        assert!(
+            a.plan(g.sms, 1, 6000, true).splits > 1,
+            "one long row should split"
+        );
+        let rope = Rope {
+            rope_dim: 128,
+            neox: true,
+            bias: true,
+            qk_norm: true,
+            theta: 5e5,
+        };
+        let err = case_with(
+            &g,
+            &mut rng,
+            32,
+            8,
+            128,
+            16,
+            &[(1, 6000)],
+            None,
+            Some((rope, 64)),
+        );
+        assert!(
+            err < metric::ATTENTION_GPU,
+            "fused RoPE, one row of 6000 keys: rel err {err:.2e}"
+        );
+        // Head dim 256 (a quarter of it rotated), GQA 1 and 8.
+        for (nh, nkv) in [(4, 4), (16, 2)] {
+            let rope = Rope {
+                rope_dim: 64,
+                neox: false,
+                bias: true,
+                qk_norm: true,
+                theta: 1e4,
+            };
+            let seqs = [(1, 1), (1, 17), (1, 700)];
+            let err = case_with(&g, &mut rng, nh, nkv, 256, 32, &seqs, None, Some((rope, 9)));
+            assert!(
+                err < metric::ATTENTION_GPU,
+                "fused RoPE, D 256, Hq {nh} Hkv {nkv}: rel err {err:.2e}"
+            );
+        }
+        eprintln!("fused RoPE decode: worst relative error {worst:.2e}");
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// The prefill kernel: prompt chunks alone and on top of a cached context, beside decode rows and
+    /// short chunks in one batch, every block size, GQA 1 to 8, head dims 64, 128 and 256, chunk
+    /// lengths around the tile size (64 score rows / GQA query rows) and the key tile (64 keys; 32 at
+    /// head_dim 256), with and without windows.
+    fn prefill_chunks_match_the_dense_reference() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(23);
+        let mut worst = 0f64;
+        for &(nh, nkv) in &[(8, 8), (16, 8), (9, 3), (32, 8), (16, 2)] {
+            for d in [64, 128, 256] {
+                for bs in [16, 32, 64, 128] {
+                    let cached = rng.random_range(0..300);
+                    let q = rng.random_range(16..200);
+                    let seqs = [(q, q + cached), (1, 77), (64, 64), (7, 40), (17, 17 + 65)];
+                    for window in [None, Some(rng.random_range(1..90))] {
+                        let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
+                        assert!(
+                            err < metric::ATTENTION_GPU,
+                            "prefill Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
+                        );
+                        worst = worst.max(err);
+                    }
+                }
+            }
+        }
+        // A lone 512-token prompt from an empty cache, as `bench` pp512 runs it.
+        let err = case(&g, &mut rng, 32, 8, 128, 16, &[(512, 512)], None);
+        assert!(err < metric::ATTENTION_GPU, "512-token prompt: rel err {err:.2e}");
+        eprintln!("paged prefill: worst relative error {worst:.2e}");
+    }
 }

@@ -1,248 +1,184 @@
 //! The small CUDA kernels against the CPU backend's ops on random inputs: RMSNorm (with a row
 //! gather), the embedding gather, RoPE with QKV bias and QK-norm (both rotation styles), SwiGLU
-//! and the argmax. Outputs are poisoned with NaN first so an unwritten element fails. Needs a GPU;
-//! skipped without one unless QUIRE_REQUIRE_GPU is set. Per-op timings: `quire profile --backend cuda`.
-#![cfg(feature = "cuda")]
+//! and the argmax. Outputs are poisoned with NaN first so an unwritten element fails. Needs a GPU:
+//! ignored without one (see quire-testkit). Per-op timings: `quire profile --backend cuda`.
 
-use half::f16;
-use quire_backend::cpu::ops;
-use quire_backend::cuda::gpu::{Gpu, KArg};
-use quire_backend::cuda::nvrtc;
-use quire_core::RopeStyle;
-use rand::{rngs::StdRng, Rng, SeedableRng};
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
+#[cfg(feature = "cuda")]
+use {
+    half::f16,
+    quire_backend::cpu::ops,
+    quire_backend::cuda::gpu::{Gpu, KArg},
+    quire_backend::cuda::nvrtc,
+    quire_core::RopeStyle,
+    quire_testkit::metric::{self, rel_l2 as rel},
+    rand::{rngs::StdRng, Rng, SeedableRng},
+};
 
-fn gpu() -> Option<Gpu> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) if std::env::var_os("QUIRE_REQUIRE_GPU").is_some() => panic!("{e}"),
-        Err(e) => {
-            eprintln!("SKIPPED (no GPU): {e}");
-            None
-        }
-    }
+#[cfg(feature = "cuda")]
+fn gpu() -> Gpu {
+    Gpu::new(0).unwrap_or_else(|e| quire_testkit::no_gpu(&e))
 }
 
+#[cfg(feature = "cuda")]
 fn rnd(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-a..a)).collect()
 }
 
-fn rel(got: &[f32], want: &[f32]) -> f64 {
-    assert!(got.iter().all(|v| v.is_finite()), "non-finite output");
-    let num: f64 = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (num / den).sqrt()
-}
-
+#[cfg(feature = "cuda")]
 fn read_f16(g: &Gpu, b: &quire_backend::cuda::gpu::DBuf<f16>) -> Vec<f32> {
     let mut h = vec![f16::ZERO; b.len];
     g.dtoh(b, &mut h).unwrap();
     h.into_iter().map(f16::to_f32).collect()
 }
 
-#[test]
-fn rms_norm_embed_swiglu_and_argmax_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(3);
-    let norm = g.module(&nvrtc::NORM, &[]).unwrap();
-    let embed = g.module(&nvrtc::EMBED, &[]).unwrap();
-    let act = g.module(&nvrtc::ACTIVATION, &[]).unwrap();
-    let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
-    for dim in [576usize, 2048, 4096, 100, 8200] {
-        let rows = 7;
-        let x = rnd(&mut rng, rows * dim, 3.0);
-        let w = rnd(&mut rng, dim, 2.0);
-        let idx = [5i32, 0, 3];
-        let (dx, dw, di) = (
-            g.upload(&x).unwrap(),
-            g.upload(&w).unwrap(),
-            g.upload(&idx).unwrap(),
-        );
-        let out = g
-            .upload(&vec![f16::from_f32(f32::NAN); idx.len() * dim])
+quire_testkit::gpu_test! {
+    fn rms_norm_embed_swiglu_and_argmax_match_the_cpu() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(3);
+        let norm = g.module(&nvrtc::NORM, &[]).unwrap();
+        let embed = g.module(&nvrtc::EMBED, &[]).unwrap();
+        let act = g.module(&nvrtc::ACTIVATION, &[]).unwrap();
+        let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
+        for dim in [576usize, 2048, 4096, 100, 8200] {
+            let rows = 7;
+            let x = rnd(&mut rng, rows * dim, 3.0);
+            let w = rnd(&mut rng, dim, 2.0);
+            let idx = [5i32, 0, 3];
+            let (dx, dw, di) = (
+                g.upload(&x).unwrap(),
+                g.upload(&w).unwrap(),
+                g.upload(&idx).unwrap(),
+            );
+            let out = g
+                .upload(&vec![f16::from_f32(f32::NAN); idx.len() * dim])
+                .unwrap();
+            let f = Gpu::function(&norm, "rms_norm_f16").unwrap();
+            let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
+            g.launch(
+                &f,
+                (idx.len() as u32, 1, 1),
+                (threads, 1, 1),
+                &[
+                    KArg::P(dx.ptr),
+                    KArg::P(di.ptr),
+                    KArg::P(dw.ptr),
+                    KArg::P(out.ptr),
+                    KArg::I(dim as i32),
+                    KArg::F(1e-5),
+                ],
+            )
             .unwrap();
-        let f = Gpu::function(&norm, "rms_norm_f16").unwrap();
-        let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
-        g.launch(
-            &f,
-            (idx.len() as u32, 1, 1),
-            (threads, 1, 1),
-            &[
-                KArg::P(dx.ptr),
-                KArg::P(di.ptr),
-                KArg::P(dw.ptr),
-                KArg::P(out.ptr),
-                KArg::I(dim as i32),
-                KArg::F(1e-5),
-            ],
-        )
-        .unwrap();
-        let mut want = vec![0f32; idx.len() * dim];
-        let picked: Vec<f32> = idx
-            .iter()
-            .flat_map(|&r| x[r as usize * dim..(r as usize + 1) * dim].to_vec())
-            .collect();
-        ops::rms_norm(&picked, &w, 1e-5, &mut want);
-        let e = rel(&read_f16(&g, &out), &want);
-        assert!(e < 1e-3, "rms_norm dim {dim}: {e:.2e}");
+            let mut want = vec![0f32; idx.len() * dim];
+            let picked: Vec<f32> = idx
+                .iter()
+                .flat_map(|&r| x[r as usize * dim..(r as usize + 1) * dim].to_vec())
+                .collect();
+            ops::rms_norm(&picked, &w, 1e-5, &mut want);
+            let e = rel(&read_f16(&g, &out), &want);
+            assert!(e < metric::F16_OUTPUT, "rms_norm dim {dim}: {e:.2e}");
 
-        // Embedding gather of f16 rows into f32.
-        let table: Vec<f16> = rnd(&mut rng, 50 * dim, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let ids = [49i32, 0, 17, 17];
-        let (dt, dids) = (g.upload(&table).unwrap(), g.upload(&ids).unwrap());
-        let dxe = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
-        g.launch(
-            &Gpu::function(&embed, "embed_f16").unwrap(),
-            (ids.len() as u32, 1, 1),
-            (256, 1, 1),
-            &[
-                KArg::P(dids.ptr),
-                KArg::P(dt.ptr),
-                KArg::P(dxe.ptr),
-                KArg::I(dim as i32),
-            ],
-        )
-        .unwrap();
-        let mut got = vec![0f32; ids.len() * dim];
-        g.dtoh(&dxe, &mut got).unwrap();
-        let want: Vec<f32> = ids
-            .iter()
-            .flat_map(|&t| {
-                table[t as usize * dim..(t as usize + 1) * dim]
-                    .iter()
-                    .map(|v| v.to_f32())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        assert_eq!(got, want, "embedding rows");
-        // The same rows with the step's metadata read from mapped host memory: the kernel
-        // copies its 64 words to the device buffer (poisoned first) and takes the ids there.
-        let (mut host, src) = quire_backend::cuda::gpu::HostBuf::<i32>::mapped(64).unwrap();
-        let words = host.slice_mut(64).unwrap();
-        for (i, v) in words.iter_mut().enumerate() {
-            *v = 1000 + i as i32;
-        }
-        words[8..8 + ids.len()].copy_from_slice(&ids);
-        let words = words.to_vec();
-        let dmeta = g.upload(&vec![-1i32; 64]).unwrap();
-        let dxm = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
-        g.launch(
-            &Gpu::function(&embed, "embed_f16_meta").unwrap(),
-            (ids.len() as u32, 1, 1),
-            (256, 1, 1),
-            &[
-                KArg::P(src),
-                KArg::P(dmeta.ptr),
-                KArg::I(64),
-                KArg::I(8),
-                KArg::P(dt.ptr),
-                KArg::P(dxm.ptr),
-                KArg::I(dim as i32),
-            ],
-        )
-        .unwrap();
-        let mut meta_got = vec![0i32; 64];
-        g.dtoh(&dmeta, &mut meta_got).unwrap();
-        assert_eq!(meta_got, words, "metadata copied from mapped memory");
-        g.dtoh(&dxm, &mut got).unwrap();
-        assert_eq!(got, want, "embedding rows, ids from mapped memory");
-
-        // SwiGLU on [gate | up] rows.
-        let inter = dim;
-        let gu = rnd(&mut rng, rows * 2 * inter, 6.0);
-        let dgu = g.upload(&gu).unwrap();
-        let dact = g
-            .upload(&vec![f16::from_f32(f32::NAN); rows * inter])
+            // Embedding gather of f16 rows into f32.
+            let table: Vec<f16> = rnd(&mut rng, 50 * dim, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let ids = [49i32, 0, 17, 17];
+            let (dt, dids) = (g.upload(&table).unwrap(), g.upload(&ids).unwrap());
+            let dxe = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
+            g.launch(
+                &Gpu::function(&embed, "embed_f16").unwrap(),
+                (ids.len() as u32, 1, 1),
+                (256, 1, 1),
+                &[
+                    KArg::P(dids.ptr),
+                    KArg::P(dt.ptr),
+                    KArg::P(dxe.ptr),
+                    KArg::I(dim as i32),
+                ],
+            )
             .unwrap();
-        let total = rows * inter;
-        g.launch(
-            &Gpu::function(&act, "swiglu_f16").unwrap(),
-            (total.div_ceil(256) as u32, 1, 1),
-            (256, 1, 1),
-            &[
-                KArg::P(dgu.ptr),
-                KArg::P(dact.ptr),
-                KArg::I(inter as i32),
-                KArg::L(total as i64),
-            ],
-        )
-        .unwrap();
-        let mut want = vec![0f32; total];
-        ops::swiglu(&gu, inter, &mut want);
-        let e = rel(&read_f16(&g, &dact), &want);
-        assert!(e < 1e-3, "swiglu inter {inter}: {e:.2e}");
+            let mut got = vec![0f32; ids.len() * dim];
+            g.dtoh(&dxe, &mut got).unwrap();
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&t| {
+                    table[t as usize * dim..(t as usize + 1) * dim]
+                        .iter()
+                        .map(|v| v.to_f32())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            assert_eq!(got, want, "embedding rows");
+            // The same rows with the step's metadata read from mapped host memory: the kernel
+            // copies its 64 words to the device buffer (poisoned first) and takes the ids there.
+            let (mut host, src) = quire_backend::cuda::gpu::HostBuf::<i32>::mapped(64).unwrap();
+            let words = host.slice_mut(64).unwrap();
+            for (i, v) in words.iter_mut().enumerate() {
+                *v = 1000 + i as i32;
+            }
+            words[8..8 + ids.len()].copy_from_slice(&ids);
+            let words = words.to_vec();
+            let dmeta = g.upload(&vec![-1i32; 64]).unwrap();
+            let dxm = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
+            g.launch(
+                &Gpu::function(&embed, "embed_f16_meta").unwrap(),
+                (ids.len() as u32, 1, 1),
+                (256, 1, 1),
+                &[
+                    KArg::P(src),
+                    KArg::P(dmeta.ptr),
+                    KArg::I(64),
+                    KArg::I(8),
+                    KArg::P(dt.ptr),
+                    KArg::P(dxm.ptr),
+                    KArg::I(dim as i32),
+                ],
+            )
+            .unwrap();
+            let mut meta_got = vec![0i32; 64];
+            g.dtoh(&dmeta, &mut meta_got).unwrap();
+            assert_eq!(meta_got, words, "metadata copied from mapped memory");
+            g.dtoh(&dxm, &mut got).unwrap();
+            assert_eq!(got, want, "embedding rows, ids from mapped memory");
 
-        // Argmax per row, ties to the lowest index, as the host argmax.
-        let mut logits = rnd(&mut rng, rows * dim, 10.0);
-        logits[dim + 7] = 50.0;
-        logits[dim + 9] = 50.0;
-        let dl = g.upload(&logits).unwrap();
-        let dout = g.upload(&vec![-1i32; rows]).unwrap();
-        g.launch(
-            &Gpu::function(&sample, "argmax_rows").unwrap(),
-            (rows as u32, 1, 1),
-            (1024, 1, 1),
-            &[KArg::P(dl.ptr), KArg::I(dim as i32), KArg::P(dout.ptr)],
-        )
-        .unwrap();
-        let mut got = vec![0i32; rows];
-        g.dtoh(&dout, &mut got).unwrap();
-        let want: Vec<i32> = logits
-            .chunks_exact(dim)
-            .map(|r| quire_backend::argmax(r) as i32)
-            .collect();
-        assert_eq!(got, want, "argmax dim {dim}");
-        assert_eq!(got[1], 7);
-    }
-}
+            // SwiGLU on [gate | up] rows.
+            let inter = dim;
+            let gu = rnd(&mut rng, rows * 2 * inter, 6.0);
+            let dgu = g.upload(&gu).unwrap();
+            let dact = g
+                .upload(&vec![f16::from_f32(f32::NAN); rows * inter])
+                .unwrap();
+            let total = rows * inter;
+            g.launch(
+                &Gpu::function(&act, "swiglu_f16").unwrap(),
+                (total.div_ceil(256) as u32, 1, 1),
+                (256, 1, 1),
+                &[
+                    KArg::P(dgu.ptr),
+                    KArg::P(dact.ptr),
+                    KArg::I(inter as i32),
+                    KArg::L(total as i64),
+                ],
+            )
+            .unwrap();
+            let mut want = vec![0f32; total];
+            ops::swiglu(&gu, inter, &mut want);
+            let e = rel(&read_f16(&g, &dact), &want);
+            assert!(e < metric::F16_OUTPUT, "swiglu inter {inter}: {e:.2e}");
 
-/// `argmax_split` (several CTAs per row, the last to arrive reduces) picks what the host argmax
-/// picks, ties to the lowest index across slices and NaN never winning, and leaves its arrival
-/// counters at 0, so launch after launch on the same buffers stays right.
-#[test]
-fn split_argmax_matches_the_host_argmax_launch_after_launch() {
-    use quire_backend::cuda::sample::{argmax_ctas, ARGMAX_MAX_CTAS};
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(37);
-    let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
-    let f = Gpu::function(&sample, "argmax_split").unwrap();
-    for dim in [128256usize, 49152, 4097, 100, 1] {
-        let rows = 5;
-        let ctas = argmax_ctas(dim);
-        let part = g.alloc::<f32>(rows * ARGMAX_MAX_CTAS * 2).unwrap();
-        let counters = g.alloc::<i32>(rows).unwrap();
-        for rep in 0..3 {
+            // Argmax per row, ties to the lowest index, as the host argmax.
             let mut logits = rnd(&mut rng, rows * dim, 10.0);
-            if dim > 4096 {
-                // Row 1: a tie across two slices; row 2: NaNs and the max in the last slice.
-                logits[dim + 7] = 50.0;
-                logits[dim + dim - 3] = 50.0;
-                logits[2 * dim] = f32::NAN;
-                logits[2 * dim + dim / 2] = f32::NAN;
-                logits[3 * dim - 1] = 60.0;
-            }
-            if rep == 2 {
-                logits[3 * dim..4 * dim].fill(f32::NEG_INFINITY); // row 3: nothing above -inf
-            }
+            logits[dim + 7] = 50.0;
+            logits[dim + 9] = 50.0;
             let dl = g.upload(&logits).unwrap();
             let dout = g.upload(&vec![-1i32; rows]).unwrap();
             g.launch(
-                &f,
-                (ctas as u32, rows as u32, 1),
-                (256, 1, 1),
-                &[
-                    KArg::P(dl.ptr),
-                    KArg::I(dim as i32),
-                    KArg::P(dout.ptr),
-                    KArg::P(part.ptr),
-                    KArg::P(counters.ptr),
-                ],
+                &Gpu::function(&sample, "argmax_rows").unwrap(),
+                (rows as u32, 1, 1),
+                (1024, 1, 1),
+                &[KArg::P(dl.ptr), KArg::I(dim as i32), KArg::P(dout.ptr)],
             )
             .unwrap();
             let mut got = vec![0i32; rows];
@@ -251,105 +187,162 @@ fn split_argmax_matches_the_host_argmax_launch_after_launch() {
                 .chunks_exact(dim)
                 .map(|r| quire_backend::argmax(r) as i32)
                 .collect();
-            assert_eq!(
-                got, want,
-                "argmax_split dim {dim} ({ctas} CTAs), launch {rep}"
-            );
-            if dim > 4096 {
-                assert_eq!((got[1], got[2]), (7, (dim - 1) as i32));
-            }
-            let mut c = vec![1i32; rows];
-            g.dtoh(&counters, &mut c).unwrap();
-            assert!(c.iter().all(|&v| v == 0), "counters left at {c:?}");
+            assert_eq!(got, want, "argmax dim {dim}");
+            assert_eq!(got[1], 7);
         }
     }
 }
 
-#[test]
-fn rope_with_bias_and_qk_norm_matches_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(5);
-    let rope = g.module(&nvrtc::ROPE, &[]).unwrap();
-    let f = Gpu::function(&rope, "rope_qkv").unwrap();
-    for &(nh, nkv, hd, rope_dim, style, bias, qk) in &[
-        (
-            9usize,
-            3usize,
-            64usize,
-            64usize,
-            RopeStyle::Normal,
-            false,
-            false,
-        ),
-        (32, 8, 128, 128, RopeStyle::Neox, true, false),
-        (16, 4, 128, 64, RopeStyle::Neox, false, true),
-        (4, 2, 256, 256, RopeStyle::Normal, true, true),
-    ] {
-        let n = 5;
-        let stride = (nh + 2 * nkv) * hd;
-        let qkv = rnd(&mut rng, n * stride, 2.0);
-        let b = bias.then(|| rnd(&mut rng, stride, 0.5));
-        let qn = qk.then(|| rnd(&mut rng, hd, 1.5));
-        let kn = qk.then(|| rnd(&mut rng, hd, 1.5));
-        let positions: Vec<i32> = vec![0, 1, 17, 300, 4095];
-        let table = ops::RopeTable::new(rope_dim, 10000.0, None);
-        let pairs = rope_dim / 2;
-        let mut cs = vec![];
-        let mut tmp = vec![];
-        for p in 0..4096u32 {
-            table.angles(p, &mut tmp);
-            cs.extend(tmp.iter().flat_map(|&(c, s)| [c, s]));
-        }
-        let d = g.upload(&qkv).unwrap();
-        let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|v| g.upload(v).unwrap());
-        let (db, dqn, dkn) = (opt(&b), opt(&qn), opt(&kn));
-        let p = |x: &Option<quire_backend::cuda::gpu::DBuf<f32>>| {
-            KArg::P(x.as_ref().map_or(0, |b| b.ptr))
-        };
-        let (dcs, dpos) = (g.upload(&cs).unwrap(), g.upload(&positions).unwrap());
-        g.launch(
-            &f,
-            (n as u32, (nh + 2 * nkv) as u32, 1),
-            (128, 1, 1),
-            &[
-                KArg::P(d.ptr),
-                p(&db),
-                p(&dqn),
-                p(&dkn),
-                KArg::P(dcs.ptr),
-                KArg::P(dpos.ptr),
-                KArg::I(stride as i32),
-                KArg::I(nh as i32),
-                KArg::I(nkv as i32),
-                KArg::I(hd as i32),
-                KArg::I(pairs as i32),
-                KArg::I(matches!(style, RopeStyle::Neox) as i32),
-                KArg::F(1e-6),
-            ],
-        )
-        .unwrap();
-        let mut got = vec![0f32; qkv.len()];
-        g.dtoh(&d, &mut got).unwrap();
-        let mut want = qkv.clone();
-        for (t, row) in want.chunks_exact_mut(stride).enumerate() {
-            if let Some(b) = &b {
-                ops::add_in_place(row, b);
+quire_testkit::gpu_test! {
+    /// `argmax_split` (several CTAs per row, the last to arrive reduces) picks what the host argmax
+    /// picks, ties to the lowest index across slices and NaN never winning, and leaves its arrival
+    /// counters at 0, so launch after launch on the same buffers stays right.
+    fn split_argmax_matches_the_host_argmax_launch_after_launch() {
+        use quire_backend::cuda::sample::{argmax_ctas, ARGMAX_MAX_CTAS};
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(37);
+        let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
+        let f = Gpu::function(&sample, "argmax_split").unwrap();
+        for dim in [128256usize, 49152, 4097, 100, 1] {
+            let rows = 5;
+            let ctas = argmax_ctas(dim);
+            let part = g.alloc::<f32>(rows * ARGMAX_MAX_CTAS * 2).unwrap();
+            let counters = g.alloc::<i32>(rows).unwrap();
+            for rep in 0..3 {
+                let mut logits = rnd(&mut rng, rows * dim, 10.0);
+                if dim > 4096 {
+                    // Row 1: a tie across two slices; row 2: NaNs and the max in the last slice.
+                    logits[dim + 7] = 50.0;
+                    logits[dim + dim - 3] = 50.0;
+                    logits[2 * dim] = f32::NAN;
+                    logits[2 * dim + dim / 2] = f32::NAN;
+                    logits[3 * dim - 1] = 60.0;
+                }
+                if rep == 2 {
+                    logits[3 * dim..4 * dim].fill(f32::NEG_INFINITY); // row 3: nothing above -inf
+                }
+                let dl = g.upload(&logits).unwrap();
+                let dout = g.upload(&vec![-1i32; rows]).unwrap();
+                g.launch(
+                    &f,
+                    (ctas as u32, rows as u32, 1),
+                    (256, 1, 1),
+                    &[
+                        KArg::P(dl.ptr),
+                        KArg::I(dim as i32),
+                        KArg::P(dout.ptr),
+                        KArg::P(part.ptr),
+                        KArg::P(counters.ptr),
+                    ],
+                )
+                .unwrap();
+                let mut got = vec![0i32; rows];
+                g.dtoh(&dout, &mut got).unwrap();
+                let want: Vec<i32> = logits
+                    .chunks_exact(dim)
+                    .map(|r| quire_backend::argmax(r) as i32)
+                    .collect();
+                assert_eq!(
+                    got, want,
+                    "argmax_split dim {dim} ({ctas} CTAs), launch {rep}"
+                );
+                if dim > 4096 {
+                    assert_eq!((got[1], got[2]), (7, (dim - 1) as i32));
+                }
+                let mut c = vec![1i32; rows];
+                g.dtoh(&counters, &mut c).unwrap();
+                assert!(c.iter().all(|&v| v == 0), "counters left at {c:?}");
             }
-            let (q, rest) = row.split_at_mut(nh * hd);
-            let k = &mut rest[..nkv * hd];
-            if let (Some(qn), Some(kn)) = (&qn, &kn) {
-                ops::rms_norm_heads(q, qn, 1e-6);
-                ops::rms_norm_heads(k, kn, 1e-6);
-            }
-            table.angles(positions[t] as u32, &mut tmp);
-            ops::rope(q, hd, &tmp, style);
-            ops::rope(k, hd, &tmp, style);
         }
-        let e = rel(&got, &want);
-        assert!(
-            e < 1e-5,
-            "rope Hq {nh} Hkv {nkv} D {hd} rot {rope_dim} {style:?} bias {bias} qk {qk}: {e:.2e}"
-        );
+    }
+}
+
+quire_testkit::gpu_test! {
+    fn rope_with_bias_and_qk_norm_matches_the_cpu() {
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(5);
+        let rope = g.module(&nvrtc::ROPE, &[]).unwrap();
+        let f = Gpu::function(&rope, "rope_qkv").unwrap();
+        for &(nh, nkv, hd, rope_dim, style, bias, qk) in &[
+            (
+                9usize,
+                3usize,
+                64usize,
+                64usize,
+                RopeStyle::Normal,
+                false,
+                false,
+            ),
+            (32, 8, 128, 128, RopeStyle::Neox, true, false),
+            (16, 4, 128, 64, RopeStyle::Neox, false, true),
+            (4, 2, 256, 256, RopeStyle::Normal, true, true),
+        ] {
+            let n = 5;
+            let stride = (nh + 2 * nkv) * hd;
+            let qkv = rnd(&mut rng, n * stride, 2.0);
+            let b = bias.then(|| rnd(&mut rng, stride, 0.5));
+            let qn = qk.then(|| rnd(&mut rng, hd, 1.5));
+            let kn = qk.then(|| rnd(&mut rng, hd, 1.5));
+            let positions: Vec<i32> = vec![0, 1, 17, 300, 4095];
+            let table = ops::RopeTable::new(rope_dim, 10000.0, None);
+            let pairs = rope_dim / 2;
+            let mut cs = vec![];
+            let mut tmp = vec![];
+            for p in 0..4096u32 {
+                table.angles(p, &mut tmp);
+                cs.extend(tmp.iter().flat_map(|&(c, s)| [c, s]));
+            }
+            let d = g.upload(&qkv).unwrap();
+            let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|v| g.upload(v).unwrap());
+            let (db, dqn, dkn) = (opt(&b), opt(&qn), opt(&kn));
+            let p = |x: &Option<quire_backend::cuda::gpu::DBuf<f32>>| {
+                KArg::P(x.as_ref().map_or(0, |b| b.ptr))
+            };
+            let (dcs, dpos) = (g.upload(&cs).unwrap(), g.upload(&positions).unwrap());
+            g.launch(
+                &f,
+                (n as u32, (nh + 2 * nkv) as u32, 1),
+                (128, 1, 1),
+                &[
+                    KArg::P(d.ptr),
+                    p(&db),
+                    p(&dqn),
+                    p(&dkn),
+                    KArg::P(dcs.ptr),
+                    KArg::P(dpos.ptr),
+                    KArg::I(stride as i32),
+                    KArg::I(nh as i32),
+                    KArg::I(nkv as i32),
+                    KArg::I(hd as i32),
+                    KArg::I(pairs as i32),
+                    KArg::I(matches!(style, RopeStyle::Neox) as i32),
+                    KArg::F(1e-6),
+                ],
+            )
+            .unwrap();
+            let mut got = vec![0f32; qkv.len()];
+            g.dtoh(&d, &mut got).unwrap();
+            let mut want = qkv.clone();
+            for (t, row) in want.chunks_exact_mut(stride).enumerate() {
+                if let Some(b) = &b {
+                    ops::add_in_place(row, b);
+                }
+                let (q, rest) = row.split_at_mut(nh * hd);
+                let k = &mut rest[..nkv * hd];
+                if let (Some(qn), Some(kn)) = (&qn, &kn) {
+                    ops::rms_norm_heads(q, qn, 1e-6);
+                    ops::rms_norm_heads(k, kn, 1e-6);
+                }
+                table.angles(positions[t] as u32, &mut tmp);
+                ops::rope(q, hd, &tmp, style);
+                ops::rope(k, hd, &tmp, style);
+            }
+            let e = rel(&got, &want);
+            assert!(
+                e < metric::F32_ELEMENTWISE,
+                "rope Hq {nh} Hkv {nkv} D {hd} rot {rope_dim} {style:?} bias {bias} qk {qk}: {e:.2e}"
+            );
+        }
     }
 }
 
@@ -362,6 +355,7 @@ fn rope_with_bias_and_qk_norm_matches_the_cpu() {
 /// Runs `launch` (a GEMV into the output address it is given) again in the EARLY forms, with the
 /// output reset to `init`, and checks it writes `got` bit for bit: the forms differ only in when
 /// the norm weight and the residual rows are read, never in the sums or their order.
+#[cfg(feature = "cuda")]
 fn same_when_early(
     g: &Gpu,
     gv: &mut quire_backend::cuda::gemv::Gemv,
@@ -383,227 +377,229 @@ fn same_when_early(
     );
 }
 
-#[test]
-fn gemv_matches_an_f64_dot_product_and_cublas() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput};
-    use quire_backend::cuda::gpu::HostBuf;
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(29);
-    let mut gv = Gemv::new(&g).unwrap();
-    gv.early_min_k = usize::MAX; // the plain forms; `same_when_early` checks the EARLY ones
-    let f16_in = GemvInput::F16 { x: 0 };
-    assert!(!gv.fits(100, &f16_in) && gv.fits(104, &f16_in));
-    assert!(gv.fits(4096, &f16_in));
-    // The fused forms' bound (QUIRE_CUDA_GEMV_FUSE_K raises it, so the long inputs below are
-    // fused too).
-    if std::env::var_os("QUIRE_CUDA_GEMV_FUSE_K").is_none() {
-        assert!(!gv.fits(16384, &GemvInput::SwiGlu { gu: 0 }));
-    }
-    let dot = |w: &[f16], x: &[f16], k: usize, r: usize| -> f64 {
-        (0..k).map(|i| w[r * k + i].to_f64() * x[i].to_f64()).sum()
-    };
-    let read = |b: &quire_backend::cuda::gpu::DBuf<f32>| {
-        let mut v = vec![0f32; b.len];
-        g.dtoh(b, &mut v).unwrap();
-        v
-    };
-    for (k, out) in [
-        (576usize, 960usize),
-        (576, 49152),
-        (1536, 576),
-        (2048, 16384),
-        (4096, 6144),
-        (14336, 4096),
-        (8192, 2048),
-        (1544, 1003),
-        (1000, 1003),
-        (8, 1),
-        (24, 17),
-    ] {
-        let w: Vec<f16> = rnd(&mut rng, k * out, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let x: Vec<f16> = rnd(&mut rng, k, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let y0 = rnd(&mut rng, out, 1.0);
-        let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
-        for beta in [0.0f32, 1.0] {
-            let want: Vec<f32> = (0..out)
-                .map(|r| (dot(&w, &x, k, r) + beta as f64 * y0[r] as f64) as f32)
-                .collect();
-            let init = if beta == 0.0 {
-                vec![f32::NAN; out]
-            } else {
-                y0.clone()
-            };
-            let dy = g.upload(&init).unwrap();
-            gv.run(
-                &g,
-                dw.ptr,
-                GemvInput::F16 { x: dx.ptr },
-                dy.ptr,
-                k,
-                out,
-                beta,
-            )
-            .unwrap();
-            let got = read(&dy);
-            let e = rel(&got, &want);
-            assert!(e < 1e-5, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
-            same_when_early(&g, &mut gv, &got, &init, |gv, y| {
-                gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta)
-            });
-            let db = g.upload(&init).unwrap();
-            g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
-            let eb = rel(&got, &read(&db));
-            assert!(
-                eb < 1e-4,
-                "gemv vs cuBLAS {k}x{out} beta {beta}: rel err {eb:.2e}"
-            );
+quire_testkit::gpu_test! {
+    fn gemv_matches_an_f64_dot_product_and_cublas() {
+        use quire_backend::cuda::gemv::{Gemv, GemvInput};
+        use quire_backend::cuda::gpu::HostBuf;
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(29);
+        let mut gv = Gemv::new(&g).unwrap();
+        gv.early_min_k = usize::MAX; // the plain forms; `same_when_early` checks the EARLY ones
+        let f16_in = GemvInput::F16 { x: 0 };
+        assert!(!gv.fits(100, &f16_in) && gv.fits(104, &f16_in));
+        assert!(gv.fits(4096, &f16_in));
+        // The fused forms' bound (QUIRE_CUDA_GEMV_FUSE_K raises it, so the long inputs below are
+        // fused too).
+        if std::env::var_os("QUIRE_CUDA_GEMV_FUSE_K").is_none() {
+            assert!(!gv.fits(16384, &GemvInput::SwiGlu { gu: 0 }));
         }
-        // RMSNorm of row 2 of a 3-row residual (gathered through rows_idx), then SwiGLU.
-        if !gv.fits(k, &GemvInput::SwiGlu { gu: 0 }) {
-            continue;
-        }
-        let xs = rnd(&mut rng, 3 * k, 3.0);
-        let nw = rnd(&mut rng, k, 2.0);
-        let mut normed = vec![0f32; k];
-        ops::rms_norm(&xs[2 * k..], &nw, 1e-5, &mut normed);
-        let gu = rnd(&mut rng, 2 * k, 4.0);
-        let mut act = vec![0f32; k];
-        ops::swiglu(&gu, k, &mut act);
-        let (dxs, dnw, dgu) = (
-            g.upload(&xs).unwrap(),
-            g.upload(&nw).unwrap(),
-            g.upload(&gu).unwrap(),
-        );
-        let idx = g.upload(&[2i32]).unwrap();
-        for (name, input, v) in [
-            (
-                "norm",
-                GemvInput::Norm {
-                    x: dxs.ptr,
-                    rows_idx: idx.ptr,
-                    norm_w: dnw.ptr,
-                    eps: 1e-5,
-                },
-                normed,
-            ),
-            ("swiglu", GemvInput::SwiGlu { gu: dgu.ptr }, act),
+        let dot = |w: &[f16], x: &[f16], k: usize, r: usize| -> f64 {
+            (0..k).map(|i| w[r * k + i].to_f64() * x[i].to_f64()).sum()
+        };
+        let read = |b: &quire_backend::cuda::gpu::DBuf<f32>| {
+            let mut v = vec![0f32; b.len];
+            g.dtoh(b, &mut v).unwrap();
+            v
+        };
+        for (k, out) in [
+            (576usize, 960usize),
+            (576, 49152),
+            (1536, 576),
+            (2048, 16384),
+            (4096, 6144),
+            (14336, 4096),
+            (8192, 2048),
+            (1544, 1003),
+            (1000, 1003),
+            (8, 1),
+            (24, 17),
         ] {
-            let v16: Vec<f16> = v.iter().map(|&a| f16::from_f32(a)).collect();
-            let want: Vec<f32> = (0..out).map(|r| dot(&w, &v16, k, r) as f32).collect();
-            let dy = g.upload(&vec![f32::NAN; out]).unwrap();
-            gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
-            let got = read(&dy);
-            let e = rel(&got, &want);
-            assert!(e < 2e-3, "gemv with {name} {k}x{out}: rel err {e:.2e}");
-            same_when_early(&g, &mut gv, &got, &vec![f32::NAN; out], |gv, y| {
-                gv.run(&g, dw.ptr, input, y, k, out, 0.0)
-            });
-            if name == "norm" {
-                // The host-output form (a one-row step's logits into mapped page-locked memory):
-                // the same sums, NaN-poisoned first, every row written once.
-                // Both grids: one row group per warp, and rounds on a persistent grid (rows of
-                // at most 1024 elements).
-                let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
-                for (rounds, early) in [(false, false), (true, false), (false, true)] {
-                    gv.host_rounds = rounds;
-                    gv.early_min_k = if early { 0 } else { usize::MAX };
-                    host.slice_mut(out).unwrap().fill(f32::NAN);
-                    gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
-                    g.sync().unwrap();
-                    let h = host.slice(out);
-                    assert!(
-                        h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "host-output gemv {k}x{out} (rounds {rounds}, early {early}) differs from the device form"
-                    );
+            let w: Vec<f16> = rnd(&mut rng, k * out, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let x: Vec<f16> = rnd(&mut rng, k, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let y0 = rnd(&mut rng, out, 1.0);
+            let (dw, dx) = (g.upload(&w).unwrap(), g.upload(&x).unwrap());
+            for beta in [0.0f32, 1.0] {
+                let want: Vec<f32> = (0..out)
+                    .map(|r| (dot(&w, &x, k, r) + beta as f64 * y0[r] as f64) as f32)
+                    .collect();
+                let init = if beta == 0.0 {
+                    vec![f32::NAN; out]
+                } else {
+                    y0.clone()
+                };
+                let dy = g.upload(&init).unwrap();
+                gv.run(
+                    &g,
+                    dw.ptr,
+                    GemvInput::F16 { x: dx.ptr },
+                    dy.ptr,
+                    k,
+                    out,
+                    beta,
+                )
+                .unwrap();
+                let got = read(&dy);
+                let e = rel(&got, &want);
+                assert!(e < metric::DOT_F32, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
+                same_when_early(&g, &mut gv, &got, &init, |gv, y| {
+                    gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta)
+                });
+                let db = g.upload(&init).unwrap();
+                g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
+                let eb = rel(&got, &read(&db));
+                assert!(
+                    eb < metric::DOT_F32_VS_CUBLAS,
+                    "gemv vs cuBLAS {k}x{out} beta {beta}: rel err {eb:.2e}"
+                );
+            }
+            // RMSNorm of row 2 of a 3-row residual (gathered through rows_idx), then SwiGLU.
+            if !gv.fits(k, &GemvInput::SwiGlu { gu: 0 }) {
+                continue;
+            }
+            let xs = rnd(&mut rng, 3 * k, 3.0);
+            let nw = rnd(&mut rng, k, 2.0);
+            let mut normed = vec![0f32; k];
+            ops::rms_norm(&xs[2 * k..], &nw, 1e-5, &mut normed);
+            let gu = rnd(&mut rng, 2 * k, 4.0);
+            let mut act = vec![0f32; k];
+            ops::swiglu(&gu, k, &mut act);
+            let (dxs, dnw, dgu) = (
+                g.upload(&xs).unwrap(),
+                g.upload(&nw).unwrap(),
+                g.upload(&gu).unwrap(),
+            );
+            let idx = g.upload(&[2i32]).unwrap();
+            for (name, input, v) in [
+                (
+                    "norm",
+                    GemvInput::Norm {
+                        x: dxs.ptr,
+                        rows_idx: idx.ptr,
+                        norm_w: dnw.ptr,
+                        eps: 1e-5,
+                    },
+                    normed,
+                ),
+                ("swiglu", GemvInput::SwiGlu { gu: dgu.ptr }, act),
+            ] {
+                let v16: Vec<f16> = v.iter().map(|&a| f16::from_f32(a)).collect();
+                let want: Vec<f32> = (0..out).map(|r| dot(&w, &v16, k, r) as f32).collect();
+                let dy = g.upload(&vec![f32::NAN; out]).unwrap();
+                gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
+                let got = read(&dy);
+                let e = rel(&got, &want);
+                assert!(e < metric::DOT_FUSED_F16_INPUT, "gemv with {name} {k}x{out}: rel err {e:.2e}");
+                same_when_early(&g, &mut gv, &got, &vec![f32::NAN; out], |gv, y| {
+                    gv.run(&g, dw.ptr, input, y, k, out, 0.0)
+                });
+                if name == "norm" {
+                    // The host-output form (a one-row step's logits into mapped page-locked memory):
+                    // the same sums, NaN-poisoned first, every row written once.
+                    // Both grids: one row group per warp, and rounds on a persistent grid (rows of
+                    // at most 1024 elements).
+                    let (mut host, dev) = HostBuf::<f32>::mapped(out).unwrap();
+                    for (rounds, early) in [(false, false), (true, false), (false, true)] {
+                        gv.host_rounds = rounds;
+                        gv.early_min_k = if early { 0 } else { usize::MAX };
+                        host.slice_mut(out).unwrap().fill(f32::NAN);
+                        gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
+                        g.sync().unwrap();
+                        let h = host.slice(out);
+                        assert!(
+                            h.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "host-output gemv {k}x{out} (rounds {rounds}, early {early}) differs from the device form"
+                        );
+                    }
+                    gv.early_min_k = usize::MAX;
                 }
-                gv.early_min_k = usize::MAX;
             }
         }
     }
 }
 
-/// The GLU form of the GEMV (decode's gate/up projection with the SwiGLU on the way out) against
-/// silu(gate) · up of f64 dot products, for an f16 input and an RMSNorm input; the f16 output is
-/// poisoned with NaN first.
-#[test]
-fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
-    use quire_backend::cuda::gemv::{Gemv, GemvInput};
-    let Some(g) = gpu() else { return };
-    let mut rng = StdRng::seed_from_u64(31);
-    let mut gv = Gemv::new(&g).unwrap();
-    gv.early_min_k = usize::MAX; // the plain forms; the EARLY ones are checked below
-    for (k, inter) in [
-        (576usize, 1536usize),
-        (2048, 8192),
-        (4096, 1024),
-        (1000, 5),
-        (24, 17),
-    ] {
-        let w: Vec<f16> = rnd(&mut rng, 2 * k * inter, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let dw = g.upload(&w).unwrap();
-        let x: Vec<f16> = rnd(&mut rng, k, 1.0)
-            .into_iter()
-            .map(f16::from_f32)
-            .collect();
-        let xs = rnd(&mut rng, 3 * k, 3.0);
-        let nw = rnd(&mut rng, k, 2.0);
-        let mut normed = vec![0f32; k];
-        ops::rms_norm(&xs[2 * k..], &nw, 1e-5, &mut normed);
-        let normed: Vec<f16> = normed.iter().map(|&a| f16::from_f32(a)).collect();
-        let (dx, dxs, dnw) = (
-            g.upload(&x).unwrap(),
-            g.upload(&xs).unwrap(),
-            g.upload(&nw).unwrap(),
-        );
-        let idx = g.upload(&[2i32]).unwrap();
-        for (name, input, v) in [
-            ("f16", GemvInput::F16 { x: dx.ptr }, &x),
-            (
-                "norm",
-                GemvInput::Norm {
-                    x: dxs.ptr,
-                    rows_idx: idx.ptr,
-                    norm_w: dnw.ptr,
-                    eps: 1e-5,
-                },
-                &normed,
-            ),
+quire_testkit::gpu_test! {
+    /// The GLU form of the GEMV (decode's gate/up projection with the SwiGLU on the way out) against
+    /// silu(gate) · up of f64 dot products, for an f16 input and an RMSNorm input; the f16 output is
+    /// poisoned with NaN first.
+    fn glu_gemv_matches_the_swiglu_of_f64_gate_and_up_rows() {
+        use quire_backend::cuda::gemv::{Gemv, GemvInput};
+        let g = gpu();
+        let mut rng = StdRng::seed_from_u64(31);
+        let mut gv = Gemv::new(&g).unwrap();
+        gv.early_min_k = usize::MAX; // the plain forms; the EARLY ones are checked below
+        for (k, inter) in [
+            (576usize, 1536usize),
+            (2048, 8192),
+            (4096, 1024),
+            (1000, 5),
+            (24, 17),
         ] {
-            let dot =
-                |r: usize| -> f64 { (0..k).map(|i| w[r * k + i].to_f64() * v[i].to_f64()).sum() };
-            let want: Vec<f32> = (0..inter)
-                .map(|i| {
-                    let (gs, us) = (dot(i), dot(inter + i));
-                    (gs / (1.0 + (-gs).exp()) * us) as f32
-                })
+            let w: Vec<f16> = rnd(&mut rng, 2 * k * inter, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
                 .collect();
-            let da = g.upload(&vec![f16::NAN; inter]).unwrap();
-            gv.run_glu(&g, dw.ptr, input, da.ptr, k, inter).unwrap();
-            let got = read_f16(&g, &da);
-            let e = rel(&got, &want);
-            assert!(e < 2e-3, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
-            // The EARLY form: the same f16 bits.
-            let de = g.upload(&vec![f16::NAN; inter]).unwrap();
-            gv.early_min_k = 0;
-            gv.run_glu(&g, dw.ptr, input, de.ptr, k, inter).unwrap();
-            gv.early_min_k = usize::MAX;
-            let early = read_f16(&g, &de);
-            assert!(
-                early
-                    .iter()
-                    .zip(&got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "glu gemv ({name}) {k}x{inter}: the EARLY form differs"
+            let dw = g.upload(&w).unwrap();
+            let x: Vec<f16> = rnd(&mut rng, k, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let xs = rnd(&mut rng, 3 * k, 3.0);
+            let nw = rnd(&mut rng, k, 2.0);
+            let mut normed = vec![0f32; k];
+            ops::rms_norm(&xs[2 * k..], &nw, 1e-5, &mut normed);
+            let normed: Vec<f16> = normed.iter().map(|&a| f16::from_f32(a)).collect();
+            let (dx, dxs, dnw) = (
+                g.upload(&x).unwrap(),
+                g.upload(&xs).unwrap(),
+                g.upload(&nw).unwrap(),
             );
+            let idx = g.upload(&[2i32]).unwrap();
+            for (name, input, v) in [
+                ("f16", GemvInput::F16 { x: dx.ptr }, &x),
+                (
+                    "norm",
+                    GemvInput::Norm {
+                        x: dxs.ptr,
+                        rows_idx: idx.ptr,
+                        norm_w: dnw.ptr,
+                        eps: 1e-5,
+                    },
+                    &normed,
+                ),
+            ] {
+                let dot =
+                    |r: usize| -> f64 { (0..k).map(|i| w[r * k + i].to_f64() * v[i].to_f64()).sum() };
+                let want: Vec<f32> = (0..inter)
+                    .map(|i| {
+                        let (gs, us) = (dot(i), dot(inter + i));
+                        (gs / (1.0 + (-gs).exp()) * us) as f32
+                    })
+                    .collect();
+                let da = g.upload(&vec![f16::NAN; inter]).unwrap();
+                gv.run_glu(&g, dw.ptr, input, da.ptr, k, inter).unwrap();
+                let got = read_f16(&g, &da);
+                let e = rel(&got, &want);
+                assert!(e < metric::DOT_FUSED_F16_INPUT, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
+                // The EARLY form: the same f16 bits.
+                let de = g.upload(&vec![f16::NAN; inter]).unwrap();
+                gv.early_min_k = 0;
+                gv.run_glu(&g, dw.ptr, input, de.ptr, k, inter).unwrap();
+                gv.early_min_k = usize::MAX;
+                let early = read_f16(&g, &de);
+                assert!(
+                    early
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "glu gemv ({name}) {k}x{inter}: the EARLY form differs"
+                );
+            }
         }
     }
 }

@@ -9,46 +9,42 @@
 //! under 1%. (On flat rows or rows of huge runs of equal logits the host's own rounding moves a few
 //! percent of the top-p cuts; there the differences are counted and each must be explained.) A
 //! stratified sweep of u over a row checks the frequencies against the exact probabilities. Needs
-//! a GPU; skipped without one unless QUIRE_REQUIRE_GPU is set. Prints the kernel's time per launch.
-#![cfg(feature = "cuda")]
+//! a GPU: ignored without one (see quire-testkit). Prints the kernel's time per launch.
 
-use std::time::Instant;
+// The GPU-only parts compile with the `cuda` feature only; without it every test here fails
+// when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
+#[cfg(feature = "cuda")]
+use {
+    quire_backend::cuda::gpu::Gpu,
+    quire_backend::cuda::nvrtc,
+    quire_backend::cuda::sample::SampleKernel,
+    quire_backend::{argmax, sample_row, SampleParams},
+    rand::{rngs::StdRng, Rng, SeedableRng},
+    std::time::Instant,
+};
 
-use quire_backend::cuda::gpu::Gpu;
-use quire_backend::cuda::nvrtc;
-use quire_backend::cuda::sample::SampleKernel;
-use quire_backend::{argmax, sample_row, SampleParams};
-use rand::{rngs::StdRng, Rng, SeedableRng};
-
+#[cfg(feature = "cuda")]
 struct Device {
     g: Gpu,
     k: SampleKernel,
 }
 
-fn device() -> Option<Device> {
-    let need = std::env::var_os("QUIRE_REQUIRE_GPU").is_some();
-    let g = match Gpu::new(0) {
-        Ok(g) => g,
-        Err(e) if need => panic!("{e}"),
-        Err(e) => {
-            eprintln!("SKIPPED (no GPU): {e}");
-            return None;
-        }
-    };
+/// The GPU and its sampling kernel. A GPU without the shared memory `sample_rows` needs (the
+/// backend then samples on the host) fails the test rather than passing it unchecked.
+#[cfg(feature = "cuda")]
+fn device() -> Device {
+    let g = Gpu::new(0).unwrap_or_else(|e| quire_testkit::no_gpu(&e));
     let m = g.module(&nvrtc::SAMPLE, &[]).unwrap();
     match SampleKernel::new(&g, &m).unwrap() {
-        Some(k) => Some(Device { g, k }),
-        None if need => panic!("{}: not enough shared memory for sample_rows", g.name),
-        None => {
-            eprintln!(
-                "SKIPPED ({}: not enough shared memory for sample_rows)",
-                g.name
-            );
-            None
-        }
+        Some(k) => Device { g, k },
+        None => panic!(
+            "{}: not enough shared memory for sample_rows (this GPU samples on the host)",
+            g.name
+        ),
     }
 }
 
+#[cfg(feature = "cuda")]
 impl Device {
     /// Tokens of `params.len()` rows of `logits` (`[rows, stride]`; stride 0 repeats one row).
     fn sample(
@@ -70,6 +66,7 @@ impl Device {
     }
 }
 
+#[cfg(feature = "cuda")]
 fn normal(rng: &mut StdRng) -> f32 {
     // Box-Muller.
     let (a, b): (f64, f64) = (rng.random(), rng.random());
@@ -77,6 +74,7 @@ fn normal(rng: &mut StdRng) -> f32 {
 }
 
 /// A model's head: a few tokens far above the rest.
+#[cfg(feature = "cuda")]
 fn head(l: &mut [f32], rng: &mut StdRng) {
     for _ in 0..rng.random_range(1..30) {
         let i = rng.random_range(0..l.len());
@@ -85,6 +83,7 @@ fn head(l: &mut [f32], rng: &mut StdRng) {
 }
 
 /// A row of one of the kinds below.
+#[cfg(feature = "cuda")]
 fn row(rng: &mut StdRng, vocab: usize, kind: usize) -> Vec<f32> {
     let sigma = rng.random_range(1.5f32..3.0);
     let mut l: Vec<f32> = (0..vocab).map(|_| sigma * normal(rng)).collect();
@@ -137,6 +136,7 @@ fn row(rng: &mut StdRng, vocab: usize, kind: usize) -> Vec<f32> {
     l
 }
 
+#[cfg(feature = "cuda")]
 fn random_params(rng: &mut StdRng) -> SampleParams {
     let temperature = if rng.random_bool(0.1) {
         0.0
@@ -168,6 +168,7 @@ fn random_params(rng: &mut StdRng) -> SampleParams {
 /// `sample_row`'s kept tokens (sorted) and their weights, with f64 sums (exact to ~1e-15), and
 /// how close (relative) the top-p or min-p cut came to a boundary. Temperature > 0; `None`
 /// without finite logits.
+#[cfg(feature = "cuda")]
 fn exact_kept(l: &[f32], p: &SampleParams) -> Option<(Vec<u32>, Vec<f64>, f64)> {
     let mut c: Vec<(f32, u32)> = l
         .iter()
@@ -225,6 +226,7 @@ fn exact_kept(l: &[f32], p: &SampleParams) -> Option<(Vec<u32>, Vec<f64>, f64)> 
 
 /// `sample_row` with exact sums, and how close (relative) its top-p, min-p or draw decision came
 /// to a boundary.
+#[cfg(feature = "cuda")]
 fn exact(l: &[f32], p: &SampleParams) -> (u32, f64) {
     if p.temperature <= 0.0 {
         return (argmax(l), f64::INFINITY);
@@ -251,245 +253,250 @@ fn exact(l: &[f32], p: &SampleParams) -> (u32, f64) {
 
 /// Row kinds like a model's output (a head far above the rest; some with ties on a grid or
 /// non-finite entries); the others are flat or dominated by huge runs of equal logits.
+#[cfg(feature = "cuda")]
 const MODEL_LIKE: [usize; 3] = [0, 2, 3];
 
-#[test]
-fn sampled_tokens_match_the_host_sampler() {
-    let Some(mut d) = device() else { return };
-    let mut rng = StdRng::seed_from_u64(11);
-    // Per kind: rows, rows where the device differs from the host, rows where the host differs
-    // from exact sums.
-    let mut by_kind = [(0usize, 0usize, 0usize); 7];
-    let mut unexplained = vec![];
-    for vocab in [49_152usize, 128_256] {
-        for chunk in 0..25 {
-            let n = 24;
-            let mut logits = Vec::with_capacity(n * vocab);
-            let mut kinds = vec![];
-            for r in 0..n {
-                let kind = (chunk * n + r) % 7;
-                kinds.push(kind);
-                logits.extend(row(&mut rng, vocab, kind));
-            }
-            let params: Vec<SampleParams> = (0..n).map(|_| random_params(&mut rng)).collect();
-            let got = d.sample(&logits, vocab, vocab, &params);
-            for r in 0..n {
-                let l = &logits[r * vocab..(r + 1) * vocab];
-                let p = &params[r];
-                let host = sample_row(l, p);
-                let (want_exact, margin) = exact(l, p);
-                let k = &mut by_kind[kinds[r]];
-                k.0 += 1;
-                k.2 += (host != want_exact) as usize;
-                if got[r] == host {
-                    continue;
+quire_testkit::gpu_test! {
+    fn sampled_tokens_match_the_host_sampler() {
+        let mut d = device();
+        let mut rng = StdRng::seed_from_u64(11);
+        // Per kind: rows, rows where the device differs from the host, rows where the host differs
+        // from exact sums.
+        let mut by_kind = [(0usize, 0usize, 0usize); 7];
+        let mut unexplained = vec![];
+        for vocab in [49_152usize, 128_256] {
+            for chunk in 0..25 {
+                let n = 24;
+                let mut logits = Vec::with_capacity(n * vocab);
+                let mut kinds = vec![];
+                for r in 0..n {
+                    let kind = (chunk * n + r) % 7;
+                    kinds.push(kind);
+                    logits.extend(row(&mut rng, vocab, kind));
                 }
-                k.1 += 1;
-                eprintln!(
-                    "vocab {vocab} kind {} {p:?}: device {} host {host} exact {want_exact} (margin {margin:.1e})",
-                    kinds[r], got[r]
-                );
-                if p.temperature <= 0.0 || (got[r] != want_exact && margin >= 1e-5) {
-                    unexplained.push(format!("vocab {vocab} kind {} {p:?}", kinds[r]));
+                let params: Vec<SampleParams> = (0..n).map(|_| random_params(&mut rng)).collect();
+                let got = d.sample(&logits, vocab, vocab, &params);
+                for r in 0..n {
+                    let l = &logits[r * vocab..(r + 1) * vocab];
+                    let p = &params[r];
+                    let host = sample_row(l, p);
+                    let (want_exact, margin) = exact(l, p);
+                    let k = &mut by_kind[kinds[r]];
+                    k.0 += 1;
+                    k.2 += (host != want_exact) as usize;
+                    if got[r] == host {
+                        continue;
+                    }
+                    k.1 += 1;
+                    eprintln!(
+                        "vocab {vocab} kind {} {p:?}: device {} host {host} exact {want_exact} (margin {margin:.1e})",
+                        kinds[r], got[r]
+                    );
+                    if p.temperature <= 0.0 || (got[r] != want_exact && margin >= 1e-5) {
+                        unexplained.push(format!("vocab {vocab} kind {} {p:?}", kinds[r]));
+                    }
                 }
             }
         }
-    }
-    for (kind, (rows, differ, inexact)) in by_kind.iter().enumerate() {
-        eprintln!("kind {kind}: {rows} rows, {differ} differ from the host sampler; the host differs from exact sums on {inexact}");
-    }
-    assert!(unexplained.is_empty(), "unexplained: {unexplained:#?}");
-    let (rows, differ) = MODEL_LIKE
-        .iter()
-        .fold((0, 0), |a, &k| (a.0 + by_kind[k].0, a.1 + by_kind[k].1));
-    assert!(
-        differ * 100 < rows,
-        "{differ} of {rows} model-like rows differ from the host sampler"
-    );
-}
-
-#[test]
-fn edge_rows_match_the_host_sampler() {
-    let Some(mut d) = device() else { return };
-    let nan = f32::NAN;
-    let inf = f32::INFINITY;
-    let rows: Vec<Vec<f32>> = vec![
-        vec![nan, -inf, -inf],
-        vec![-0.0, 0.0, -1.0],
-        vec![0.0, -0.0, nan],
-        vec![nan, nan],
-        vec![-inf, -inf, nan, -inf],
-        vec![3.0],
-        vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
-        vec![inf, 2.0, 1.0, nan, 2.0],
-        (0..1000).map(|i| (i % 13) as f32 * 0.25).collect(),
-        vec![0.0; 70_000],
-    ];
-    let mut rng = StdRng::seed_from_u64(5);
-    for l in &rows {
-        let mut params = vec![SampleParams::GREEDY];
-        for _ in 0..40 {
-            params.push(random_params(&mut rng));
+        for (kind, (rows, differ, inexact)) in by_kind.iter().enumerate() {
+            eprintln!("kind {kind}: {rows} rows, {differ} differ from the host sampler; the host differs from exact sums on {inexact}");
         }
-        params.push(SampleParams {
-            temperature: 1.0,
-            top_k: 3,
-            top_p: 1.0,
-            min_p: 0.0,
-            u: 1.0 - 1e-12,
-        });
-        let got = d.sample(l, 0, l.len(), &params);
-        for (p, g) in params.iter().zip(got) {
-            let host = sample_row(l, p);
-            let (want, margin) = exact(l, p);
-            assert!(
-                g == host || (g == want || margin < 1e-5) && p.temperature > 0.0,
-                "row of {} ({:?}...) {p:?}: device {g}, host {host}",
-                l.len(),
-                &l[..l.len().min(8)]
-            );
-        }
-    }
-}
-
-#[test]
-fn frequencies_over_a_sweep_of_u_match_the_probabilities() {
-    let Some(mut d) = device() else { return };
-    let mut rng = StdRng::seed_from_u64(8);
-    let vocab = 49_152;
-    let model = row(&mut rng, vocab, 0);
-    let flat = row(&mut rng, vocab, 1);
-    for (l, base) in [
-        (
-            &model,
-            SampleParams {
-                temperature: 2.0,
-                top_k: 0,
-                top_p: 0.995,
-                min_p: 0.0005,
-                u: 0.0,
-            },
-        ),
-        (
-            &model,
-            SampleParams {
-                temperature: 1.5,
-                top_k: 1000,
-                top_p: 1.0,
-                min_p: 0.0,
-                u: 0.0,
-            },
-        ),
-        (
-            &flat,
-            SampleParams {
-                temperature: 0.9,
-                top_k: 0,
-                top_p: 0.5,
-                min_p: 0.0,
-                u: 0.0,
-            },
-        ),
-    ] {
-        // u at the middles of n equal steps: token j gets n · P(j) of them, give or take one.
-        let n = 1usize << 16;
-        let params: Vec<SampleParams> = (0..n)
-            .map(|i| SampleParams {
-                u: (i as f64 + 0.5) / n as f64,
-                ..base
-            })
-            .collect();
-        let got = d.sample(l, 0, vocab, &params);
-        let mut count = vec![0usize; vocab];
-        got.iter().for_each(|&t| count[t as usize] += 1);
-        // The exact probabilities of the kept tokens.
-        let (ids, w, _) = exact_kept(l, &base).unwrap();
-        let total: f64 = w.iter().sum();
-        let mut prob = vec![0f64; vocab];
-        ids.iter()
-            .zip(&w)
-            .for_each(|(&i, v)| prob[i as usize] = v / total);
-        let kept = prob.iter().filter(|&&p| p > 0.0).count();
-        let mut worst = 0f64;
-        for j in 0..vocab {
-            let want = n as f64 * prob[j];
-            let dev = (count[j] as f64 - want).abs();
-            worst = worst.max(dev);
-            assert!(
-                dev <= 2.0,
-                "{base:?}: token {j} drawn {} times, expected {want:.1}",
-                count[j]
-            );
-        }
-        eprintln!(
-            "{base:?}: {kept} kept tokens, counts within {worst:.2} of n · P over {n} stratified draws"
+        assert!(unexplained.is_empty(), "unexplained: {unexplained:#?}");
+        let (rows, differ) = MODEL_LIKE
+            .iter()
+            .fold((0, 0), |a, &k| (a.0 + by_kind[k].0, a.1 + by_kind[k].1));
+        assert!(
+            differ * 100 < rows,
+            "{differ} of {rows} model-like rows differ from the host sampler"
         );
     }
 }
 
-#[test]
-fn time_per_launch() {
-    let Some(mut d) = device() else { return };
-    let mut rng = StdRng::seed_from_u64(2);
-    for vocab in [49_152usize, 128_256] {
-        for rows in [1usize, 132] {
-            let mut logits = vec![];
-            for r in 0..rows {
-                logits.extend(row(&mut rng, vocab, r % 2));
+quire_testkit::gpu_test! {
+    fn edge_rows_match_the_host_sampler() {
+        let mut d = device();
+        let nan = f32::NAN;
+        let inf = f32::INFINITY;
+        let rows: Vec<Vec<f32>> = vec![
+            vec![nan, -inf, -inf],
+            vec![-0.0, 0.0, -1.0],
+            vec![0.0, -0.0, nan],
+            vec![nan, nan],
+            vec![-inf, -inf, nan, -inf],
+            vec![3.0],
+            vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+            vec![inf, 2.0, 1.0, nan, 2.0],
+            (0..1000).map(|i| (i % 13) as f32 * 0.25).collect(),
+            vec![0.0; 70_000],
+        ];
+        let mut rng = StdRng::seed_from_u64(5);
+        for l in &rows {
+            let mut params = vec![SampleParams::GREEDY];
+            for _ in 0..40 {
+                params.push(random_params(&mut rng));
             }
-            let params: Vec<SampleParams> = (0..rows)
-                .map(|_| SampleParams {
-                    temperature: 0.8,
-                    top_k: 40,
-                    top_p: 0.95,
-                    min_p: 0.05,
-                    u: rng.random(),
+            params.push(SampleParams {
+                temperature: 1.0,
+                top_k: 3,
+                top_p: 1.0,
+                min_p: 0.0,
+                u: 1.0 - 1e-12,
+            });
+            let got = d.sample(l, 0, l.len(), &params);
+            for (p, g) in params.iter().zip(got) {
+                let host = sample_row(l, p);
+                let (want, margin) = exact(l, p);
+                assert!(
+                    g == host || (g == want || margin < 1e-5) && p.temperature > 0.0,
+                    "row of {} ({:?}...) {p:?}: device {g}, host {host}",
+                    l.len(),
+                    &l[..l.len().min(8)]
+                );
+            }
+        }
+    }
+}
+
+quire_testkit::gpu_test! {
+    fn frequencies_over_a_sweep_of_u_match_the_probabilities() {
+        let mut d = device();
+        let mut rng = StdRng::seed_from_u64(8);
+        let vocab = 49_152;
+        let model = row(&mut rng, vocab, 0);
+        let flat = row(&mut rng, vocab, 1);
+        for (l, base) in [
+            (
+                &model,
+                SampleParams {
+                    temperature: 2.0,
+                    top_k: 0,
+                    top_p: 0.995,
+                    min_p: 0.0005,
+                    u: 0.0,
+                },
+            ),
+            (
+                &model,
+                SampleParams {
+                    temperature: 1.5,
+                    top_k: 1000,
+                    top_p: 1.0,
+                    min_p: 0.0,
+                    u: 0.0,
+                },
+            ),
+            (
+                &flat,
+                SampleParams {
+                    temperature: 0.9,
+                    top_k: 0,
+                    top_p: 0.5,
+                    min_p: 0.0,
+                    u: 0.0,
+                },
+            ),
+        ] {
+            // u at the middles of n equal steps: token j gets n · P(j) of them, give or take one.
+            let n = 1usize << 16;
+            let params: Vec<SampleParams> = (0..n)
+                .map(|i| SampleParams {
+                    u: (i as f64 + 0.5) / n as f64,
+                    ..base
                 })
                 .collect();
-            let dl = d.g.upload(&logits).unwrap();
-            let out = d.g.upload(&vec![0i32; rows]).unwrap();
-            for (name, ps) in [
-                ("top-k 40, top-p 0.95, min-p 0.05", params.clone()),
-                (
-                    "full vocabulary, T 1",
-                    vec![
-                        SampleParams {
-                            temperature: 1.0,
-                            top_k: 0,
-                            top_p: 1.0,
-                            min_p: 0.0,
-                            u: 0.5,
-                        };
-                        rows
-                    ],
-                ),
-                (
-                    "top-p 0.9 only",
-                    vec![
-                        SampleParams {
-                            temperature: 1.0,
-                            top_k: 0,
-                            top_p: 0.9,
-                            min_p: 0.0,
-                            u: 0.7,
-                        };
-                        rows
-                    ],
-                ),
-            ] {
-                let mut times = vec![];
-                for _ in 0..7 {
-                    let t = Instant::now();
-                    d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, out.ptr)
-                        .unwrap();
-                    d.g.sync().unwrap();
-                    times.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-                times.sort_by(f64::total_cmp);
-                eprintln!(
-                    "sample_rows vocab {vocab}, {rows} rows, {name}: {:.0} µs per launch (median of 7, with the upload)",
-                    times[3]
+            let got = d.sample(l, 0, vocab, &params);
+            let mut count = vec![0usize; vocab];
+            got.iter().for_each(|&t| count[t as usize] += 1);
+            // The exact probabilities of the kept tokens.
+            let (ids, w, _) = exact_kept(l, &base).unwrap();
+            let total: f64 = w.iter().sum();
+            let mut prob = vec![0f64; vocab];
+            ids.iter()
+                .zip(&w)
+                .for_each(|(&i, v)| prob[i as usize] = v / total);
+            let kept = prob.iter().filter(|&&p| p > 0.0).count();
+            let mut worst = 0f64;
+            for j in 0..vocab {
+                let want = n as f64 * prob[j];
+                let dev = (count[j] as f64 - want).abs();
+                worst = worst.max(dev);
+                assert!(
+                    dev <= 2.0,
+                    "{base:?}: token {j} drawn {} times, expected {want:.1}",
+                    count[j]
                 );
+            }
+            eprintln!(
+                "{base:?}: {kept} kept tokens, counts within {worst:.2} of n · P over {n} stratified draws"
+            );
+        }
+    }
+}
+
+quire_testkit::gpu_test! {
+    fn time_per_launch() {
+        let mut d = device();
+        let mut rng = StdRng::seed_from_u64(2);
+        for vocab in [49_152usize, 128_256] {
+            for rows in [1usize, 132] {
+                let mut logits = vec![];
+                for r in 0..rows {
+                    logits.extend(row(&mut rng, vocab, r % 2));
+                }
+                let params: Vec<SampleParams> = (0..rows)
+                    .map(|_| SampleParams {
+                        temperature: 0.8,
+                        top_k: 40,
+                        top_p: 0.95,
+                        min_p: 0.05,
+                        u: rng.random(),
+                    })
+                    .collect();
+                let dl = d.g.upload(&logits).unwrap();
+                let out = d.g.upload(&vec![0i32; rows]).unwrap();
+                for (name, ps) in [
+                    ("top-k 40, top-p 0.95, min-p 0.05", params.clone()),
+                    (
+                        "full vocabulary, T 1",
+                        vec![
+                            SampleParams {
+                                temperature: 1.0,
+                                top_k: 0,
+                                top_p: 1.0,
+                                min_p: 0.0,
+                                u: 0.5,
+                            };
+                            rows
+                        ],
+                    ),
+                    (
+                        "top-p 0.9 only",
+                        vec![
+                            SampleParams {
+                                temperature: 1.0,
+                                top_k: 0,
+                                top_p: 0.9,
+                                min_p: 0.0,
+                                u: 0.7,
+                            };
+                            rows
+                        ],
+                    ),
+                ] {
+                    let mut times = vec![];
+                    for _ in 0..7 {
+                        let t = Instant::now();
+                        d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, out.ptr)
+                            .unwrap();
+                        d.g.sync().unwrap();
+                        times.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    eprintln!(
+                        "sample_rows vocab {vocab}, {rows} rows, {name}: {:.0} µs per launch (median of 7, with the upload)",
+                        times[3]
+                    );
+                }
             }
         }
     }

@@ -12,8 +12,10 @@
 //!   weight is nudged by 1e-6 (`examples/act_quant_effect.rs`). Held to twice that sensitivity;
 //!   greedy continuations part only where the CPU's two choices are within 0.25.
 //!
-//! Needs a GPU; skipped without one unless QUIRE_REQUIRE_GPU is set.
-#![cfg(feature = "cuda")]
+//! Needs a GPU: ignored without one (see quire-testkit); the engine-level tests of
+//! tests/batching.rs and tests/reference.rs also run on CUDA there.
+// Without the `cuda` feature the test bodies are compiled out (each test then fails if run).
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 
 use quire_backend::cpu::{CpuExecutor, CpuOptions};
 use quire_backend::cuda::{CudaExecutor, CudaOptions};
@@ -22,6 +24,8 @@ use quire_core::SamplingParams;
 use quire_engine::runner::forward_single;
 use quire_engine::sampler::log_sum_exp;
 use quire_engine::{Engine, EngineConfig};
+use quire_testkit::metric::{self, rel_l2};
+use quire_testkit::Backend;
 
 mod common;
 use common::{ids, reference};
@@ -31,17 +35,6 @@ fn model() -> quire_model::LoadedModel {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(quire_core::default_model::model_for_tests);
     quire_model::load_gguf(&path).expect("model loads")
-}
-
-fn gpu_present() -> bool {
-    match quire_backend::cuda::gpu::Gpu::new(0) {
-        Ok(_) => true,
-        Err(e) if std::env::var_os("QUIRE_REQUIRE_GPU").is_some() => panic!("{e}"),
-        Err(e) => {
-            eprintln!("SKIPPED (no GPU): {e}");
-            false
-        }
-    }
 }
 
 /// `quantized`: Q4_0/Q4_1/Q8_0 weights kept as stored with 8-bit activations (the CPU's
@@ -54,7 +47,14 @@ fn cuda(m: &quire_model::LoadedModel, blocks: usize, quantized: bool) -> Box<dyn
         dequant_gemm_tokens: usize::MAX,
         ..Default::default()
     };
-    CudaExecutor::new(&m.weights, opts).unwrap()
+    Backend::Cuda.cuda(
+        &m.weights,
+        KvCacheSpec {
+            num_blocks: blocks,
+            block_size: 16,
+        },
+        opts,
+    )
 }
 
 /// The CPU backend with f32 attention accumulation (the CUDA kernel's numerics).
@@ -74,15 +74,6 @@ fn cpu_with(w: &ModelWeights, blocks: usize, attn_f16_accum: bool) -> Box<dyn Ex
     Box::new(CpuExecutor::new(w, kv, opts).unwrap())
 }
 
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        num += ((x - y) as f64).powi(2);
-        den += (y as f64).powi(2);
-    }
-    (num / den).sqrt()
-}
-
 /// Teacher-forced distance between two executors over the reference sequences: (mean, worst)
 /// relative error of the logit rows.
 fn distance(a: &mut dyn Executor, b: &mut dyn Executor, vocab: usize) -> (f64, f64) {
@@ -96,7 +87,7 @@ fn distance(a: &mut dyn Executor, b: &mut dyn Executor, vocab: usize) -> (f64, f
         let want = forward_single(b, &seq, &rows).unwrap();
         let got = forward_single(a, &seq, &rows).unwrap();
         for (x, y) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
-            let e = rel_err(x, y);
+            let e = rel_l2(x, y);
             worst = worst.max(e);
             sum += e;
             rows_total += 1;
@@ -105,88 +96,86 @@ fn distance(a: &mut dyn Executor, b: &mut dyn Executor, vocab: usize) -> (f64, f
     (sum / rows_total as f64, worst)
 }
 
-#[test]
-fn teacher_forced_logits_match_the_cpu_backend() {
-    if !gpu_present() {
-        return;
-    }
-    let m = model();
-    let vocab = m.weights.config.vocab_size;
-    let w16 = m.weights.dequantized_f16().unwrap();
-    let mut failures = vec![];
+quire_testkit::gpu_test! {
+    fn teacher_forced_logits_match_the_cpu_backend() {
+        let m = model();
+        let vocab = m.weights.config.vocab_size;
+        let w16 = m.weights.dequantized_f16().unwrap();
+        let mut failures = vec![];
 
-    // f16-dequantized weights (f32/f16 activations on both sides): held to 1e-2.
-    let (mean, worst) = distance(cuda(&m, 64, false).as_mut(), cpu(&w16, 64).as_mut(), vocab);
-    eprintln!(
-        "CUDA vs CPU on f16-dequantized weights: mean relative error {mean:.2e}, worst {worst:.2e}"
-    );
-    if worst >= 1e-2 {
-        failures.push(format!("f16-dequantized weights: worst row {worst:.2e}"));
-    }
+        // f16-dequantized weights (f32/f16 activations on both sides): held to LOGITS_F16_WEIGHTS.
+        let (mean, worst) = distance(cuda(&m, 64, false).as_mut(), cpu(&w16, 64).as_mut(), vocab);
+        eprintln!(
+            "CUDA vs CPU on f16-dequantized weights: mean relative error {mean:.2e}, worst {worst:.2e}"
+        );
+        if worst >= metric::LOGITS_F16_WEIGHTS {
+            failures.push(format!("f16-dequantized weights: worst row {worst:.2e}"));
+        }
 
-    // Stored weights with 8-bit activations: a difference of ~1e-6 upstream moves some values
-    // across a rounding step (and some block scales across an f16 rounding), so the bound is the
-    // CPU's own sensitivity: the CPU against itself with every norm weight nudged by ~1e-6.
-    // A file stored in f16 has no 8-bit path: its stored weights are the case above.
-    let stored_f16 = m.weights.layers[0].wq.dtype == w16.layers[0].wq.dtype;
-    if stored_f16 {
-        eprintln!("stored weights are f16: the f16 bound above covers them");
+        // Stored weights with 8-bit activations: a difference of ~1e-6 upstream moves some values
+        // across a rounding step (and some block scales across an f16 rounding), so the bound is the
+        // CPU's own sensitivity: the CPU against itself with every norm weight nudged by ~1e-6.
+        // A file stored in f16 has no 8-bit path: its stored weights are the case above.
+        let stored_f16 = m.weights.layers[0].wq.dtype == w16.layers[0].wq.dtype;
+        if stored_f16 {
+            eprintln!("stored weights are f16: the f16 bound above covers them");
+            assert!(failures.is_empty(), "{failures:#?}");
+            return;
+        }
+        let nudged = m.weights.with_norms_nudged(1e-6).unwrap();
+        let (s_mean, s_worst) = distance(
+            cpu(&nudged, 64).as_mut(),
+            cpu(&m.weights, 64).as_mut(),
+            vocab,
+        );
+        eprintln!("CPU stored vs CPU stored with norms x (1 ± 1e-6) (the bound's yardstick): mean {s_mean:.2e}, worst {s_worst:.2e}");
+        let (mean, worst) = distance(
+            cuda(&m, 64, true).as_mut(),
+            cpu(&m.weights, 64).as_mut(),
+            vocab,
+        );
+        eprintln!("CUDA vs CPU on stored weights: mean relative error {mean:.2e}, worst {worst:.2e}");
+        if mean > 2.0 * s_mean.max(1e-4) || worst > 2.0 * s_worst.max(1e-3) {
+            failures.push(format!(
+                "stored weights: mean {mean:.2e} / worst {worst:.2e} against a sensitivity of {s_mean:.2e} / {s_worst:.2e}"
+            ));
+        }
+
+        // Reported: the CPU's default attention numerics (f16 accumulation, as llama.cpp's CPU flash
+        // attention), CUDA's default options (64+ token prompts through f16 cuBLAS), and what 8-bit
+        // activations move on either backend.
+        let default_opts = CudaOptions {
+            num_blocks: Some(64),
+            ..Default::default()
+        };
+        let mut reported = [
+            (
+                "CUDA stored vs CPU stored with f16 attention accumulation",
+                cuda(&m, 64, true),
+                cpu_with(&m.weights, 64, true),
+            ),
+            (
+                "CUDA default options vs CPU stored",
+                CudaExecutor::new(&m.weights, default_opts).unwrap(),
+                cpu(&m.weights, 64),
+            ),
+            (
+                "CUDA stored vs CUDA f16-dequantized",
+                cuda(&m, 64, true),
+                cuda(&m, 64, false),
+            ),
+            (
+                "CPU stored vs CPU f16-dequantized",
+                cpu(&m.weights, 64),
+                cpu(&w16, 64),
+            ),
+        ];
+        for (name, a, b) in reported.iter_mut() {
+            let (mean, worst) = distance(a.as_mut(), b.as_mut(), vocab);
+            eprintln!("(report) {name}: mean relative error {mean:.2e}, worst {worst:.2e}");
+        }
         assert!(failures.is_empty(), "{failures:#?}");
-        return;
     }
-    let nudged = m.weights.with_norms_nudged(1e-6).unwrap();
-    let (s_mean, s_worst) = distance(
-        cpu(&nudged, 64).as_mut(),
-        cpu(&m.weights, 64).as_mut(),
-        vocab,
-    );
-    eprintln!("CPU stored vs CPU stored with norms x (1 ± 1e-6) (the bound's yardstick): mean {s_mean:.2e}, worst {s_worst:.2e}");
-    let (mean, worst) = distance(
-        cuda(&m, 64, true).as_mut(),
-        cpu(&m.weights, 64).as_mut(),
-        vocab,
-    );
-    eprintln!("CUDA vs CPU on stored weights: mean relative error {mean:.2e}, worst {worst:.2e}");
-    if mean > 2.0 * s_mean.max(1e-4) || worst > 2.0 * s_worst.max(1e-3) {
-        failures.push(format!(
-            "stored weights: mean {mean:.2e} / worst {worst:.2e} against a sensitivity of {s_mean:.2e} / {s_worst:.2e}"
-        ));
-    }
-
-    // Reported: the CPU's default attention numerics (f16 accumulation, as llama.cpp's CPU flash
-    // attention), CUDA's default options (64+ token prompts through f16 cuBLAS), and what 8-bit
-    // activations move on either backend.
-    let default_opts = CudaOptions {
-        num_blocks: Some(64),
-        ..Default::default()
-    };
-    let mut reported = [
-        (
-            "CUDA stored vs CPU stored with f16 attention accumulation",
-            cuda(&m, 64, true),
-            cpu_with(&m.weights, 64, true),
-        ),
-        (
-            "CUDA default options vs CPU stored",
-            CudaExecutor::new(&m.weights, default_opts).unwrap(),
-            cpu(&m.weights, 64),
-        ),
-        (
-            "CUDA stored vs CUDA f16-dequantized",
-            cuda(&m, 64, true),
-            cuda(&m, 64, false),
-        ),
-        (
-            "CPU stored vs CPU f16-dequantized",
-            cpu(&m.weights, 64),
-            cpu(&w16, 64),
-        ),
-    ];
-    for (name, a, b) in reported.iter_mut() {
-        let (mean, worst) = distance(a.as_mut(), b.as_mut(), vocab);
-        eprintln!("(report) {name}: mean relative error {mean:.2e}, worst {worst:.2e}");
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Greedy continuations of every reference prompt, all submitted to one engine.
@@ -225,210 +214,204 @@ fn greedy(
     out
 }
 
-#[test]
-fn greedy_continuations_part_only_at_near_ties() {
-    if !gpu_present() {
-        return;
-    }
-    let m = model();
-    let w16 = m.weights.dequantized_f16().unwrap();
-    let prompts: Vec<Vec<u32>> = reference()
-        .iter()
-        .map(|r| ids(&r["prompt_tokens"]))
-        .collect();
-    let vocab = m.weights.config.vocab_size;
-    let mut failures = vec![];
-    for (name, quantized, w) in [("stored", true, &m.weights), ("f16", false, &w16)] {
-        // Batched with small prefill chunks (mixed steps, CUDA graphs for the decode steps) and solo.
-        let batched = greedy(cuda(&m, 512, quantized), &m, &prompts, 32);
-        let want = greedy(cpu(w, 512), &m, &prompts, 512);
-        let mut reference_exec = cpu(w, 64);
-        let (mut agree_total, mut total) = (0, 0);
-        for (i, p) in prompts.iter().enumerate() {
-            let solo = greedy(cuda(&m, 64, quantized), &m, std::slice::from_ref(p), 512).remove(0);
-            for (run, got) in [("batched", &batched[i]), ("solo", &solo)] {
-                let agree = got.iter().zip(&want[i]).take_while(|(a, b)| a == b).count();
-                agree_total += agree;
-                total += want[i].len();
-                if agree < want[i].len().min(got.len()) {
-                    // The reference's own log-probability gap between the two choices there.
-                    let seq: Vec<u32> = p.iter().chain(&want[i][..agree]).copied().collect();
-                    let last = [seq.len() as u32 - 1];
-                    let l = forward_single(reference_exec.as_mut(), &seq, &last).unwrap();
-                    let lse = log_sum_exp(&l[..vocab]);
-                    let gap = (l[want[i][agree] as usize] - lse) - (l[got[agree] as usize] - lse);
-                    eprintln!("{name} weights, {run} prompt {i}: parts at {agree}, the reference's two choices {gap:.4} apart");
-                    let near_tie = if quantized { 0.25 } else { 0.05 };
-                    if gap > near_tie {
-                        failures.push(format!(
-                            "{name} weights, {run} prompt {i}: parts at {agree} where the choices are {gap:.4} apart"
-                        ));
+quire_testkit::gpu_test! {
+    fn greedy_continuations_part_only_at_near_ties() {
+        let m = model();
+        let w16 = m.weights.dequantized_f16().unwrap();
+        let prompts: Vec<Vec<u32>> = reference()
+            .iter()
+            .map(|r| ids(&r["prompt_tokens"]))
+            .collect();
+        let vocab = m.weights.config.vocab_size;
+        let mut failures = vec![];
+        for (name, quantized, w) in [("stored", true, &m.weights), ("f16", false, &w16)] {
+            // Batched with small prefill chunks (mixed steps, CUDA graphs for the decode steps) and solo.
+            let batched = greedy(cuda(&m, 512, quantized), &m, &prompts, 32);
+            let want = greedy(cpu(w, 512), &m, &prompts, 512);
+            let mut reference_exec = cpu(w, 64);
+            let (mut agree_total, mut total) = (0, 0);
+            for (i, p) in prompts.iter().enumerate() {
+                let solo = greedy(cuda(&m, 64, quantized), &m, std::slice::from_ref(p), 512).remove(0);
+                for (run, got) in [("batched", &batched[i]), ("solo", &solo)] {
+                    let agree = got.iter().zip(&want[i]).take_while(|(a, b)| a == b).count();
+                    agree_total += agree;
+                    total += want[i].len();
+                    if agree < want[i].len().min(got.len()) {
+                        // The reference's own log-probability gap between the two choices there.
+                        let seq: Vec<u32> = p.iter().chain(&want[i][..agree]).copied().collect();
+                        let last = [seq.len() as u32 - 1];
+                        let l = forward_single(reference_exec.as_mut(), &seq, &last).unwrap();
+                        let lse = log_sum_exp(&l[..vocab]);
+                        let gap = (l[want[i][agree] as usize] - lse) - (l[got[agree] as usize] - lse);
+                        eprintln!("{name} weights, {run} prompt {i}: parts at {agree}, the reference's two choices {gap:.4} apart");
+                        let near_tie = if quantized { 0.25 } else { 0.05 };
+                        if gap > near_tie {
+                            failures.push(format!(
+                                "{name} weights, {run} prompt {i}: parts at {agree} where the choices are {gap:.4} apart"
+                            ));
+                        }
                     }
                 }
             }
+            eprintln!("CUDA greedy on {name} weights: {agree_total}/{total} tokens agree with the CPU backend on the same weights");
         }
-        eprintln!("CUDA greedy on {name} weights: {agree_total}/{total} tokens agree with the CPU backend on the same weights");
-    }
-    assert!(failures.is_empty(), "{failures:#?}");
-}
-
-/// Chain decode (16 steps in one graph, each step's argmax fed to the next on the device) gives
-/// the tokens of step-by-step greedy decoding on the same executor kind, for one sequence and for
-/// three (a padded bucket of four), on stored and on f16 weights.
-#[test]
-fn chain_decode_matches_step_by_step() {
-    use quire_backend::{chain, ForwardBatch, SeqBatch};
-    use quire_core::BlockId;
-    if !gpu_present() {
-        return;
-    }
-    let m = model();
-    let vocab = m.weights.config.vocab_size as u32;
-    let per = 16usize; // blocks per sequence: 256 tokens
-    let tables: Vec<Vec<BlockId>> = (0..3)
-        .map(|i| {
-            (i * per..(i + 1) * per)
-                .map(|b| BlockId(b as u32))
-                .collect()
-        })
-        .collect();
-    let prompts: Vec<Vec<u32>> = (0..3u32)
-        .map(|i| {
-            (0..20 + 7 * i)
-                .map(|j| (j * 131 + 17 * i + 5) % vocab)
-                .collect()
-        })
-        .collect();
-    for quantized in [true, false] {
-        for rows in [1usize, 3] {
-            let mut got = Vec::new();
-            for use_chain in [true, false] {
-                let mut e = cuda(&m, 3 * per + 1, quantized);
-                // Prefill every prompt; its argmax is the chain's first input.
-                let mut first = Vec::new();
-                for (p, t) in prompts.iter().zip(&tables).take(rows) {
-                    let pos: Vec<u32> = (0..p.len() as u32).collect();
-                    let slots: Vec<u32> = pos
-                        .iter()
-                        .map(|&q| t[q as usize / 16].0 * 16 + q % 16)
-                        .collect();
-                    let seqs = [SeqBatch {
-                        query_start: 0,
-                        query_len: p.len(),
-                        seq_len: p.len(),
-                        block_table: t,
-                    }];
-                    let ids = e
-                        .forward_greedy(&ForwardBatch {
-                            token_ids: p,
-                            positions: &pos,
-                            slot_mapping: &slots,
-                            seqs: &seqs,
-                            logits_indices: &[p.len() as u32 - 1],
-                        })
-                        .unwrap();
-                    first.push(ids[0]);
-                }
-                let pos: Vec<u32> = prompts[..rows].iter().map(|p| p.len() as u32).collect();
-                let slots: Vec<u32> = pos
-                    .iter()
-                    .zip(&tables)
-                    .map(|(&q, t)| t[q as usize / 16].0 * 16 + q % 16)
-                    .collect();
-                let seqs: Vec<SeqBatch> = (0..rows)
-                    .map(|i| SeqBatch {
-                        query_start: i,
-                        query_len: 1,
-                        seq_len: pos[i] as usize + 1,
-                        block_table: &tables[i],
-                    })
-                    .collect();
-                let li: Vec<u32> = (0..rows as u32).collect();
-                let batch = ForwardBatch {
-                    token_ids: &first,
-                    positions: &pos,
-                    slot_mapping: &slots,
-                    seqs: &seqs,
-                    logits_indices: &li,
-                };
-                let toks = if use_chain {
-                    e.forward_greedy_chain(&batch, 16).unwrap()
-                } else {
-                    chain::by_steps(e.as_mut(), &batch, 16).unwrap()
-                };
-                assert_eq!(toks.len(), 16 * rows);
-                got.push(toks);
-            }
-            assert_eq!(
-                got[0], got[1],
-                "chain vs step by step (rows {rows}, quantized {quantized})"
-            );
-            eprintln!("chain decode: rows {rows}, quantized {quantized}: 16 steps equal");
-        }
+        assert!(failures.is_empty(), "{failures:#?}");
     }
 }
 
-/// The CUDA executor's `forward_sample` (parameters uploaded per row, `sample_rows` on the
-/// device) against the host sampler on the same logits rows (the model's, teacher-forced over a
-/// reference sequence). The host's f32 sums can move a rare pick at a top-p boundary, so a few
-/// differing rows are allowed; a wiring error (rows or parameters out of step) moves most.
-#[test]
-fn device_sampling_matches_the_host_sampler_on_the_model_logits() {
-    use quire_backend::{sample_row, ForwardBatch, SampleParams, SeqBatch};
-    use quire_core::BlockId;
-    use rand::{Rng, SeedableRng};
-    if !gpu_present() {
-        return;
-    }
-    let m = model();
-    let vocab = m.weights.config.vocab_size;
-    let mut exec = cuda(&m, 64, true);
-    let r = &reference()[0];
-    let seq: Vec<u32> = ids(&r["prompt_tokens"])
-        .into_iter()
-        .chain(ids(&r["completion_tokens"]))
-        .collect();
-    let rows: Vec<u32> = (0..seq.len() as u32).collect();
-    let logits = forward_single(exec.as_mut(), &seq, &rows).unwrap();
-    let table: Vec<BlockId> = (0..seq.len().div_ceil(16) as u32).map(BlockId).collect();
-    let seqs = [SeqBatch {
-        query_start: 0,
-        query_len: seq.len(),
-        seq_len: seq.len(),
-        block_table: &table,
-    }];
-    let batch = ForwardBatch {
-        token_ids: &seq,
-        positions: &rows,
-        slot_mapping: &rows,
-        seqs: &seqs,
-        logits_indices: &rows,
-    };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
-    let (mut total, mut differ) = (0usize, 0usize);
-    for _ in 0..6 {
-        let params: Vec<SampleParams> = rows
-            .iter()
-            .map(|_| SampleParams {
-                temperature: [0.0, 0.5, 1.0, 1.7][rng.random_range(0..4)],
-                top_k: [0, 1, 40, 1000][rng.random_range(0..4)],
-                top_p: [1.0, 0.95, 0.8, 0.3][rng.random_range(0..4)],
-                min_p: [0.0, 0.0, 0.05, 0.2][rng.random_range(0..4)],
-                u: rng.random(),
+quire_testkit::gpu_test! {
+    /// Chain decode (16 steps in one graph, each step's argmax fed to the next on the device) gives
+    /// the tokens of step-by-step greedy decoding on the same executor kind, for one sequence and for
+    /// three (a padded bucket of four), on stored and on f16 weights.
+    fn chain_decode_matches_step_by_step() {
+        use quire_backend::{chain, ForwardBatch, SeqBatch};
+        use quire_core::BlockId;
+        let m = model();
+        let vocab = m.weights.config.vocab_size as u32;
+        let per = 16usize; // blocks per sequence: 256 tokens
+        let tables: Vec<Vec<BlockId>> = (0..3)
+            .map(|i| {
+                (i * per..(i + 1) * per)
+                    .map(|b| BlockId(b as u32))
+                    .collect()
             })
             .collect();
-        let got = exec.forward_sample(&batch, &params).unwrap();
-        assert_eq!(got.len(), rows.len());
-        for ((row, p), g) in logits.chunks_exact(vocab).zip(&params).zip(&got) {
-            let host = sample_row(row, p);
-            total += 1;
-            if *g != host {
-                differ += 1;
-                eprintln!("{p:?}: device {g}, host {host}");
-                assert!(p.temperature > 0.0, "greedy rows must agree");
+        let prompts: Vec<Vec<u32>> = (0..3u32)
+            .map(|i| {
+                (0..20 + 7 * i)
+                    .map(|j| (j * 131 + 17 * i + 5) % vocab)
+                    .collect()
+            })
+            .collect();
+        for quantized in [true, false] {
+            for rows in [1usize, 3] {
+                let mut got = Vec::new();
+                for use_chain in [true, false] {
+                    let mut e = cuda(&m, 3 * per + 1, quantized);
+                    // Prefill every prompt; its argmax is the chain's first input.
+                    let mut first = Vec::new();
+                    for (p, t) in prompts.iter().zip(&tables).take(rows) {
+                        let pos: Vec<u32> = (0..p.len() as u32).collect();
+                        let slots: Vec<u32> = pos
+                            .iter()
+                            .map(|&q| t[q as usize / 16].0 * 16 + q % 16)
+                            .collect();
+                        let seqs = [SeqBatch {
+                            query_start: 0,
+                            query_len: p.len(),
+                            seq_len: p.len(),
+                            block_table: t,
+                        }];
+                        let ids = e
+                            .forward_greedy(&ForwardBatch {
+                                token_ids: p,
+                                positions: &pos,
+                                slot_mapping: &slots,
+                                seqs: &seqs,
+                                logits_indices: &[p.len() as u32 - 1],
+                            })
+                            .unwrap();
+                        first.push(ids[0]);
+                    }
+                    let pos: Vec<u32> = prompts[..rows].iter().map(|p| p.len() as u32).collect();
+                    let slots: Vec<u32> = pos
+                        .iter()
+                        .zip(&tables)
+                        .map(|(&q, t)| t[q as usize / 16].0 * 16 + q % 16)
+                        .collect();
+                    let seqs: Vec<SeqBatch> = (0..rows)
+                        .map(|i| SeqBatch {
+                            query_start: i,
+                            query_len: 1,
+                            seq_len: pos[i] as usize + 1,
+                            block_table: &tables[i],
+                        })
+                        .collect();
+                    let li: Vec<u32> = (0..rows as u32).collect();
+                    let batch = ForwardBatch {
+                        token_ids: &first,
+                        positions: &pos,
+                        slot_mapping: &slots,
+                        seqs: &seqs,
+                        logits_indices: &li,
+                    };
+                    let toks = if use_chain {
+                        e.forward_greedy_chain(&batch, 16).unwrap()
+                    } else {
+                        chain::by_steps(e.as_mut(), &batch, 16).unwrap()
+                    };
+                    assert_eq!(toks.len(), 16 * rows);
+                    got.push(toks);
+                }
+                assert_eq!(
+                    got[0], got[1],
+                    "chain vs step by step (rows {rows}, quantized {quantized})"
+                );
+                eprintln!("chain decode: rows {rows}, quantized {quantized}: 16 steps equal");
             }
         }
     }
-    eprintln!("{differ} of {total} rows differ from the host sampler");
-    assert!(differ * 50 < total, "{differ} of {total} rows differ");
+}
+
+quire_testkit::gpu_test! {
+    /// The CUDA executor's `forward_sample` (parameters uploaded per row, `sample_rows` on the
+    /// device) against the host sampler on the same logits rows (the model's, teacher-forced over a
+    /// reference sequence). The host's f32 sums can move a rare pick at a top-p boundary, so a few
+    /// differing rows are allowed; a wiring error (rows or parameters out of step) moves most.
+    fn device_sampling_matches_the_host_sampler_on_the_model_logits() {
+        use quire_backend::{sample_row, ForwardBatch, SampleParams, SeqBatch};
+        use quire_core::BlockId;
+        use rand::{Rng, SeedableRng};
+        let m = model();
+        let vocab = m.weights.config.vocab_size;
+        let mut exec = cuda(&m, 64, true);
+        let r = &reference()[0];
+        let seq: Vec<u32> = ids(&r["prompt_tokens"])
+            .into_iter()
+            .chain(ids(&r["completion_tokens"]))
+            .collect();
+        let rows: Vec<u32> = (0..seq.len() as u32).collect();
+        let logits = forward_single(exec.as_mut(), &seq, &rows).unwrap();
+        let table: Vec<BlockId> = (0..seq.len().div_ceil(16) as u32).map(BlockId).collect();
+        let seqs = [SeqBatch {
+            query_start: 0,
+            query_len: seq.len(),
+            seq_len: seq.len(),
+            block_table: &table,
+        }];
+        let batch = ForwardBatch {
+            token_ids: &seq,
+            positions: &rows,
+            slot_mapping: &rows,
+            seqs: &seqs,
+            logits_indices: &rows,
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let (mut total, mut differ) = (0usize, 0usize);
+        for _ in 0..6 {
+            let params: Vec<SampleParams> = rows
+                .iter()
+                .map(|_| SampleParams {
+                    temperature: [0.0, 0.5, 1.0, 1.7][rng.random_range(0..4)],
+                    top_k: [0, 1, 40, 1000][rng.random_range(0..4)],
+                    top_p: [1.0, 0.95, 0.8, 0.3][rng.random_range(0..4)],
+                    min_p: [0.0, 0.0, 0.05, 0.2][rng.random_range(0..4)],
+                    u: rng.random(),
+                })
+                .collect();
+            let got = exec.forward_sample(&batch, &params).unwrap();
+            assert_eq!(got.len(), rows.len());
+            for ((row, p), g) in logits.chunks_exact(vocab).zip(&params).zip(&got) {
+                let host = sample_row(row, p);
+                total += 1;
+                if *g != host {
+                    differ += 1;
+                    eprintln!("{p:?}: device {g}, host {host}");
+                    assert!(p.temperature > 0.0, "greedy rows must agree");
+                }
+            }
+        }
+        eprintln!("{differ} of {total} rows differ from the host sampler");
+        assert!(differ * 50 < total, "{differ} of {total} rows differ");
+    }
 }

@@ -1,12 +1,14 @@
 //! The default model against llama.cpp: tokenization and greedy paths of the shared reference
 //! (../shared/reference, partings only at near-ties), exact text equality with llama.cpp built on
-//! this kind of machine, and teacher-forced log-probabilities close to the reference's.
+//! this kind of machine (the CPU backend's AVX2 path), and teacher-forced log-probabilities close
+//! to the reference's. The tests that run a model run on every backend (quire-testkit's
+//! `executor_test!`), held to the same bounds.
 
-use quire_backend::cpu::{CpuExecutor, CpuOptions};
 use quire_backend::{Executor, KvCacheSpec};
 use quire_core::SamplingParams;
 use quire_engine::runner::forward_single;
 use quire_engine::{Engine, EngineConfig};
+use quire_testkit::{executor_test, Backend};
 use serde_json::Value;
 
 mod common;
@@ -17,18 +19,12 @@ fn load() -> quire_model::LoadedModel {
         .expect("default model loads")
 }
 
-fn executor(m: &quire_model::LoadedModel, blocks: usize) -> Box<dyn Executor> {
-    Box::new(
-        CpuExecutor::new(
-            &m.weights,
-            KvCacheSpec {
-                num_blocks: blocks,
-                block_size: 16,
-            },
-            CpuOptions::default(),
-        )
-        .unwrap(),
-    )
+fn executor(b: Backend, m: &quire_model::LoadedModel, blocks: usize) -> Box<dyn Executor> {
+    let kv = KvCacheSpec {
+        num_blocks: blocks,
+        block_size: 16,
+    };
+    b.executor(&m.weights, kv)
 }
 
 #[test]
@@ -48,12 +44,13 @@ fn tokenization_matches_llama_cpp() {
 /// Greedy continuations of all prompts, submitted together to one engine (so this also checks that
 /// batching changes nothing).
 fn greedy_all(
+    b: Backend,
     m: &quire_model::LoadedModel,
     prompts: &[&str],
     max_tokens: usize,
 ) -> Vec<(Vec<u32>, String)> {
     let mut engine = Engine::new(
-        executor(m, 512),
+        executor(b, m, 512),
         m.tokenizer.clone(),
         EngineConfig::default(),
     );
@@ -83,170 +80,171 @@ fn greedy_all(
     ids.iter().map(|id| out.remove(id).unwrap()).collect()
 }
 
-#[test]
-fn greedy_text_equals_llama_cpp_built_here() {
-    // The file was made by llama.cpp's AVX2/FMA/F16C kernels, whose arithmetic quire's SIMD path
-    // reproduces bit for bit; the scalar fallback sums in another order.
-    if !quire_backend::cpu::quant::has_avx2() {
-        eprintln!("skipped: this CPU lacks AVX2/FMA/F16C (or QUIRE_NO_SIMD is set)");
-        return;
-    }
-    let m = load();
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/data/llama-cpp-local.greedy.jsonl"
-    );
-    let refs: Vec<Value> = std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
-    let got = greedy_all(&m, &prompts, 48);
-    let mut failures = Vec::new();
-    for (r, (_, text)) in refs.iter().zip(&got) {
-        if text != r["completion"].as_str().unwrap() {
-            failures.push(format!(
-                "{:?}\n  quire:     {text:?}\n  llama.cpp: {:?}",
-                r["prompt"], r["completion"]
-            ));
+quire_testkit::simd_test! {
+    /// The file was made by llama.cpp's AVX2/FMA/F16C kernels, whose arithmetic the CPU backend's
+    /// SIMD path reproduces bit for bit (the scalar fallback sums in another order): a CPU-only
+    /// test.
+    fn greedy_text_equals_llama_cpp_built_here() {
+        let m = load();
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/data/llama-cpp-local.greedy.jsonl"
+        );
+        let refs: Vec<Value> = std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
+        let got = greedy_all(Backend::Cpu, &m, &prompts, 48);
+        let mut failures = Vec::new();
+        for (r, (_, text)) in refs.iter().zip(&got) {
+            if text != r["completion"].as_str().unwrap() {
+                failures.push(format!(
+                    "{:?}\n  quire:     {text:?}\n  llama.cpp: {:?}",
+                    r["prompt"], r["completion"]
+                ));
+            }
         }
+        eprintln!(
+            "{}/{} continuations identical to llama.cpp's",
+            refs.len() - failures.len(),
+            refs.len()
+        );
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
-    eprintln!(
-        "{}/{} continuations identical to llama.cpp's",
-        refs.len() - failures.len(),
-        refs.len()
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-#[test]
-fn greedy_parts_from_the_shared_reference_only_at_near_ties() {
-    // The shared reference came from a llama.cpp build whose rounding differs from any build here
-    // (see tests/data/REFERENCE.md), so paths may part where its top two candidates are close.
-    let m = load();
-    let refs = reference();
-    let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
-    let got = greedy_all(&m, &prompts, 48);
-    let (mut agree_total, mut total, mut first16) = (0, 0, 0);
-    let mut failures = Vec::new();
-    for (r, (got, _)) in refs.iter().zip(&got) {
-        let prompt = r["prompt"].as_str().unwrap();
-        let want = ids(&r["completion_tokens"]);
-        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        agree_total += agree;
-        total += want.len();
-        if agree >= 16.min(want.len()) {
-            first16 += 1;
+executor_test! {
+    fn greedy_parts_from_the_shared_reference_only_at_near_ties(backend) {
+        // The shared reference came from a llama.cpp build whose rounding differs from any build here
+        // (see tests/data/REFERENCE.md), so paths may part where its top two candidates are close.
+        let m = load();
+        let refs = reference();
+        let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
+        let got = greedy_all(backend, &m, &prompts, 48);
+        let (mut agree_total, mut total, mut first16) = (0, 0, 0);
+        let mut failures = Vec::new();
+        for (r, (got, _)) in refs.iter().zip(&got) {
+            let prompt = r["prompt"].as_str().unwrap();
+            let want = ids(&r["completion_tokens"]);
+            let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            agree_total += agree;
+            total += want.len();
+            if agree >= 16.min(want.len()) {
+                first16 += 1;
+            }
+            let note = if agree < want.len() {
+                let top3 = &r["top3_logprobs"][agree];
+                let gap = top3[0][1].as_f64().unwrap() - top3[1][1].as_f64().unwrap();
+                let runner_up = top3[1][0].as_u64().unwrap() as u32;
+                if gap >= 0.15 || got.get(agree) != Some(&runner_up) {
+                    failures.push(format!(
+                        "{prompt:?}: parts at {agree}, llama.cpp gap {gap:.4}, we chose {:?}",
+                        got.get(agree)
+                    ));
+                }
+                format!("parts at {agree}: llama.cpp's top two {gap:.4} apart, we chose its runner-up")
+            } else {
+                if got.len() != want.len() {
+                    failures.push(format!(
+                        "{prompt:?}: {} tokens, llama.cpp {}",
+                        got.len(),
+                        want.len()
+                    ));
+                }
+                "identical".to_string()
+            };
+            eprintln!(
+                "{agree:>2}/{:>2} tokens agree ({note}): {prompt:?}",
+                want.len()
+            );
         }
-        let note = if agree < want.len() {
-            let top3 = &r["top3_logprobs"][agree];
-            let gap = top3[0][1].as_f64().unwrap() - top3[1][1].as_f64().unwrap();
-            let runner_up = top3[1][0].as_u64().unwrap() as u32;
-            if gap >= 0.15 || got.get(agree) != Some(&runner_up) {
-                failures.push(format!(
-                    "{prompt:?}: parts at {agree}, llama.cpp gap {gap:.4}, we chose {:?}",
-                    got.get(agree)
-                ));
-            }
-            format!("parts at {agree}: llama.cpp's top two {gap:.4} apart, we chose its runner-up")
-        } else {
-            if got.len() != want.len() {
-                failures.push(format!(
-                    "{prompt:?}: {} tokens, llama.cpp {}",
-                    got.len(),
-                    want.len()
-                ));
-            }
-            "identical".to_string()
-        };
         eprintln!(
-            "{agree:>2}/{:>2} tokens agree ({note}): {prompt:?}",
-            want.len()
+            "agreement: {agree_total}/{total} tokens; first 16 identical for {first16}/{} prompts",
+            refs.len()
+        );
+        assert!(failures.is_empty(), "{failures:#?}");
+    }
+}
+
+executor_test! {
+    fn teacher_forced_logprobs_are_close_to_llama_cpp(backend) {
+        let m = load();
+        let mut exec = executor(backend, &m, 16);
+        let vocab = exec.vocab_size();
+        let (mut worst, mut sum, mut n) = (0f64, 0f64, 0usize);
+        for r in reference() {
+            let prompt = ids(&r["prompt_tokens"]);
+            let completion = ids(&r["completion_tokens"]);
+            let seq: Vec<u32> = prompt.iter().chain(&completion).copied().collect();
+            let rows: Vec<u32> = (prompt.len() as u32 - 1..seq.len() as u32 - 1).collect();
+            let logits = forward_single(exec.as_mut(), &seq, &rows).unwrap();
+            for (i, top3) in r["top3_logprobs"].as_array().unwrap().iter().enumerate() {
+                for (j, cand) in top3.as_array().unwrap().iter().enumerate() {
+                    let (tok, lp) = (cand[0].as_u64().unwrap() as u32, cand[1].as_f64().unwrap());
+                    let our_lp = {
+                        let l = &logits[i * vocab..(i + 1) * vocab];
+                        (l[tok as usize] - quire_engine::sampler::log_sum_exp(l)) as f64
+                    };
+                    worst = worst.max((our_lp - lp).abs());
+                    sum += (our_lp - lp).abs();
+                    n += 1;
+                    // A single 8-bit rounding that lands the other way moves a logprob by ~0.1; two
+                    // builds of llama.cpp differ by about that much (see tests/data/REFERENCE.md).
+                    assert!(
+                        (our_lp - lp).abs() < 1.0,
+                        "position {i} candidate {j} (token {tok}): ours {our_lp:.4}, llama.cpp {lp:.4}"
+                    );
+                }
+            }
+        }
+        let mean = sum / n as f64;
+        eprintln!(
+            "|logprob difference| against llama.cpp: mean {mean:.4}, largest {worst:.4} over {n}"
+        );
+        assert!(mean < 0.12, "mean |logprob difference| {mean:.4}");
+    }
+}
+
+executor_test! {
+    fn engine_reuses_executor_state_across_requests(backend) {
+        // Two identical greedy requests one after the other give identical tokens: the cache is
+        // reused through block tables, not through leftovers.
+        let m = load();
+        let mut engine = Engine::new(
+            executor(backend, &m, 64),
+            m.tokenizer.clone(),
+            EngineConfig::default(),
+        );
+        let prompt = m
+            .tokenizer
+            .encode("The three primary colors are", true, true)
+            .unwrap();
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            engine
+                .add_request(
+                    prompt.clone(),
+                    SamplingParams {
+                        max_tokens: 12,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+            let mut got = Vec::new();
+            while engine.has_unfinished() {
+                for o in engine.step().unwrap() {
+                    got.extend(o.tokens.iter().map(|t| t.token.0));
+                }
+            }
+            runs.push(got);
+        }
+        assert_eq!(runs[0], runs[1]);
+        assert_eq!(
+            engine.stats().kv_blocks_used,
+            0,
+            "finished requests free their blocks"
         );
     }
-    eprintln!(
-        "agreement: {agree_total}/{total} tokens; first 16 identical for {first16}/{} prompts",
-        refs.len()
-    );
-    assert!(failures.is_empty(), "{failures:#?}");
-}
-
-#[test]
-fn teacher_forced_logprobs_are_close_to_llama_cpp() {
-    let m = load();
-    let mut exec = executor(&m, 16);
-    let vocab = exec.vocab_size();
-    let (mut worst, mut sum, mut n) = (0f64, 0f64, 0usize);
-    for r in reference() {
-        let prompt = ids(&r["prompt_tokens"]);
-        let completion = ids(&r["completion_tokens"]);
-        let seq: Vec<u32> = prompt.iter().chain(&completion).copied().collect();
-        let rows: Vec<u32> = (prompt.len() as u32 - 1..seq.len() as u32 - 1).collect();
-        let logits = forward_single(exec.as_mut(), &seq, &rows).unwrap();
-        for (i, top3) in r["top3_logprobs"].as_array().unwrap().iter().enumerate() {
-            for (j, cand) in top3.as_array().unwrap().iter().enumerate() {
-                let (tok, lp) = (cand[0].as_u64().unwrap() as u32, cand[1].as_f64().unwrap());
-                let our_lp = {
-                    let l = &logits[i * vocab..(i + 1) * vocab];
-                    (l[tok as usize] - quire_engine::sampler::log_sum_exp(l)) as f64
-                };
-                worst = worst.max((our_lp - lp).abs());
-                sum += (our_lp - lp).abs();
-                n += 1;
-                // A single 8-bit rounding that lands the other way moves a logprob by ~0.1; two
-                // builds of llama.cpp differ by about that much (see tests/data/REFERENCE.md).
-                assert!(
-                    (our_lp - lp).abs() < 1.0,
-                    "position {i} candidate {j} (token {tok}): ours {our_lp:.4}, llama.cpp {lp:.4}"
-                );
-            }
-        }
-    }
-    let mean = sum / n as f64;
-    eprintln!(
-        "|logprob difference| against llama.cpp: mean {mean:.4}, largest {worst:.4} over {n}"
-    );
-    assert!(mean < 0.12, "mean |logprob difference| {mean:.4}");
-}
-
-#[test]
-fn engine_reuses_executor_state_across_requests() {
-    // Two identical greedy requests one after the other give identical tokens: the cache is
-    // reused through block tables, not through leftovers.
-    let m = load();
-    let mut engine = Engine::new(
-        executor(&m, 64),
-        m.tokenizer.clone(),
-        EngineConfig::default(),
-    );
-    let prompt = m
-        .tokenizer
-        .encode("The three primary colors are", true, true)
-        .unwrap();
-    let mut runs = Vec::new();
-    for _ in 0..2 {
-        engine
-            .add_request(
-                prompt.clone(),
-                SamplingParams {
-                    max_tokens: 12,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
-        let mut got = Vec::new();
-        while engine.has_unfinished() {
-            for o in engine.step().unwrap() {
-                got.extend(o.tokens.iter().map(|t| t.token.0));
-            }
-        }
-        runs.push(got);
-    }
-    assert_eq!(runs[0], runs[1]);
-    assert_eq!(
-        engine.stats().kv_blocks_used,
-        0,
-        "finished requests free their blocks"
-    );
 }

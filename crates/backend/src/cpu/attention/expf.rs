@@ -185,19 +185,17 @@ mod tests {
         ((z * r2 + y) * s) as f32
     }
 
-    #[test]
-    fn exp8_equals_f32_exp_on_probes_and_random_arguments() {
-        if !crate::cpu::quant::has_avx2() {
-            return;
+    quire_testkit::simd_test! {
+        fn exp8_equals_f32_exp_on_probes_and_random_arguments() {
+            assert!(agrees(&probes()), "exp8 differs from this platform's expf");
+            assert!(usable());
+            use rand::{Rng, SeedableRng};
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            let x: Vec<f32> = (0..1 << 20)
+                .map(|_| rng.random_range(-110.0f32..90.0))
+                .collect();
+            assert!(agrees(&x));
         }
-        assert!(agrees(&probes()), "exp8 differs from this platform's expf");
-        assert!(usable());
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-        let x: Vec<f32> = (0..1 << 20)
-            .map(|_| rng.random_range(-110.0f32..90.0))
-            .collect();
-        assert!(agrees(&x));
     }
 
     #[test]
@@ -213,11 +211,9 @@ mod tests {
     /// quire-backend exp8_exhaustive -- --ignored --nocapture`. Also lists arguments where the
     /// unfused evaluation differs (the source of `UNFUSED_DIFFERS`).
     #[test]
-    #[ignore]
+    #[ignore = "about 10 s: run with --ignored"]
     fn exp8_exhaustive() {
-        if !crate::cpu::quant::has_avx2() {
-            return;
-        }
+        quire_testkit::require_simd();
         let ranges = [(0x8000_0000u32, (-104f32).to_bits()), (0, 88f32.to_bits())];
         let mut unfused = Vec::new();
         let mut n = 0u64;

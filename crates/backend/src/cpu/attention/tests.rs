@@ -1,10 +1,11 @@
 //! Parity of the paged kernel against the dense f64 reference: random non-contiguous block tables,
 //! GQA ratios 1, 3, 4 and 8, head dims 64 and 128, odd lengths, mixed prompt chunks and decodes in
-//! one batch, every unused cache slot poisoned with NaN.
+//! one batch, every unused cache slot poisoned with NaN (the shared generator of quire-testkit);
+//! errors are the relative L2 error of quire-testkit's metric.
 
 use super::*;
-use quire_core::BlockId;
-use rand::seq::SliceRandom;
+use quire_testkit::metric::{self, RelL2};
+use quire_testkit::paged::{CacheElem, PagedCase};
 use rand::{Rng, SeedableRng};
 
 struct Case {
@@ -18,7 +19,7 @@ struct Case {
     sliding_window: Option<usize>,
 }
 
-fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
+fn run_case<T: KvElem + CacheElem>(c: &Case, seed: u64) -> f64 {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -27,16 +28,15 @@ fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
     let d = c.head_dim;
     let kv_row = c.num_kv_heads * d;
     let q_row = c.num_heads * d;
-    let blocks_needed: usize = c
-        .seqs
-        .iter()
-        .map(|(a, b)| (a + b).div_ceil(c.block_size))
-        .sum();
-    let num_blocks = blocks_needed + 7; // spare blocks stay poisoned
-    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-    ids.shuffle(&mut rng);
-    let mut k_cache = vec![T::from_f32(f32::NAN); num_blocks * c.block_size * kv_row];
-    let mut v_cache = k_cache.clone();
+    // Spare blocks stay poisoned; with a sliding window, cached keys before every query's window
+    // stay NaN too: never read.
+    let gen = PagedCase {
+        spare_blocks: 7,
+        window: c.sliding_window,
+        ..PagedCase::new(c.block_size, kv_row, &c.seqs)
+    }
+    .generate::<T>(&mut rng);
+    let (mut k_cache, mut v_cache) = (gen.k_cache, gen.v_cache);
     let p = AttnParams {
         num_heads: c.num_heads,
         num_kv_heads: c.num_kv_heads,
@@ -46,91 +46,44 @@ fn run_case<T: KvElem>(c: &Case, seed: u64) -> f64 {
         f16_accum: c.f16_accum,
         sliding_window: c.sliding_window,
     };
-    let mut tables = Vec::new();
-    let mut full_k = Vec::new();
-    let mut full_v = Vec::new();
-    let mut next = 0;
-    for &(cached, new) in &c.seqs {
-        let n = (cached + new).div_ceil(c.block_size);
-        let table: Vec<BlockId> = ids[next..next + n].iter().map(|&b| BlockId(b)).collect();
-        next += n;
-        let len = cached + new;
-        let k: Vec<f32> = (0..len * kv_row)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        let v: Vec<f32> = (0..len * kv_row)
-            .map(|_| rng.random_range(-1.0..1.0))
-            .collect();
-        // Round through the storage type so the reference sees what the cache holds.
-        let k: Vec<f32> = k.iter().map(|&x| T::from_f32(x).to_f32()).collect();
-        let v: Vec<f32> = v.iter().map(|&x| T::from_f32(x).to_f32()).collect();
-        // With a sliding window, cached keys before every query's window stay NaN: never read.
-        for pos in p.first_key(cached)..cached {
-            let slot = table[pos / c.block_size].as_usize() * c.block_size + pos % c.block_size;
-            for i in 0..kv_row {
-                k_cache[slot * kv_row + i] = T::from_f32(k[pos * kv_row + i]);
-                v_cache[slot * kv_row + i] = T::from_f32(v[pos * kv_row + i]);
-            }
-        }
-        tables.push(table);
-        full_k.push(k);
-        full_v.push(v);
-    }
     // The batch: every sequence's new tokens, flat.
-    let total: usize = c.seqs.iter().map(|s| s.1).sum();
+    let total = gen.positions.len();
     let q: Vec<f32> = (0..total * q_row)
         .map(|_| rng.random_range(-2.0..2.0))
         .collect();
-    let mut k_new = Vec::new();
-    let mut v_new = Vec::new();
-    let mut slots = Vec::new();
-    let mut seqs = Vec::new();
-    let mut start = 0;
-    for (i, &(cached, new)) in c.seqs.iter().enumerate() {
-        k_new.extend_from_slice(&full_k[i][cached * kv_row..]);
-        v_new.extend_from_slice(&full_v[i][cached * kv_row..]);
-        for pos in cached..cached + new {
-            slots.push(
-                (tables[i][pos / c.block_size].as_usize() * c.block_size + pos % c.block_size)
-                    as u32,
-            );
-        }
-        seqs.push(SeqBatch {
-            query_start: start,
-            query_len: new,
-            seq_len: cached + new,
-            block_table: &tables[i],
-        });
-        start += new;
-    }
+    let seqs: Vec<SeqBatch> = gen
+        .seqs
+        .iter()
+        .map(|s| SeqBatch {
+            query_start: s.query_start,
+            query_len: s.query_len,
+            seq_len: s.seq_len,
+            block_table: &s.block_table,
+        })
+        .collect();
     let mut out = vec![0f32; total * q_row];
     paged_attention(
         &pool,
         &p,
         &q,
         q_row,
-        &k_new,
-        &v_new,
+        &gen.k_new,
+        &gen.v_new,
         kv_row,
-        &slots,
+        &gen.slot_mapping,
         &seqs,
         &mut k_cache,
         &mut v_cache,
         &mut out,
     );
-    let mut max_err = 0f64;
-    let mut max_ref = 0f64;
+    let mut err = RelL2::default();
     for (i, s) in seqs.iter().enumerate() {
         let qs = &q[s.query_start * q_row..(s.query_start + s.query_len) * q_row];
-        let want = dense_reference(&p, qs, &full_k[i], &full_v[i], s.seq_len);
+        let want = dense_reference(&p, qs, &gen.seqs[i].keys, &gen.seqs[i].values, s.seq_len);
         let got = &out[s.query_start * q_row..(s.query_start + s.query_len) * q_row];
-        for (&g, &w) in got.iter().zip(&want) {
-            assert!(g.is_finite(), "non-finite output: a poisoned slot was read");
-            max_err = max_err.max((g as f64 - w).abs());
-            max_ref = max_ref.max(w.abs());
-        }
+        err.add(got, &want);
     }
-    max_err / max_ref
+    err.value()
 }
 
 #[test]
@@ -152,7 +105,7 @@ fn paged_matches_dense_reference_f32() {
                 };
                 let rel = run_case::<f32>(&c, seed);
                 assert!(
-                    rel < 1e-5,
+                    rel < metric::ATTENTION_F32,
                     "gqa {num_heads}/{num_kv_heads} d{head_dim} bs{block_size}: rel err {rel:e}"
                 );
             }
@@ -182,7 +135,11 @@ fn sliding_window_matches_dense_reference() {
             } else {
                 run_case::<f32>(&c, seed)
             };
-            let tol = if f16_accum { 2e-2 } else { 1e-5 };
+            let tol = if f16_accum {
+                metric::ATTENTION_F16_ACCUM
+            } else {
+                metric::ATTENTION_F32
+            };
             assert!(
                 rel < tol,
                 "window {window} bs{block_size} f16acc {f16_accum}: rel err {rel:e}"
@@ -227,7 +184,7 @@ fn paged_matches_dense_reference_f16_storage() {
         sliding_window: None,
     };
     let rel = run_case::<f16>(&c, 99);
-    assert!(rel < 1e-5, "rel err {rel:e}");
+    assert!(rel < metric::ATTENTION_F32, "rel err {rel:e}");
 }
 
 #[test]
@@ -245,37 +202,39 @@ fn f16_accumulator_stays_within_f16_precision() {
             sliding_window: None,
         };
         let rel = run_case::<f16>(&c, 7);
-        assert!(rel < 2e-2 && rel > 1e-6, "rel err {rel:e}");
+        // Above 1e-6: the f16 roundings do happen.
+        assert!(
+            rel < metric::ATTENTION_F16_ACCUM && rel > 1e-6,
+            "rel err {rel:e}"
+        );
     }
 }
 
-#[test]
-fn simd_f16_accumulator_steps_equal_the_scalar_ones_bit_for_bit() {
-    if !crate::cpu::quant::has_avx2() {
-        return;
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for d in [32usize, 64, 128, 256] {
-        let a: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
-        let b: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
-        // SAFETY: has_avx2() checked the features; d is a multiple of 32.
-        let fast = unsafe { simd::dot(&a, &b) };
-        assert_eq!(fast.to_bits(), dot_ggml_order(&a, &b).to_bits());
-        let h: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
-        let mut conv = vec![0f32; d];
-        unsafe { simd::f16_to_f32(&h, &mut conv) };
-        assert!(conv.iter().zip(&h).all(|(c, h)| *c == h.to_f32()));
-        let mut acc_fast: Vec<f32> = conv.clone();
-        let mut acc_slow = conv.clone();
-        let (s, vs) = (rng.random_range(0.0..1.0f32), rng.random_range(0.0..1.0f32));
-        unsafe {
-            simd::scale_round(&mut acc_fast, s);
-            simd::mad_round(&mut acc_fast, &b, vs);
+quire_testkit::simd_test! {
+    fn simd_f16_accumulator_steps_equal_the_scalar_ones_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for d in [32usize, 64, 128, 256] {
+            let a: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
+            let b: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0..3.0)).collect();
+            // SAFETY: simd_test! checked the features (has_avx2); d is a multiple of 32.
+            let fast = unsafe { simd::dot(&a, &b) };
+            assert_eq!(fast.to_bits(), dot_ggml_order(&a, &b).to_bits());
+            let h: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
+            let mut conv = vec![0f32; d];
+            unsafe { simd::f16_to_f32(&h, &mut conv) };
+            assert!(conv.iter().zip(&h).all(|(c, h)| *c == h.to_f32()));
+            let mut acc_fast: Vec<f32> = conv.clone();
+            let mut acc_slow = conv.clone();
+            let (s, vs) = (rng.random_range(0.0..1.0f32), rng.random_range(0.0..1.0f32));
+            unsafe {
+                simd::scale_round(&mut acc_fast, s);
+                simd::mad_round(&mut acc_fast, &b, vs);
+            }
+            for (x, &v) in acc_slow.iter_mut().zip(&b) {
+                *x = f16::from_f32(*x * s).to_f32();
+                *x = f16::from_f32(v.mul_add(vs, *x)).to_f32();
+            }
+            assert_eq!(acc_fast, acc_slow);
         }
-        for (x, &v) in acc_slow.iter_mut().zip(&b) {
-            *x = f16::from_f32(*x * s).to_f32();
-            *x = f16::from_f32(v.mul_add(vs, *x)).to_f32();
-        }
-        assert_eq!(acc_fast, acc_slow);
     }
 }

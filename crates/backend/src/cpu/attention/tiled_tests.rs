@@ -4,7 +4,7 @@
 
 use super::*;
 use quire_core::BlockId;
-use rand::seq::SliceRandom;
+use quire_testkit::paged::PagedCase;
 use rand::{Rng, SeedableRng};
 
 struct Setup {
@@ -31,35 +31,19 @@ impl Setup {
     ) -> Setup {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let (num_heads, num_kv_heads) = heads;
-        let kv_row = num_kv_heads * head_dim;
-        let blocks: usize = seqs.iter().map(|(a, b)| (a + b).div_ceil(block_size)).sum();
-        let num_blocks = blocks + 5;
-        let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
-        ids.shuffle(&mut rng);
-        let nan = f16::from_f32(f32::NAN);
-        let mut k_cache = vec![nan; num_blocks * block_size * kv_row];
-        let mut v_cache = k_cache.clone();
-        let mut tables = Vec::new();
-        let mut out_seqs = Vec::new();
-        let mut start = 0;
-        let mut next = 0;
-        for &(cached, new) in seqs {
-            let len = cached + new;
-            let n = len.div_ceil(block_size);
-            let table: Vec<BlockId> = ids[next..next + n].iter().map(|&b| BlockId(b)).collect();
-            next += n;
-            // The whole context is in the cache (the fused write is not under test here).
-            for pos in 0..len {
-                let slot = table[pos / block_size].as_usize() * block_size + pos % block_size;
-                for i in 0..kv_row {
-                    k_cache[slot * kv_row + i] = f16::from_f32(rng.random_range(-1.0..1.0));
-                    v_cache[slot * kv_row + i] = f16::from_f32(rng.random_range(-1.0..1.0));
-                }
-            }
-            tables.push(table);
-            out_seqs.push((start, new, len));
-            start += new;
+        // The whole context is in the cache (the fused write is not under test here).
+        let gen = PagedCase {
+            new_in_cache: true,
+            ..PagedCase::new(block_size, num_kv_heads * head_dim, seqs)
         }
+        .generate::<f16>(&mut rng);
+        let tables: Vec<Vec<BlockId>> = gen.seqs.iter().map(|s| s.block_table.clone()).collect();
+        let out_seqs: Vec<(usize, usize, usize)> = gen
+            .seqs
+            .iter()
+            .map(|s| (s.query_start, s.query_len, s.seq_len))
+            .collect();
+        let (k_cache, v_cache, start) = (gen.k_cache, gen.v_cache, gen.positions.len());
         let q = (0..start * num_heads * head_dim)
             .map(|_| rng.random_range(-q_range..q_range))
             .collect();
@@ -130,71 +114,68 @@ fn assert_same_bits(want: &[f32], got: &[f32], what: &str) {
     }
 }
 
-#[test]
-fn tiled_f16_accumulator_is_bit_identical_to_the_one_row_path() {
-    if !tiled::supports(64) {
-        return;
-    }
-    let mut seed = 100;
-    for heads in [(4, 4), (9, 3), (8, 2), (16, 1)] {
-        for head_dim in [32, 64, 128, 256] {
-            for block_size in [16, 32, 64, 128] {
-                if head_dim == 256 && block_size != 32 {
-                    continue; // keep the test short; 256 is covered once
+quire_testkit::simd_test! {
+    fn tiled_f16_accumulator_is_bit_identical_to_the_one_row_path() {
+        assert!(tiled::supports(64));
+        let mut seed = 100;
+        for heads in [(4, 4), (9, 3), (8, 2), (16, 1)] {
+            for head_dim in [32, 64, 128, 256] {
+                for block_size in [16, 32, 64, 128] {
+                    if head_dim == 256 && block_size != 32 {
+                        continue; // keep the test short; 256 is covered once
+                    }
+                    seed += 1;
+                    // A fresh odd prompt, decodes at odd depths, chunks after cached prefixes, a
+                    // prompt longer than a few key chunks.
+                    let seqs = [
+                        (0, 37),
+                        (100, 1),
+                        (1, 1),
+                        (63, 13),
+                        (0, 1),
+                        (129, 1),
+                        (20, 75),
+                    ];
+                    let q_range = if seed % 2 == 0 { 2.0 } else { 12.0 };
+                    let s = Setup::new(heads, head_dim, block_size, &seqs, q_range, seed);
+                    let (want, got) = s.run(2);
+                    let what = format!("gqa {heads:?} d{head_dim} bs{block_size}");
+                    assert_same_bits(&want, &got, &what);
                 }
-                seed += 1;
-                // A fresh odd prompt, decodes at odd depths, chunks after cached prefixes, a
-                // prompt longer than a few key chunks.
-                let seqs = [
-                    (0, 37),
-                    (100, 1),
-                    (1, 1),
-                    (63, 13),
-                    (0, 1),
-                    (129, 1),
-                    (20, 75),
-                ];
-                let q_range = if seed % 2 == 0 { 2.0 } else { 12.0 };
-                let s = Setup::new(heads, head_dim, block_size, &seqs, q_range, seed);
-                let (want, got) = s.run(2);
-                let what = format!("gqa {heads:?} d{head_dim} bs{block_size}");
-                assert_same_bits(&want, &got, &what);
             }
         }
     }
 }
 
-#[test]
-fn tiled_single_decodes_and_long_prompts_are_bit_identical() {
-    if !tiled::supports(64) {
-        return;
-    }
-    // One decode (tiles split per head), a lone long prompt, two decodes, on 1 to 3 threads.
-    let cases: [&[(usize, usize)]; 4] = [&[(511, 1)], &[(0, 300)], &[(40, 1), (7, 1)], &[(0, 1)]];
-    for (i, seqs) in cases.iter().enumerate() {
-        for threads in [1, 2, 3] {
-            let s = Setup::new((9, 3), 64, 16, seqs, 6.0, 7 + i as u64);
-            let (want, got) = s.run(threads);
-            assert_same_bits(&want, &got, &format!("case {i}, {threads} threads"));
+quire_testkit::simd_test! {
+    fn tiled_single_decodes_and_long_prompts_are_bit_identical() {
+        assert!(tiled::supports(64));
+        // One decode (tiles split per head), a lone long prompt, two decodes, on 1 to 3 threads.
+        let cases: [&[(usize, usize)]; 4] = [&[(511, 1)], &[(0, 300)], &[(40, 1), (7, 1)], &[(0, 1)]];
+        for (i, seqs) in cases.iter().enumerate() {
+            for threads in [1, 2, 3] {
+                let s = Setup::new((9, 3), 64, 16, seqs, 6.0, 7 + i as u64);
+                let (want, got) = s.run(threads);
+                assert_same_bits(&want, &got, &format!("case {i}, {threads} threads"));
+            }
         }
     }
 }
 
-#[test]
-fn chunked_prompt_equals_whole_prompt() {
-    if !tiled::supports(64) {
-        return;
+quire_testkit::simd_test! {
+    fn chunked_prompt_equals_whole_prompt() {
+        assert!(tiled::supports(64));
+        // The same 90-token prompt whole, then as chunks of 41 + 49 (the second with 41 cached
+        // tokens): every output row is the same.
+        let whole = Setup::new((9, 3), 64, 16, &[(0, 90)], 6.0, 5);
+        let (_, all) = whole.run(2);
+        let q_row = 9 * 64;
+        let mut second = Setup::new((9, 3), 64, 16, &[(41, 49)], 6.0, 5);
+        second.k_cache = whole.k_cache.clone();
+        second.v_cache = whole.v_cache.clone();
+        second.tables = whole.tables.clone();
+        second.q = whole.q[41 * q_row..].to_vec();
+        let (_, tail) = second.run(2);
+        assert_same_bits(&all[41 * q_row..], &tail, "second chunk");
     }
-    // The same 90-token prompt whole, then as chunks of 41 + 49 (the second with 41 cached
-    // tokens): every output row is the same.
-    let whole = Setup::new((9, 3), 64, 16, &[(0, 90)], 6.0, 5);
-    let (_, all) = whole.run(2);
-    let q_row = 9 * 64;
-    let mut second = Setup::new((9, 3), 64, 16, &[(41, 49)], 6.0, 5);
-    second.k_cache = whole.k_cache.clone();
-    second.v_cache = whole.v_cache.clone();
-    second.tables = whole.tables.clone();
-    second.q = whole.q[41 * q_row..].to_vec();
-    let (_, tail) = second.run(2);
-    assert_same_bits(&all[41 * q_row..], &tail, "second chunk");
 }

@@ -1,0 +1,238 @@
+//! Test support shared by quire's test suites, so that every backend is held to the same tests
+//! and no test passes silently where its hardware is missing.
+//!
+//! - **One test body per executor.** [`executor_test!`] expands one body, written against a
+//!   [`Backend`], into one test per backend built into quire: `NAME::cpu` and `NAME::cuda`. The
+//!   CPU backend is the oracle other backends are compared with. A new backend (wgpu next) plugs
+//!   in with one [`Backend`] variant, its entry in [`BACKENDS`] and one line in [`executor_test!`].
+//! - **No silent passes.** libtest cannot skip a test at run time, so whether a hardware-bound
+//!   test runs is decided when it is compiled. This crate's build script reads
+//!   `QUIRE_REQUIRE_GPU` and `QUIRE_REQUIRE_SIMD` (and the build machine's CPU) and picks one of
+//!   two forms of the marking macros: [`gpu_test!`] (and the CUDA half of [`executor_test!`])
+//!   marks its test `#[ignore = "needs a CUDA GPU: …"]` unless `QUIRE_REQUIRE_GPU` is set;
+//!   [`simd_test!`] marks its test ignored unless the build machine has AVX2, FMA and F16C (or
+//!   `QUIRE_REQUIRE_SIMD` is set). `cargo test` then lists them as *ignored*, with the reason.
+//!   A marked test that does run (`QUIRE_REQUIRE_GPU=1` at build time, or `--include-ignored`)
+//!   and lacks its hardware, or was built without the `cuda` feature, **fails** with a message
+//!   saying what is missing. The macros expand in the test crate, but the choice of form is made
+//!   here, so test crates need no build script or cfg of their own.
+//! - **One error metric**, the relative L2 error ([`metric::rel_l2`]):
+//!   `‖got − want‖₂ / ‖want‖₂`, summed in f64 over all compared elements; a non-finite `got`
+//!   fails the test (outputs are poisoned with NaN first, so an unwritten element shows). The
+//!   per-op bounds are the named constants of [`metric`], each with its reason.
+//! - **One random paged batch generator** ([`paged::PagedCase`]): seeded, random non-contiguous
+//!   block tables, lengths chosen by the caller (odd ones by the tests), every cache slot that
+//!   holds no key or value poisoned with NaN.
+//!
+//! On the GPU machine: build and run with `QUIRE_REQUIRE_GPU=1` set (it must be set when the
+//! test binaries are compiled: cargo rebuilds this crate and the test crates when it changes),
+//! and `--features cuda`, e.g.
+//! `QUIRE_REQUIRE_GPU=1 cargo test --release -p quire-backend -p quire-engine --features cuda`.
+//! `-- --include-ignored` also runs the slow tests ignored for time.
+
+pub mod metric;
+pub mod paged;
+
+use quire_backend::cpu::{CpuExecutor, CpuOptions};
+use quire_backend::cuda::{CudaExecutor, CudaOptions};
+use quire_backend::{Executor, KvCacheSpec, ModelWeights};
+
+/// The reason a GPU test is ignored: shown by `cargo test` beside the test's name.
+pub const GPU_IGNORE_REASON: &str =
+    "needs a CUDA GPU: run tests/device/check.sh, or set QUIRE_REQUIRE_GPU=1";
+
+/// A backend an [`executor_test!`] body runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU backend: always built, the oracle.
+    Cpu,
+    /// The CUDA backend: needs the `cuda` feature and a GPU.
+    Cuda,
+}
+
+/// Every backend, in the order the generated tests are named. A test body may loop over it (e.g.
+/// to compare with the oracle); the macros generate one test per entry.
+pub const BACKENDS: [Backend; 2] = [Backend::Cpu, Backend::Cuda];
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+
+    /// True for the CPU backend, against which the others are compared. The oracle gives
+    /// identical tokens whatever the batch (its kernels do not depend on the batch's shape);
+    /// other backends choose kernels by batch shape and sum in other orders, so their greedy
+    /// paths may part at near-ties, which tests then bound.
+    pub fn is_oracle(self) -> bool {
+        self == Backend::Cpu
+    }
+
+    /// A fresh executor of `w` with this backend's default options and a KV cache of `kv`.
+    /// Fails the test, saying what is missing, when the backend cannot run here.
+    pub fn executor(self, w: &ModelWeights, kv: KvCacheSpec) -> Box<dyn Executor> {
+        match self {
+            Backend::Cpu => self.ok(CpuExecutor::new(w, kv, CpuOptions::default())
+                .map(|e| Box::new(e) as Box<dyn Executor>)),
+            Backend::Cuda => self.cuda(w, kv, CudaOptions::default()),
+        }
+    }
+
+    /// A CUDA executor with `opts` (its block size and number of blocks taken from `kv`).
+    pub fn cuda(self, w: &ModelWeights, kv: KvCacheSpec, opts: CudaOptions) -> Box<dyn Executor> {
+        let opts = CudaOptions {
+            num_blocks: Some(kv.num_blocks),
+            block_size: kv.block_size,
+            ..opts
+        };
+        self.ok(CudaExecutor::new(w, opts))
+    }
+
+    fn ok(self, r: Result<Box<dyn Executor>, quire_backend::BackendError>) -> Box<dyn Executor> {
+        r.unwrap_or_else(|e| missing(self, &e))
+    }
+}
+
+/// Fails a test whose backend cannot run: the message names what is missing.
+#[track_caller]
+pub fn missing(b: Backend, e: &dyn std::fmt::Display) -> ! {
+    match b {
+        Backend::Cpu => panic!("the CPU backend failed to start: {e}"),
+        Backend::Cuda => panic!(
+            "this test needs a CUDA GPU and a build with `--features cuda` ({e}); \
+             without them it is ignored unless QUIRE_REQUIRE_GPU is set at build time"
+        ),
+    }
+}
+
+/// Fails a GPU test that found no GPU (`e`: why `Gpu::new` failed).
+#[track_caller]
+pub fn no_gpu(e: &dyn std::fmt::Display) -> ! {
+    missing(Backend::Cuda, e)
+}
+
+/// Fails a GPU test compiled without the `cuda` feature.
+#[track_caller]
+pub fn not_built_with_cuda() -> ! {
+    panic!(
+        "this test needs the CUDA backend, which this test binary was built without: \
+         add `--features cuda`"
+    )
+}
+
+/// Fails a SIMD test on a CPU without AVX2/FMA/F16C (or with QUIRE_NO_SIMD set).
+#[track_caller]
+pub fn require_simd() {
+    if !quire_backend::cpu::quant::has_avx2() {
+        panic!(
+            "this test needs AVX2, FMA and F16C, which this CPU lacks (or QUIRE_NO_SIMD is set); \
+             it is ignored where the build machine lacks them unless QUIRE_REQUIRE_SIMD is set"
+        );
+    }
+}
+
+/// The GPU form of a test item: ignored with [`GPU_IGNORE_REASON`] unless `QUIRE_REQUIRE_GPU`
+/// was set when this crate was built (then the item is left as it is).
+#[cfg(not(quire_require_gpu))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __gpu_item {
+    ($($item:tt)*) => {
+        #[ignore = "needs a CUDA GPU: run tests/device/check.sh, or set QUIRE_REQUIRE_GPU=1"]
+        $($item)*
+    };
+}
+
+#[cfg(quire_require_gpu)]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __gpu_item {
+    ($($item:tt)*) => { $($item)* };
+}
+
+/// The SIMD form of a test item: ignored unless the build machine has AVX2, FMA and F16C or
+/// `QUIRE_REQUIRE_SIMD` was set.
+#[cfg(not(quire_simd))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __simd_item {
+    ($($item:tt)*) => {
+        #[ignore = "needs AVX2, FMA and F16C, which the build machine lacks (or QUIRE_NO_SIMD was \
+                    set); set QUIRE_REQUIRE_SIMD=1 to run it"]
+        $($item)*
+    };
+}
+
+#[cfg(quire_simd)]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __simd_item {
+    ($($item:tt)*) => { $($item)* };
+}
+
+/// One test body, run on every backend: `executor_test! { fn name(backend) { … } }` defines
+/// module `name` with tests `cpu` and `cuda`, each calling the body with its [`Backend`]. The
+/// CUDA test is ignored unless required (see the crate doc) and fails without a GPU.
+#[macro_export]
+macro_rules! executor_test {
+    ($(#[$meta:meta])* fn $name:ident($backend:ident) $body:block) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($backend: $crate::Backend) $body
+
+            #[test]
+            fn cpu() {
+                body($crate::Backend::Cpu)
+            }
+
+            $crate::__gpu_item! {
+                #[test]
+                fn cuda() {
+                    body($crate::Backend::Cuda)
+                }
+            }
+        }
+    };
+}
+
+/// A test of GPU internals (kernels, planning) with no CPU form: `gpu_test! { fn name() { … } }`.
+/// Ignored unless required (see the crate doc); when it runs, a binary built without the `cuda`
+/// feature fails it. The body is compiled only with the test crate's `cuda` feature, so it may
+/// use `quire_backend::cuda` freely; it should get its GPU through [`no_gpu`] on failure.
+#[macro_export]
+macro_rules! gpu_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $crate::__gpu_item! {
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                #[cfg(feature = "cuda")]
+                $body
+                #[cfg(not(feature = "cuda"))]
+                $crate::not_built_with_cuda()
+            }
+        }
+    };
+}
+
+/// A test of the CPU backend's AVX2/FMA/F16C paths: `simd_test! { fn name() { … } }`. Ignored
+/// where the build machine lacks them (see the crate doc); when it runs on a CPU without them,
+/// it fails.
+#[macro_export]
+macro_rules! simd_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $crate::__simd_item! {
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                $crate::require_simd();
+                $body
+            }
+        }
+    };
+}
