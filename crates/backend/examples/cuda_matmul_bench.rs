@@ -121,21 +121,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             norm_w: dnw.ptr,
                             eps: 1e-5,
                         };
-                        gemv.run_host(&g, dw.ptr, input, host_y, k, out)?;
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe { gemv.run_host(&g, dw.ptr, input, host_y, k, out) }?;
                     } else if kind == Kind::Gemv {
-                        gemv.run(
-                            &g,
-                            dw.ptr,
-                            quire_backend::cuda::gemv::GemvInput::F16 { x: dx16.ptr },
-                            dy.ptr,
-                            k,
-                            out,
-                            0.0,
-                        )?;
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe {
+                            gemv.run(
+                                &g,
+                                dw.ptr,
+                                quire_backend::cuda::gemv::GemvInput::F16 { x: dx16.ptr },
+                                dy.ptr,
+                                k,
+                                out,
+                                0.0,
+                            )
+                        }?;
                     } else if dtype == GgmlType::F16 {
-                        g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0)?;
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe { g.gemm_f16(dx16.ptr, dw.ptr, dy.ptr, n, k, out, 0.0) }?;
                     } else {
-                        q.matmul(&g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0)?;
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe { q.matmul(&g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0) }?;
                     }
                     Ok(())
                 };

@@ -347,14 +347,6 @@ fn case_with(
             kc.iter().filter(|x| x.is_nan()).count(),
             (num_blocks * bs - used) * kv
         );
-        // The decode kernel leaves its split counters at zero (the next launch's starting point).
-        let mut counters = vec![0i32; run.counters.len];
-        g.dtoh(&run.counters, &mut counters).unwrap();
-        assert!(
-            counters.iter().all(|&c| c == 0),
-            "split counters left at {counters:?} ({:?})",
-            run.plan
-        );
         if rope.is_some() {
             // The kernel read the rows, never wrote them back.
             let mut back = vec![0f32; run.qkv.len];

@@ -56,7 +56,8 @@ quire_testkit::gpu_test! {
                 .unwrap();
             let f = Gpu::function(&norm, "rms_norm_f16").unwrap();
             let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &f,
                 (idx.len() as u32, 1, 1),
                 (threads, 1, 1),
@@ -68,7 +69,7 @@ quire_testkit::gpu_test! {
                     KArg::I(dim as i32),
                     KArg::F(1e-5),
                 ],
-            )
+            ) }
             .unwrap();
             let mut want = vec![0f32; idx.len() * dim];
             let picked: Vec<f32> = idx
@@ -87,7 +88,8 @@ quire_testkit::gpu_test! {
             let ids = [49i32, 0, 17, 17];
             let (dt, dids) = (g.upload(&table).unwrap(), g.upload(&ids).unwrap());
             let dxe = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &Gpu::function(&embed, "embed_f16").unwrap(),
                 (ids.len() as u32, 1, 1),
                 (256, 1, 1),
@@ -97,7 +99,7 @@ quire_testkit::gpu_test! {
                     KArg::P(dxe.ptr),
                     KArg::I(dim as i32),
                 ],
-            )
+            ) }
             .unwrap();
             let mut got = vec![0f32; ids.len() * dim];
             g.dtoh(&dxe, &mut got).unwrap();
@@ -122,7 +124,8 @@ quire_testkit::gpu_test! {
             let words = words.to_vec();
             let dmeta = g.upload(&vec![-1i32; 64]).unwrap();
             let dxm = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &Gpu::function(&embed, "embed_f16_meta").unwrap(),
                 (ids.len() as u32, 1, 1),
                 (256, 1, 1),
@@ -135,7 +138,7 @@ quire_testkit::gpu_test! {
                     KArg::P(dxm.ptr),
                     KArg::I(dim as i32),
                 ],
-            )
+            ) }
             .unwrap();
             let mut meta_got = vec![0i32; 64];
             g.dtoh(&dmeta, &mut meta_got).unwrap();
@@ -151,7 +154,8 @@ quire_testkit::gpu_test! {
                 .upload(&vec![f16::from_f32(f32::NAN); rows * inter])
                 .unwrap();
             let total = rows * inter;
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &Gpu::function(&act, "swiglu_f16").unwrap(),
                 (total.div_ceil(256) as u32, 1, 1),
                 (256, 1, 1),
@@ -161,7 +165,7 @@ quire_testkit::gpu_test! {
                     KArg::I(inter as i32),
                     KArg::L(total as i64),
                 ],
-            )
+            ) }
             .unwrap();
             let mut want = vec![0f32; total];
             ops::swiglu(&gu, inter, &mut want);
@@ -174,12 +178,13 @@ quire_testkit::gpu_test! {
             logits[dim + 9] = 50.0;
             let dl = g.upload(&logits).unwrap();
             let dout = g.upload(&vec![-1i32; rows]).unwrap();
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &Gpu::function(&sample, "argmax_rows").unwrap(),
                 (rows as u32, 1, 1),
                 (1024, 1, 1),
                 &[KArg::P(dl.ptr), KArg::I(dim as i32), KArg::P(dout.ptr)],
-            )
+            ) }
             .unwrap();
             let mut got = vec![0i32; rows];
             g.dtoh(&dout, &mut got).unwrap();
@@ -223,7 +228,8 @@ quire_testkit::gpu_test! {
                 }
                 let dl = g.upload(&logits).unwrap();
                 let dout = g.upload(&vec![-1i32; rows]).unwrap();
-                g.launch(
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { g.launch(
                     &f,
                     (ctas as u32, rows as u32, 1),
                     (256, 1, 1),
@@ -234,7 +240,7 @@ quire_testkit::gpu_test! {
                         KArg::P(part.ptr),
                         KArg::P(counters.ptr),
                     ],
-                )
+                ) }
                 .unwrap();
                 let mut got = vec![0i32; rows];
                 g.dtoh(&dout, &mut got).unwrap();
@@ -299,7 +305,8 @@ quire_testkit::gpu_test! {
                 KArg::P(x.as_ref().map_or(0, |b| b.ptr))
             };
             let (dcs, dpos) = (g.upload(&cs).unwrap(), g.upload(&positions).unwrap());
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &f,
                 (n as u32, (nh + 2 * nkv) as u32, 1),
                 (128, 1, 1),
@@ -318,7 +325,7 @@ quire_testkit::gpu_test! {
                     KArg::I(matches!(style, RopeStyle::Neox) as i32),
                     KArg::F(1e-6),
                 ],
-            )
+            ) }
             .unwrap();
             let mut got = vec![0f32; qkv.len()];
             g.dtoh(&d, &mut got).unwrap();
@@ -388,11 +395,8 @@ quire_testkit::gpu_test! {
         let f16_in = GemvInput::F16 { x: 0 };
         assert!(!gv.fits(100, &f16_in) && gv.fits(104, &f16_in));
         assert!(gv.fits(4096, &f16_in));
-        // The fused forms' bound (QUIRE_CUDA_GEMV_FUSE_K raises it, so the long inputs below are
-        // fused too).
-        if std::env::var_os("QUIRE_CUDA_GEMV_FUSE_K").is_none() {
-            assert!(!gv.fits(16384, &GemvInput::SwiGlu { gu: 0 }));
-        }
+        // The fused forms' bound: inputs this long are not fused.
+        assert!(!gv.fits(16384, &GemvInput::SwiGlu { gu: 0 }));
         let dot = |w: &[f16], x: &[f16], k: usize, r: usize| -> f64 {
             (0..k).map(|i| w[r * k + i].to_f64() * x[i].to_f64()).sum()
         };
@@ -434,7 +438,8 @@ quire_testkit::gpu_test! {
                     y0.clone()
                 };
                 let dy = g.upload(&init).unwrap();
-                gv.run(
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { gv.run(
                     &g,
                     dw.ptr,
                     GemvInput::F16 { x: dx.ptr },
@@ -442,16 +447,18 @@ quire_testkit::gpu_test! {
                     k,
                     out,
                     beta,
-                )
+                ) }
                 .unwrap();
                 let got = read(&dy);
                 let e = rel(&got, &want);
                 assert!(e < metric::DOT_F32, "gemv {k}x{out} beta {beta}: rel err {e:.2e}");
                 same_when_early(&g, &mut gv, &got, &init, |gv, y| {
-                    gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta)
+                    // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                    unsafe { gv.run(&g, dw.ptr, GemvInput::F16 { x: dx.ptr }, y, k, out, beta) }
                 });
                 let db = g.upload(&init).unwrap();
-                g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta).unwrap();
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { g.gemm_f16(dx.ptr, dw.ptr, db.ptr, 1, k, out, beta) }.unwrap();
                 let eb = rel(&got, &read(&db));
                 assert!(
                     eb < metric::DOT_F32_VS_CUBLAS,
@@ -491,12 +498,14 @@ quire_testkit::gpu_test! {
                 let v16: Vec<f16> = v.iter().map(|&a| f16::from_f32(a)).collect();
                 let want: Vec<f32> = (0..out).map(|r| dot(&w, &v16, k, r) as f32).collect();
                 let dy = g.upload(&vec![f32::NAN; out]).unwrap();
-                gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0).unwrap();
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { gv.run(&g, dw.ptr, input, dy.ptr, k, out, 0.0) }.unwrap();
                 let got = read(&dy);
                 let e = rel(&got, &want);
                 assert!(e < metric::DOT_FUSED_F16_INPUT, "gemv with {name} {k}x{out}: rel err {e:.2e}");
                 same_when_early(&g, &mut gv, &got, &vec![f32::NAN; out], |gv, y| {
-                    gv.run(&g, dw.ptr, input, y, k, out, 0.0)
+                    // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                    unsafe { gv.run(&g, dw.ptr, input, y, k, out, 0.0) }
                 });
                 if name == "norm" {
                     // The host-output form (a one-row step's logits into mapped page-locked memory):
@@ -508,7 +517,8 @@ quire_testkit::gpu_test! {
                         gv.host_rounds = rounds;
                         gv.early_min_k = if early { 0 } else { usize::MAX };
                         host.slice_mut(out).unwrap().fill(f32::NAN);
-                        gv.run_host(&g, dw.ptr, input, dev, k, out).unwrap();
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe { gv.run_host(&g, dw.ptr, input, dev, k, out) }.unwrap();
                         g.sync().unwrap();
                         let h = host.slice(out);
                         assert!(
@@ -582,14 +592,16 @@ quire_testkit::gpu_test! {
                     })
                     .collect();
                 let da = g.upload(&vec![f16::NAN; inter]).unwrap();
-                gv.run_glu(&g, dw.ptr, input, da.ptr, k, inter).unwrap();
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { gv.run_glu(&g, dw.ptr, input, da.ptr, k, inter) }.unwrap();
                 let got = read_f16(&g, &da);
                 let e = rel(&got, &want);
                 assert!(e < metric::DOT_FUSED_F16_INPUT, "glu gemv ({name}) {k}x{inter}: rel err {e:.2e}");
                 // The EARLY form: the same f16 bits.
                 let de = g.upload(&vec![f16::NAN; inter]).unwrap();
                 gv.early_min_k = 0;
-                gv.run_glu(&g, dw.ptr, input, de.ptr, k, inter).unwrap();
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { gv.run_glu(&g, dw.ptr, input, de.ptr, k, inter) }.unwrap();
                 gv.early_min_k = usize::MAX;
                 let early = read_f16(&g, &de);
                 assert!(

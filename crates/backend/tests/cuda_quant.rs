@@ -116,7 +116,8 @@ quire_testkit::gpu_test! {
             x[QK + 3] = f16::from_f32(1000.0);
             let dx = g.upload(&x).unwrap();
             let dq = g.upload(&vec![0xFFu8; n * k / QK * Q8A_BYTES]).unwrap();
-            q.quantize(&g, dx.ptr, false, dq.ptr, n, k).unwrap();
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { q.quantize(&g, dx.ptr, false, dq.ptr, n, k) }.unwrap();
             let mut got = vec![0u8; dq.len];
             g.dtoh(&dq, &mut got).unwrap();
             let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
@@ -125,7 +126,8 @@ quire_testkit::gpu_test! {
             let mut x32 = rnd(&mut rng, n * k, 4.0);
             x32[QK + 5] = -777.25;
             let dx = g.upload(&x32).unwrap();
-            q.quantize(&g, dx.ptr, true, dq.ptr, n, k).unwrap();
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { q.quantize(&g, dx.ptr, true, dq.ptr, n, k) }.unwrap();
             g.dtoh(&dq, &mut got).unwrap();
             assert_eq!(got, q8_bytes(&cpu_q8(&x32)), "f32 n={n} k={k}");
         }
@@ -151,7 +153,8 @@ quire_testkit::gpu_test! {
                 .upload(&vec![0xFFu8; idx.len() * dim / QK * Q8A_BYTES])
                 .unwrap();
             let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &q.rms_norm_q8,
                 (idx.len() as u32, 1, 1),
                 (threads, 1, 1),
@@ -163,7 +166,7 @@ quire_testkit::gpu_test! {
                     KArg::I(dim as i32),
                     KArg::F(1e-5),
                 ],
-            )
+            ) }
             .unwrap();
             let mut got = vec![0u8; dq.len];
             g.dtoh(&dq, &mut got).unwrap();
@@ -181,7 +184,8 @@ quire_testkit::gpu_test! {
             let dgu = g.upload(&gu).unwrap();
             let blocks = rows * dim / QK;
             let dq = g.upload(&vec![0xFFu8; blocks * Q8A_BYTES]).unwrap();
-            g.launch(
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { g.launch(
                 &q.swiglu_q8,
                 (blocks.div_ceil(8) as u32, 1, 1),
                 (256, 1, 1),
@@ -191,7 +195,7 @@ quire_testkit::gpu_test! {
                     KArg::I(dim as i32),
                     KArg::L(blocks as i64),
                 ],
-            )
+            ) }
             .unwrap();
             let mut got = vec![0u8; dq.len];
             g.dtoh(&dq, &mut got).unwrap();
@@ -234,7 +238,8 @@ quire_testkit::gpu_test! {
                             rnd(&mut rng, n * rows, 1.0)
                         };
                         let dy = g.upload(&y0).unwrap();
-                        q.matmul(&g, dtype, dw.ptr, dx.ptr, dy.ptr, n, k, rows, beta)
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe { q.matmul(&g, dtype, dw.ptr, dx.ptr, dy.ptr, n, k, rows, beta) }
                             .unwrap();
                         let mut got = vec![0f32; n * rows];
                         g.dtoh(&dy, &mut got).unwrap();
@@ -282,7 +287,8 @@ quire_testkit::gpu_test! {
             let ids = [7i32, 0, 49, 7];
             let (dt, di) = (g.upload(&tb).unwrap(), g.upload(&ids).unwrap());
             let dx = g.upload(&vec![f32::NAN; ids.len() * hidden]).unwrap();
-            q.embed(&g, dtype, di.ptr, dt.ptr, dx.ptr, ids.len(), hidden)
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { q.embed(&g, dtype, di.ptr, dt.ptr, dx.ptr, ids.len(), hidden) }
                 .unwrap();
             let mut got = vec![0f32; ids.len() * hidden];
             g.dtoh(&dx, &mut got).unwrap();
@@ -301,7 +307,8 @@ quire_testkit::gpu_test! {
             }
             // The whole-matrix dequantization (many-token matmuls): the same values rounded to f16.
             let out = g.upload(&vec![f16::NAN; vocab * hidden]).unwrap();
-            q.dequantize(&g, dtype, dt.ptr, out.ptr, vocab * hidden)
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            unsafe { q.dequantize(&g, dtype, dt.ptr, out.ptr, vocab * hidden) }
                 .unwrap();
             let mut got = vec![f16::ZERO; vocab * hidden];
             g.dtoh(&out, &mut got).unwrap();

@@ -56,9 +56,12 @@ impl Device {
     ) -> Vec<u32> {
         let dl = self.g.upload(logits).unwrap();
         let out = self.g.upload(&vec![-1i32; params.len()]).unwrap();
-        self.k
-            .launch(&self.g, dl.ptr, stride, vocab, params, out.ptr)
-            .unwrap();
+        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+        unsafe {
+            self.k
+                .launch(&self.g, dl.ptr, stride, vocab, params, out.ptr)
+        }
+        .unwrap();
         let mut ids = vec![0i32; params.len()];
         self.g.dtoh(&out, &mut ids).unwrap();
         assert!(ids.iter().all(|&t| t >= 0), "unwritten output");
@@ -486,7 +489,8 @@ quire_testkit::gpu_test! {
                     let mut times = vec![];
                     for _ in 0..7 {
                         let t = Instant::now();
-                        d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, out.ptr)
+                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                        unsafe { d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, out.ptr) }
                             .unwrap();
                         d.g.sync().unwrap();
                         times.push(t.elapsed().as_secs_f64() * 1e6);
