@@ -194,6 +194,11 @@ pub trait Executor: Send {
             .map(|(l, p)| sample_row_with(l, p, &mut cand))
             .collect())
     }
+    /// The most device memory this executor has had allocated, in bytes (weights, KV cache and
+    /// work buffers), or `None` for a backend without device memory of its own (the CPU).
+    fn device_memory_peak(&self) -> Option<u64> {
+        None
+    }
     /// Turns per-op timing on or off (off by default: no overhead).
     fn set_profiling(&mut self, on: bool);
     /// Per-op statistics gathered since the last call; resets them.
