@@ -45,7 +45,7 @@ fn main() {
     let k_new: Vec<f32> = (0..tokens * kv_row).map(|_| rnd()).collect();
     let v_new: Vec<f32> = (0..tokens * kv_row).map(|_| rnd()).collect();
     let slots: Vec<u32> = (0..tokens)
-        .map(|t| (table[t / bs].0 as usize * bs + t % bs) as u32)
+        .map(|t| quire_core::slot(&table, t, bs) as u32)
         .collect();
     let seqs = [SeqBatch {
         query_start: 0,

@@ -69,8 +69,7 @@ impl<'a> Stepped<'a> {
             self.positions[i] += 1;
             s.seq_len += 1;
             let p = self.positions[i] as usize;
-            self.slots[i] =
-                (s.block_table[p / block_size].as_usize() * block_size + p % block_size) as u32;
+            self.slots[i] = quire_core::slot(s.block_table, p, block_size) as u32;
         }
     }
 

@@ -58,7 +58,7 @@ pub struct ForwardBatch<'a> {
     // token_ids, positions, slot_mapping: [num_tokens]
     pub token_ids: &'a [u32],
     pub positions: &'a [u32],
-    /// Cache slot of each new token: `block_table[pos / block_size] * block_size + pos % block_size`.
+    /// Cache slot of each new token: [`quire_core::slot`] of its position in its sequence's table.
     pub slot_mapping: &'a [u32],
     pub seqs: &'a [SeqBatch<'a>],
     /// Rows of the batch whose logits are wanted, in output order.
@@ -113,8 +113,7 @@ impl ForwardBatch<'_> {
                 if self.positions[row] as usize != pos {
                     return bad(format!("seq {i}: position of row {row} must be {pos}"));
                 }
-                let slot =
-                    s.block_table[pos / block_size].as_usize() * block_size + pos % block_size;
+                let slot = quire_core::slot(s.block_table, pos, block_size);
                 if self.slot_mapping[row] as usize != slot {
                     return bad(format!("seq {i}: slot of row {row} must be {slot}"));
                 }
@@ -194,6 +193,11 @@ pub trait Executor: Send {
             .zip(rows)
             .map(|(l, p)| sample_row_with(l, p, &mut cand))
             .collect())
+    }
+    /// The most device memory this executor has had allocated, in bytes (weights, KV cache and
+    /// work buffers), or `None` for a backend without device memory of its own (the CPU).
+    fn device_memory_peak(&self) -> Option<u64> {
+        None
     }
     /// Turns per-op timing on or off (off by default: no overhead).
     fn set_profiling(&mut self, on: bool);

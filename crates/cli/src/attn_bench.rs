@@ -318,7 +318,7 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
             let src = &full_k[i][pos * kv_row..(pos + 1) * kv_row];
             let srcv = &full_v[i][pos * kv_row..(pos + 1) * kv_row];
             if pos < cached {
-                let slot = table[pos / bs].as_usize() * bs + pos % bs;
+                let slot = quire_core::slot(table, pos, bs);
                 let dense = i * seq_len + pos;
                 for j in 0..kv_row {
                     k_cache[slot * kv_row + j] = T::from_f32(src[j]);
@@ -329,7 +329,7 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
             } else {
                 k_new.extend_from_slice(src);
                 v_new.extend_from_slice(srcv);
-                slots.push((table[pos / bs].as_usize() * bs + pos % bs) as u32);
+                slots.push(quire_core::slot(table, pos, bs) as u32);
                 token_seq.push(i);
             }
         }

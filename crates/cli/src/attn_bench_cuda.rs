@@ -118,7 +118,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         let (mut pos, mut slots, mut toks) = (vec![], vec![], vec![]);
         for (i, t) in tables.iter().enumerate() {
             for ps in 0..seq_len {
-                let slot = t[ps / bs].as_usize() * bs + ps % bs;
+                let slot = quire_core::slot(t, ps, bs);
                 if ps < seq_len - qlen {
                     for j in 0..kv_row {
                         k_cache[slot * kv_row + j] = f16::from_f32(full_k[i][ps * kv_row + j]);

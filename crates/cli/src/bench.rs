@@ -4,7 +4,8 @@
 //! forwards, `pp+tg` both, `@ dN` first fills N tokens of context untimed. `-b` adds batched
 //! decode: B sequences, each with its own block table, decoding together, one forward per step.
 //! A warm-up run precedes each test; each repetition starts from an empty cache. JSON keeps
-//! llama-bench's field names so tools (and `quire compare`) read both.
+//! llama-bench's field names so tools (and `quire compare`) read both, and adds quire's: among
+//! them the model's load time, peak host and GPU memory, and the run's `QUIRE_*` settings.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,7 +15,7 @@ use clap::Args;
 use quire_backend::{Executor, KvCacheSpec};
 use quire_model::LoadedModel;
 use quire_perf::output::{records_csv, records_json, records_jsonl};
-use quire_perf::{Format, RunStamp, Summary, Table};
+use quire_perf::{mem, Format, RunStamp, Summary, Table};
 
 use crate::roofs::Roofs;
 use rand::{Rng, SeedableRng};
@@ -49,7 +50,8 @@ pub struct BenchArgs {
     /// Prompt then generation as one test, PP,TG (also written `-pg PP,TG`, as llama-bench does)
     #[arg(long = "pg", value_name = "PP,TG")]
     pub pg: Vec<String>,
-    /// Context depths filled before each test, comma-separated
+    /// Context depths filled before each test, comma-separated. The KV cache is sized for depth +
+    /// test, so a test may run past the model's trained context (with a warning), as in llama-bench
     #[arg(
         short = 'd',
         long = "n-depth",
@@ -267,6 +269,24 @@ fn run_once(
     Ok(t0.elapsed().as_nanos() as u64)
 }
 
+/// llama-bench runs tests past the model's trained context (RoPE extends to any position), and
+/// so does quire: the cache is sized for depth + test. A warning says that such a test measures
+/// speed at a length the model was not trained for.
+fn warn_past_context(tests: &[TestSpec], ctx: usize) {
+    if let Some(t) = tests
+        .iter()
+        .filter(|t| t.n_depth + t.n_prompt + t.n_gen > ctx)
+        .max_by_key(|t| t.n_depth + t.n_prompt + t.n_gen)
+    {
+        eprintln!(
+            "warning: {} reaches {} tokens, past the model's trained context of {ctx}; \
+             it runs (as llama-bench does), but the model was not trained for such positions",
+            t.name(),
+            t.n_depth + t.n_prompt + t.n_gen
+        );
+    }
+}
+
 fn parse_list(v: &[String], what: &str) -> Result<Vec<usize>> {
     v.iter()
         .filter(|s| s.as_str() != "g")
@@ -364,6 +384,15 @@ struct ModelInfo {
     n_params: u64,
     weight_type: String,
     costs: ModelCosts,
+    /// Reading the file and building the first executor (weights on the device), milliseconds.
+    load_ms: f64,
+}
+
+/// Peak memory when a record is written: host RSS of the process and the executor's device memory.
+#[derive(Debug, Clone, Copy)]
+struct Peaks {
+    rss: Option<u64>,
+    gpu: Option<u64>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -377,6 +406,7 @@ fn record(
     gpu_info: &str,
     test_time: String,
     samples_ns: &[u64],
+    peaks: Peaks,
 ) -> Map<String, Value> {
     let ns: Vec<f64> = samples_ns.iter().map(|&x| x as f64).collect();
     let ts: Vec<f64> = ns.iter().map(|&x| t.tokens() as f64 * 1e9 / x).collect();
@@ -437,6 +467,10 @@ fn record(
         "seed": a.seed,
         "weight_type": m.weight_type,
         "quire_version": stamp.quire_version,
+        "load_ms": m.load_ms,
+        "peak_rss_bytes": peaks.rss,
+        "peak_gpu_bytes": peaks.gpu,
+        "quire_env": stamp.env.join(" "),
     });
     let mut out = Map::new();
     for part in [v, ours] {
@@ -551,18 +585,37 @@ fn markdown(records: &[Map<String, Value>], stamp: &RunStamp, ceil_lines: &[Stri
             ),
         ]);
     }
-    let mut out = String::new();
+    let mut tables = String::new();
     if !t.rows.is_empty() {
-        out += &t.markdown();
+        tables += &t.markdown();
     }
     if !b.rows.is_empty() {
-        out += "\nbatched decode (B sequences, one forward per step):\n\n";
-        out += &b.markdown();
+        tables += "\nbatched decode (B sequences, one forward per step):\n\n";
+        tables += &b.markdown();
     }
-    out += &format!(
-        "\nbuild: {} (quire {})\n",
-        stamp.commit, stamp.quire_version
-    );
+    // One line per model from its last record, which has the highest peaks.
+    let mut models: Vec<String> = Vec::new();
+    let mut mem_lines = Vec::new();
+    for r in records.iter().rev() {
+        let name = s(r, "model_filename");
+        if models.contains(&name) {
+            continue;
+        }
+        let bytes = |k| r.get(k).and_then(Value::as_u64);
+        mem_lines.push(format!(
+            "{}: loaded in {:.0} ms, peak host RSS {}, peak GPU memory {}",
+            s(r, "model_type"),
+            f(r, "load_ms"),
+            mem::fmt_mib(bytes("peak_rss_bytes")),
+            mem::fmt_mib(bytes("peak_gpu_bytes")),
+        ));
+        models.push(name);
+    }
+    let mut out = tables + "\n";
+    for l in mem_lines.iter().rev() {
+        out += &format!("{l}\n");
+    }
+    out += &format!("build: {} (quire {})\n", stamp.commit, stamp.quire_version);
     out += &format!("{}\n", stamp.line());
     for l in ceil_lines {
         out += &format!("{l}\n");
@@ -628,14 +681,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             gpu_memory_utilization: 0.9,
             gpu_weights: a.gpu_weights.clone(),
         };
+        let t_load = Instant::now();
         let model = bar.suspend(|| load_model(&margs))?;
-        let info = ModelInfo {
+        let file_ms = t_load.elapsed().as_secs_f64() * 1e3;
+        bar.suspend(|| warn_past_context(&tests, model.weights.config.max_position_embeddings));
+        let mut info = ModelInfo {
             filename: model.meta.path.clone(),
             model_type: model.meta.model_type.clone(),
             size: model.weight_bytes(),
             n_params: model.meta.n_params,
             weight_type: model.meta.weight_type.clone(),
             costs: ModelCosts::of(&model, &a.kv_dtype),
+            load_ms: file_ms,
         };
         let kv = KvCacheSpec {
             num_blocks: tests
@@ -665,7 +722,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 threads: Some(th),
                 ..margs.clone()
             };
+            let t_exec = Instant::now();
             let mut exec = executor(&model, &margs, kv, &a.kv_dtype)?;
+            if th == threads_list[0] {
+                info.load_ms = file_ms + t_exec.elapsed().as_secs_f64() * 1e3;
+            }
             for t in &tests {
                 bar.set_message(format!("{} ({th} threads)", t.name()));
                 let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
@@ -689,8 +750,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     samples.push(run_once(exec.as_mut(), &mut st, t, &mut rng)?);
                     bar.inc(1);
                 }
+                let peaks = Peaks {
+                    rss: mem::peak_rss_bytes(),
+                    gpu: exec.device_memory_peak(),
+                };
                 records.push(record(
-                    &info, t, th, &a, &stamp, &roofs, gpu_info, test_time, &samples,
+                    &info, t, th, &a, &stamp, &roofs, gpu_info, test_time, &samples, peaks,
                 ));
             }
         }

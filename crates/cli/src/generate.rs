@@ -128,7 +128,9 @@ fn timings_json(t: &RequestTimings) -> serde_json::Value {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
+    let t_load = std::time::Instant::now();
     let model = load_model(&a.model)?;
+    let file_ms = t_load.elapsed().as_secs_f64() * 1e3;
     if let Some(file) = &a.prompts_file {
         return run_file(
             &model,
@@ -154,7 +156,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if tokens.is_empty() {
         bail!("the prompt is empty after tokenization");
     }
+    let t_engine = std::time::Instant::now();
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    // Reading the model and building the engine (weights on the device, KV cache).
+    let load_ms = file_ms + t_engine.elapsed().as_secs_f64() * 1e3;
     let id = engine.add_request(tokens.clone(), a.sampling.params())?;
     let mut completion = Vec::new();
     let mut text = String::new();
@@ -178,6 +183,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                         "text": text,
                         "finish_reason": reason.as_str(),
                         "timings": timings_json(&t),
+                        "load_ms": load_ms,
+                        "peak_rss_bytes": quire_perf::mem::peak_rss_bytes(),
+                        "peak_gpu_bytes": engine.executor().device_memory_peak(),
                     });
                     writeln!(out, "{j}")?;
                 } else {

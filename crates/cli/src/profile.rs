@@ -396,6 +396,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             "threads",
             "commit",
             "device",
+            "quire_env",
         ]);
         for p in &phases {
             for r in &p.layers {
@@ -418,7 +419,12 @@ pub fn run(a: ProfileArgs) -> Result<()> {
                 ] {
                     cells.push(quire_perf::output::csv_cell(&d[k]));
                 }
-                cells.extend([threads.to_string(), stamp.commit.clone(), stamp.cpu.clone()]);
+                cells.extend([
+                    threads.to_string(),
+                    stamp.commit.clone(),
+                    stamp.cpu.clone(),
+                    stamp.env.join(" "),
+                ]);
                 out += &csv_line(&cells);
             }
         }

@@ -58,8 +58,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ))),
         None => None,
     };
+    let t_load = std::time::Instant::now();
     let model = load_model(&a.model)?;
-    let engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    eprintln!(
+        "model loaded in {:.0} ms, peak host RSS {}, peak GPU memory {}",
+        t_load.elapsed().as_secs_f64() * 1e3,
+        quire_perf::mem::fmt_mib(quire_perf::mem::peak_rss_bytes()),
+        quire_perf::mem::fmt_mib(engine.executor().device_memory_peak())
+    );
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         model
             .meta

@@ -46,8 +46,7 @@ impl Stepper {
                 let pos = s.len + i;
                 self.token_ids.push(t);
                 self.positions.push(pos as u32);
-                self.slots
-                    .push((s.table[pos / bs].as_usize() * bs + pos % bs) as u32);
+                self.slots.push(quire_core::slot(&s.table, pos, bs) as u32);
             }
             ranges.push((start, toks.len(), s.len + toks.len()));
             self.logits.push((start + toks.len() - 1) as u32);
@@ -91,7 +90,7 @@ impl Stepper {
         for s in seqs.iter() {
             self.positions.push(s.len as u32);
             self.slots
-                .push((s.table[s.len / bs].as_usize() * bs + s.len % bs) as u32);
+                .push(quire_core::slot(&s.table, s.len, bs) as u32);
         }
         let logits: Vec<u32> = (0..n as u32).collect();
         let sb: Vec<SeqBatch> = seqs

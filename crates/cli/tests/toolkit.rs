@@ -323,3 +323,142 @@ fn bench_batched_decode_and_pg() {
     );
     assert!((all / 3.0 - per).abs() < 1e-9 * all);
 }
+
+/// `git` in `dir`, or `None` where git is missing or fails.
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A new user's run: `bench -d CTX` on a model whose trained context is CTX runs (the cache is
+/// sized for depth + test; a warning says it went past the context), started from inside another
+/// git checkout. Its JSON names the commit quire was built from (not that checkout's), the load
+/// time, the peak memory and the `QUIRE_*` settings of the run; `generate --json` carries the
+/// load time and peaks too.
+#[test]
+fn bench_at_full_context_stamps_the_build() {
+    let dir = tmpdir("ctx");
+    let m = dir.join("tiny.gguf");
+    let ms = m.to_str().unwrap();
+    quire(
+        &[
+            "make-model",
+            "--preset",
+            "smollm2-135m",
+            "--dtype",
+            "q8_0",
+            "--layers",
+            "2",
+            "--ctx",
+            "64",
+            ms,
+        ],
+        None,
+    );
+    // Another checkout with a commit of its own, as the working directory.
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let other_commit = git(&other, &["init", "-q"]).and_then(|_| {
+        git(
+            &other,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "other",
+            ],
+        )?;
+        git(&other, &["rev-parse", "--short", "HEAD"])
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_quire"))
+        .args([
+            "bench", "-m", ms, "-p", "0", "-n", "4", "-d", "64", "-r", "1", "-o", "json",
+        ])
+        .current_dir(&other)
+        .env_remove("QUIRE_COMMIT")
+        .env("QUIRE_TEST_SETTING", "on")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench -d 64 failed:\n{stderr}");
+    assert!(
+        stderr.contains("tg4 @ d64 reaches 68 tokens, past the model's trained context of 64"),
+        "{stderr}"
+    );
+    let recs: Vec<Value> = serde_json::from_slice(&out.stdout).expect("bench -o json is JSON");
+    assert_eq!(recs.len(), 1);
+    let r = &recs[0];
+    assert_eq!(r["test"], "tg4 @ d64");
+    assert_eq!(r["n_depth"], 64);
+
+    let commit = r["build_commit"].as_str().unwrap();
+    match git(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        &["rev-parse", "--short", "HEAD"],
+    ) {
+        Some(head) => assert!(
+            commit == head || commit == format!("{head}-dirty"),
+            "stamped {commit}, built at {head}"
+        ),
+        None => assert_eq!(commit, "unknown"),
+    }
+    if let Some(o) = other_commit {
+        assert!(
+            !commit.starts_with(&o),
+            "stamped the working directory's commit {o}"
+        );
+    }
+    assert!(r["load_ms"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+    #[cfg(target_os = "linux")]
+    assert!(
+        r["peak_rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20),
+        "{r}"
+    );
+    assert!(
+        r["peak_gpu_bytes"].is_null(),
+        "the CPU has no device memory: {r}"
+    );
+    assert!(
+        r["quire_env"]
+            .as_str()
+            .unwrap()
+            .split(' ')
+            .any(|kv| kv == "QUIRE_TEST_SETTING=on"),
+        "{r}"
+    );
+
+    let out = quire(
+        &[
+            "generate",
+            "-m",
+            ms,
+            "--prompt",
+            "a b c",
+            "--max-tokens",
+            "2",
+            "--json",
+        ],
+        None,
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).expect("generate --json is JSON");
+    assert!(j["load_ms"].as_f64().is_some_and(|x| x > 0.0), "{j}");
+    #[cfg(target_os = "linux")]
+    assert!(
+        j["peak_rss_bytes"].as_u64().is_some_and(|b| b > 1 << 20),
+        "{j}"
+    );
+    assert!(j["peak_gpu_bytes"].is_null(), "{j}");
+    std::fs::remove_dir_all(dir).ok();
+}

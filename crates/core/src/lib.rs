@@ -38,6 +38,17 @@ impl BlockId {
     }
 }
 
+/// The KV-cache slot of token position `pos` of a sequence whose blocks are `block_table`, each
+/// holding `block_size` tokens: the one place that maps logical positions to physical slots
+/// (vLLM's `slot_mapping`), shared by the engine, the backends and the toolkit.
+///
+/// Panics if `block_table` does not cover `pos`; callers check coverage first
+/// (`ForwardBatch::validate` does for batches).
+#[inline]
+pub fn slot(block_table: &[BlockId], pos: usize, block_size: usize) -> usize {
+    block_table[pos / block_size].as_usize() * block_size + pos % block_size
+}
+
 impl std::fmt::Display for SeqId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "seq{}", self.0)
@@ -159,6 +170,31 @@ impl FinishReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_maps_positions_through_the_block_table() {
+        let table = [BlockId(7), BlockId(2), BlockId(5)];
+        // Block size 4: positions 0..4 in block 7, 4..8 in block 2, 8..12 in block 5.
+        let got: Vec<usize> = (0..12).map(|p| slot(&table, p, 4)).collect();
+        assert_eq!(got, [28, 29, 30, 31, 8, 9, 10, 11, 20, 21, 22, 23]);
+        // Block size 1: the table itself.
+        assert_eq!(slot(&table, 2, 1), 5);
+        // Every position of a table of distinct blocks lands in a distinct slot of its block.
+        let bs = 16;
+        let table: Vec<BlockId> = [3u32, 0, 9, 1].map(BlockId).to_vec();
+        let mut seen = std::collections::HashSet::new();
+        for p in 0..table.len() * bs {
+            let s = slot(&table, p, bs);
+            assert_eq!(s / bs, table[p / bs].as_usize());
+            assert!(seen.insert(s), "slot {s} used twice");
+        }
+    }
+
+    #[test]
+    #[should_panic]
+    fn slot_past_the_table_panics() {
+        slot(&[BlockId(0)], 16, 16);
+    }
 
     #[test]
     fn validate_rejects_bad_ranges() {

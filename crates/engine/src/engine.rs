@@ -1,15 +1,18 @@
-//! The step loop. `step` asks the scheduler what to run, runs it as one batch, samples every
-//! sequence that reached the end of its known tokens with its own sampler, and turns new tokens
-//! into text deltas, applying stop tokens, stop strings and length limits.
+//! The step loop, in vLLM v1's three parts: `schedule` (the scheduler decides what to compute),
+//! `execute_model` (one forward pass over the mixed batch, then a token for every sequence that
+//! reached the end of its known tokens, each with its own sampler) and `update_from_output` (the
+//! scheduler records the tokens; stop tokens, stop strings and length limits end requests; new
+//! tokens become text deltas). A request's tokens live in the scheduler alone: the sampler's
+//! penalties read them from there.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use quire_backend::{Executor, SampleParams};
-use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
+use quire_core::{BlockId, FinishReason, SamplingParams, SeqId, TokenId};
 use quire_kv::KvCacheConfig;
-use quire_sched::{Scheduler, SchedulerConfig};
+use quire_sched::{Scheduler, SchedulerConfig, SchedulerOutput};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
@@ -66,8 +69,6 @@ pub struct RequestOutput {
 
 struct RequestState {
     prompt_len: usize,
-    /// Prompt and outputs (the sampler's history).
-    all_tokens: Vec<TokenId>,
     sampler: Sampler,
     decoder: StreamDecoder,
     text: String,
@@ -169,14 +170,13 @@ impl Engine {
             )));
         }
         let id = SeqId(self.next_id);
-        self.sched
-            .add_request(id, prompt.clone(), params.max_tokens)?;
+        let prompt_len = prompt.len();
+        self.sched.add_request(id, prompt, params.max_tokens)?;
         self.next_id += 1;
         self.requests.insert(
             id,
             RequestState {
-                prompt_len: prompt.len(),
-                all_tokens: prompt,
+                prompt_len,
                 sampler: Sampler::new(params),
                 decoder: StreamDecoder::new(),
                 text: String::new(),
@@ -216,15 +216,27 @@ impl Engine {
         }
     }
 
-    /// Runs one engine step: schedule, one forward pass over the mixed batch, sample, detokenize.
+    /// Runs one engine step, as vLLM v1 does: `schedule` what to compute, `execute_model` (one
+    /// forward pass over the mixed batch, then a token for every sequence that samples), and
+    /// `update_from_output` (the scheduler's bookkeeping, stop checks, detokenizing).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         let out = self.sched.schedule();
         self.stats.steps += 1;
         if out.scheduled.is_empty() {
             return Ok(Vec::new());
         }
+        let picks = self.execute_model(&out)?;
+        Ok(self.update_from_output(&out, picks, Instant::now()))
+    }
+
+    /// Runs the scheduled batch and picks the next token of every sequence that samples this step,
+    /// each with its own sampler. Changes no request state beyond the samplers' random streams.
+    fn execute_model(
+        &mut self,
+        out: &SchedulerOutput,
+    ) -> Result<Vec<(SeqId, Sampled)>, EngineError> {
         let block_size = self.exec.kv_spec().block_size;
-        let rows = self.buf.fill(&out, block_size);
+        let rows = self.buf.fill(out, block_size);
         let requests = &self.requests;
         self.stats.decode_tokens_last_step = out
             .scheduled
@@ -237,77 +249,88 @@ impl Engine {
             .count();
         self.stats.prompt_tokens_last_step =
             out.num_batched_tokens - self.stats.decode_tokens_last_step;
-        let tables: Vec<&[quire_core::BlockId]> =
-            out.scheduled.iter().map(|s| &s.block_table[..]).collect();
-        let vocab = self.exec.vocab_size();
+        let tables: Vec<&[BlockId]> = out.scheduled.iter().map(|s| &s.block_table[..]).collect();
+        // The scheduled sequences that sample, with their row of logits.
+        let sampling: Vec<(SeqId, usize)> = out
+            .scheduled
+            .iter()
+            .zip(&rows)
+            .filter_map(|(s, row)| Some((s.seq_id, (*row)?)))
+            .filter(|(id, _)| self.requests.contains_key(id))
+            .collect();
         // When every sampling row wants the plain argmax, the backend may pick on the device;
         // when every row's pick depends on its logits alone (no penalties, no log-probabilities),
         // it may sample on the device.
         let all_rows = |plain: fn(&Sampler) -> bool| {
             self.cfg.top_logprobs == 0
-                && out.scheduled.iter().zip(&rows).all(|(s, row)| {
-                    row.is_none()
-                        || self
-                            .requests
-                            .get(&s.seq_id)
-                            .is_none_or(|r| plain(&r.sampler))
-                })
+                && sampling
+                    .iter()
+                    .all(|(id, _)| plain(&self.requests[id].sampler))
         };
         let greedy = all_rows(Sampler::is_plain_greedy);
         let device = !greedy && all_rows(Sampler::is_plain);
-        let mut sampled = Vec::new();
-        let mut picks: Vec<(SeqId, Sampled)> = Vec::new();
-        let now;
-        if greedy || device {
-            let ids = if greedy {
-                execute_greedy(self.exec.as_mut(), &self.buf, &tables)?
-            } else {
-                // One row's parameters each, with this step's uniform draw from its own stream.
-                let mut params = vec![SampleParams::GREEDY; self.buf.logits_indices.len()];
-                for (s, row) in out.scheduled.iter().zip(&rows) {
-                    if let (Some(row), Some(req)) = (*row, self.requests.get_mut(&s.seq_id)) {
-                        params[row] = req
-                            .sampler
-                            .device_params()
-                            .expect("checked above: every sampling row is plain");
-                    }
-                }
-                execute_sample(self.exec.as_mut(), &self.buf, &tables, &params)?
-            };
-            now = Instant::now();
-            for (s, row) in out.scheduled.iter().zip(&rows) {
-                let Some(row) = *row else { continue };
-                if !self.requests.contains_key(&s.seq_id) {
-                    continue;
-                }
-                let pick = Sampled {
-                    token: quire_core::TokenId(ids[row]),
-                    logprob: None,
-                    top: Vec::new(),
-                };
-                sampled.push((s.seq_id, pick.token));
-                picks.push((s.seq_id, pick));
-            }
-        } else {
-            let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
-            now = Instant::now();
-            for (s, row) in out.scheduled.iter().zip(&rows) {
-                let Some(row) = *row else { continue };
-                let Some(req) = self.requests.get_mut(&s.seq_id) else {
-                    continue;
-                };
-                self.row.clear();
-                self.row
-                    .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
-                let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
-                let pick = req.sampler.sample(&mut self.row, &req.all_tokens, n_top);
-                sampled.push((s.seq_id, pick.token));
-                picks.push((s.seq_id, pick));
-            }
+        let token_only = |ids: Vec<u32>| {
+            sampling
+                .iter()
+                .map(|&(id, row)| {
+                    let pick = Sampled {
+                        token: TokenId(ids[row]),
+                        logprob: None,
+                        top: Vec::new(),
+                    };
+                    (id, pick)
+                })
+                .collect()
+        };
+        if greedy {
+            let ids = execute_greedy(self.exec.as_mut(), &self.buf, &tables)?;
+            return Ok(token_only(ids));
         }
+        if device {
+            // One row's parameters each, with this step's uniform draw from its own stream.
+            let mut params = vec![SampleParams::GREEDY; self.buf.logits_indices.len()];
+            for &(id, row) in &sampling {
+                if let Some(req) = self.requests.get_mut(&id) {
+                    params[row] = req
+                        .sampler
+                        .device_params()
+                        .expect("checked above: every sampling row is plain");
+                }
+            }
+            let ids = execute_sample(self.exec.as_mut(), &self.buf, &tables, &params)?;
+            return Ok(token_only(ids));
+        }
+        let vocab = self.exec.vocab_size();
+        let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
+        let mut picks = Vec::with_capacity(sampling.len());
+        for &(id, row) in &sampling {
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            // The sampler's history (penalties) is the scheduler's token list: prompt and outputs.
+            let history = self.sched.all_token_ids(id).unwrap_or_default();
+            self.row.clear();
+            self.row
+                .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+            let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
+            picks.push((id, req.sampler.sample(&mut self.row, history, n_top)));
+        }
+        Ok(picks)
+    }
+
+    /// Hands the step's tokens to the scheduler (which appends them to each request's tokens and
+    /// finishes those at their length limit), then turns each into its request's output: stop
+    /// tokens and stop strings, the text delta, and timings for finished requests.
+    fn update_from_output(
+        &mut self,
+        out: &SchedulerOutput,
+        picks: Vec<(SeqId, Sampled)>,
+        now: Instant,
+    ) -> Vec<RequestOutput> {
+        let sampled: Vec<(SeqId, TokenId)> = picks.iter().map(|(id, p)| (*id, p.token)).collect();
         let length_done: HashMap<SeqId, FinishReason> = self
             .sched
-            .update_from_output(&out, &sampled)
+            .update_from_output(out, &sampled)
             .into_iter()
             .collect();
         let mut outputs = Vec::with_capacity(picks.len());
@@ -315,64 +338,86 @@ impl Engine {
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
-            req.first_token.get_or_insert(now);
-            req.last_token = Some(now);
-            let is_stop_token =
-                !req.sampler.params.ignore_eos && self.stop_tokens.contains(&pick.token);
-            let mut finish = None;
-            let mut cut = false;
-            let mut tokens = Vec::new();
-            if is_stop_token {
-                finish = Some(FinishReason::Stop);
-            } else {
-                req.all_tokens.push(pick.token);
-                req.num_output += 1;
-                req.text
-                    .push_str(&req.decoder.push(&self.tokenizer, pick.token, true));
-                tokens.push(pick);
-                if let Some(at) = find_stop(&req.text, &req.sampler.params.stop, req.emitted) {
-                    req.text.truncate(at);
-                    finish = Some(FinishReason::Stop);
-                    cut = true;
-                }
-            }
-            if finish.is_none() {
-                finish = length_done.get(&id).copied();
-            }
-            if finish.is_some() && !cut {
-                // The text ends here: release bytes the detokenizer held for an unfinished character.
-                let tail = req.decoder.flush();
-                req.text.push_str(&tail);
-            }
-            let visible = if finish.is_some() {
-                req.text.len()
-            } else {
-                req.text.len() - held_back(&req.text, &req.sampler.params.stop)
-            };
-            let mut visible = visible.max(req.emitted);
-            while !req.text.is_char_boundary(visible) {
-                visible -= 1;
-            }
-            let text_delta = req.text[req.emitted..visible].to_string();
-            req.emitted = visible;
-            let timings = finish.map(|_| timings_of(req, now));
-            outputs.push(RequestOutput {
+            let output = req.take_token(
                 id,
-                tokens,
-                text_delta,
-                finish_reason: finish,
-                num_prompt_tokens: req.prompt_len,
-                num_output_tokens: req.num_output,
-                timings,
-            });
-            if let Some(reason) = finish {
+                pick,
+                &self.tokenizer,
+                &self.stop_tokens,
+                &length_done,
+                now,
+            );
+            if let Some(reason) = output.finish_reason {
                 if !length_done.contains_key(&id) {
                     self.sched.finish(id, reason);
                 }
                 self.requests.remove(&id);
             }
+            outputs.push(output);
         }
-        Ok(outputs)
+        outputs
+    }
+}
+
+impl RequestState {
+    /// Applies one sampled token: a stop token ends the request; any other is decoded into the
+    /// text, where a stop string may end it; else the scheduler's length verdict stands. Returns
+    /// the visible text added (held back while it might still begin a stop string).
+    fn take_token(
+        &mut self,
+        id: SeqId,
+        pick: Sampled,
+        tokenizer: &Tokenizer,
+        stop_tokens: &[TokenId],
+        length_done: &HashMap<SeqId, FinishReason>,
+        now: Instant,
+    ) -> RequestOutput {
+        self.first_token.get_or_insert(now);
+        self.last_token = Some(now);
+        let is_stop_token = !self.sampler.params.ignore_eos && stop_tokens.contains(&pick.token);
+        let mut finish = None;
+        let mut cut = false;
+        let mut tokens = Vec::new();
+        if is_stop_token {
+            finish = Some(FinishReason::Stop);
+        } else {
+            self.num_output += 1;
+            self.text
+                .push_str(&self.decoder.push(tokenizer, pick.token, true));
+            tokens.push(pick);
+            if let Some(at) = find_stop(&self.text, &self.sampler.params.stop, self.emitted) {
+                self.text.truncate(at);
+                finish = Some(FinishReason::Stop);
+                cut = true;
+            }
+        }
+        if finish.is_none() {
+            finish = length_done.get(&id).copied();
+        }
+        if finish.is_some() && !cut {
+            // The text ends here: release bytes the detokenizer held for an unfinished character.
+            let tail = self.decoder.flush();
+            self.text.push_str(&tail);
+        }
+        let visible = if finish.is_some() {
+            self.text.len()
+        } else {
+            self.text.len() - held_back(&self.text, &self.sampler.params.stop)
+        };
+        let mut visible = visible.max(self.emitted);
+        while !self.text.is_char_boundary(visible) {
+            visible -= 1;
+        }
+        let text_delta = self.text[self.emitted..visible].to_string();
+        self.emitted = visible;
+        RequestOutput {
+            id,
+            tokens,
+            text_delta,
+            finish_reason: finish,
+            num_prompt_tokens: self.prompt_len,
+            num_output_tokens: self.num_output,
+            timings: finish.map(|_| timings_of(self, now)),
+        }
     }
 }
 
@@ -396,3 +441,7 @@ fn timings_of(req: &RequestState, now: Instant) -> RequestTimings {
         total_ms: now.duration_since(req.arrival).as_secs_f64() * 1e3,
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -32,9 +32,8 @@ impl BatchBuffers {
                 let pos = s.num_computed_tokens + i;
                 self.token_ids.push(t.0);
                 self.positions.push(pos as u32);
-                let block = s.block_table[pos / block_size];
                 self.slot_mapping
-                    .push((block.as_usize() * block_size + pos % block_size) as u32);
+                    .push(quire_core::slot(&s.block_table, pos, block_size) as u32);
             }
             let len = s.token_ids.len();
             self.ranges.push((start, len, s.num_computed_tokens + len));

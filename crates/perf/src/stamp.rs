@@ -1,14 +1,14 @@
 //! The run stamp: which code ran where and when. A number without its commit, machine and settings
 //! cannot be compared with anything, so every result the toolkit writes carries one.
 
-use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStamp {
-    /// Short git commit (`QUIRE_COMMIT` overrides; "unknown" outside a checkout).
+    /// Short git commit the binary was built from, `-dirty` for uncommitted changes
+    /// (`QUIRE_COMMIT` overrides; "unknown" when not built in a checkout).
     pub commit: String,
     pub quire_version: String,
     /// CPU model name, e.g. "AMD EPYC 7B13".
@@ -25,10 +25,13 @@ pub struct RunStamp {
     /// something else was competing for the cores.
     #[serde(default)]
     pub load_avg: f64,
+    /// `QUIRE_*` settings of the run as `NAME=VALUE` ([`quire_env`]); empty when none was set.
+    #[serde(default)]
+    pub env: Vec<String>,
 }
 
 impl RunStamp {
-    /// Collects the stamp now (runs `git` once unless `QUIRE_COMMIT` is set).
+    /// Collects the stamp now.
     pub fn collect() -> RunStamp {
         RunStamp {
             commit: git_commit(),
@@ -41,12 +44,13 @@ impl RunStamp {
             os: os_release(),
             date: rfc3339_utc(SystemTime::now()),
             load_avg: load_avg(),
+            env: quire_env(),
         }
     }
 
-    /// One line for the end of a human-readable report.
+    /// One line for the end of a human-readable report (with the `QUIRE_*` settings, if any).
     pub fn line(&self) -> String {
-        format!(
+        let mut l = format!(
             "quire {} ({}) on {} ({} cores, {}), {}, {}, load average {:.2}",
             self.quire_version,
             self.commit,
@@ -56,7 +60,11 @@ impl RunStamp {
             self.os,
             self.date,
             self.load_avg
-        )
+        );
+        if !self.env.is_empty() {
+            l += &format!(", env {}", self.env.join(" "));
+        }
+        l
     }
 
     /// A warning when the machine was busy (load average above half a core) at stamp time.
@@ -78,35 +86,47 @@ pub fn load_avg() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `QUIRE_COMMIT`, else `git rev-parse --short HEAD`, else "unknown".
+/// `QUIRE_COMMIT` when set (scripts that build elsewhere and copy the binary name the commit this
+/// way), else the commit the binary was built from: `git rev-parse --short HEAD` at build time,
+/// with `-dirty` for uncommitted changes, "unknown" when not built in a git checkout (build.rs).
 pub fn git_commit() -> String {
-    if let Some(c) = std::env::var("QUIRE_COMMIT")
-        .ok()
-        .filter(|c| !c.trim().is_empty())
-    {
-        return c.trim().to_string();
+    match std::env::var("QUIRE_COMMIT") {
+        Ok(c) if !c.trim().is_empty() => c.trim().to_string(),
+        _ => env!("QUIRE_BUILD_COMMIT").to_string(),
     }
-    // The working directory's checkout, else the one the running binary was built in.
-    let exe_dir = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.to_path_buf()));
-    [None, exe_dir]
+}
+
+/// Variables whose values are secrets: recorded by name only.
+const SECRET_MARKS: [&str; 4] = ["KEY", "TOKEN", "SECRET", "PASSWORD"];
+
+/// Every `QUIRE_*` environment variable set for this run, as `NAME=VALUE`, sorted: the switches
+/// (`QUIRE_CUDA_GRAPHS=0`, `QUIRE_NO_SIMD`, ...) that change what a measurement measured. Two
+/// exceptions: `QUIRE_COMMIT` is left out (it only relabels the stamp, and is its `commit`), and
+/// variables named like secrets (`QUIRE_API_KEY`) keep their name but not their value.
+pub fn quire_env() -> Vec<String> {
+    quire_env_of(std::env::vars_os())
+}
+
+fn quire_env_of(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<String> {
+    let mut out: Vec<String> = vars
         .into_iter()
-        .find_map(|dir| {
-            let mut cmd = Command::new("git");
-            if let Some(d) = &dir {
-                cmd.arg("-C").arg(d);
+        .filter_map(|(k, v)| {
+            let k = k.into_string().ok()?;
+            if !k.starts_with("QUIRE_") || k == "QUIRE_COMMIT" {
+                return None;
             }
-            cmd.args(["rev-parse", "--short", "HEAD"])
-                .stderr(std::process::Stdio::null())
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .and_then(|o| String::from_utf8(o.stdout).ok())
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
+            let v = if SECRET_MARKS.iter().any(|m| k.contains(m)) {
+                "<redacted>".to_string()
+            } else {
+                v.to_string_lossy().into_owned()
+            };
+            Some(format!("{k}={v}"))
         })
-        .unwrap_or_else(|| "unknown".to_string())
+        .collect();
+    out.sort();
+    out
 }
 
 /// The CPU's model name from /proc/cpuinfo (x86 "model name", ARM "Hardware"/"Model"), else the
@@ -213,6 +233,48 @@ mod tests {
         assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(at(1_709_251_199), "2024-02-29T23:59:59Z");
         assert_eq!(at(4_102_444_800), "2100-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn quire_env_lists_settings_but_not_the_commit_or_secrets() {
+        let vars = [
+            ("PATH", "/bin"),
+            ("QUIRE_CUDA_GRAPHS", "0"),
+            ("QUIRE_COMMIT", "abc1234"),
+            ("QUIRE_API_KEY", "sk-secret"),
+            ("QUIRE_NO_SIMD", "1"),
+            ("XQUIRE_OTHER", "1"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        assert_eq!(
+            quire_env_of(vars),
+            [
+                "QUIRE_API_KEY=<redacted>",
+                "QUIRE_CUDA_GRAPHS=0",
+                "QUIRE_NO_SIMD=1"
+            ]
+        );
+    }
+
+    #[test]
+    fn commit_is_the_builds() {
+        let built = env!("QUIRE_BUILD_COMMIT");
+        assert!(!built.is_empty());
+        // The build script's own answer, checked against git here (the test runs in the crate's
+        // directory): the short hash of HEAD, marked dirty or not.
+        let head = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        match head {
+            Some(h) => assert!(
+                built == h || built == format!("{h}-dirty"),
+                "built {built}, HEAD {h}"
+            ),
+            None => assert_eq!(built, "unknown"),
+        }
     }
 
     #[test]
