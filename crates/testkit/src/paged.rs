@@ -147,7 +147,7 @@ impl PagedCase {
             let first = self.window.map_or(0, |w| (cached + 1).saturating_sub(w));
             let last = if self.new_in_cache { len } else { cached };
             for pos in first..last {
-                let slot = block_table[pos / bs].as_usize() * bs + pos % bs;
+                let slot = quire_core::slot(&block_table, pos, bs);
                 for i in 0..row {
                     b.k_cache[slot * row + i] = T::from_f32(keys[pos * row + i]);
                     b.v_cache[slot * row + i] = T::from_f32(values[pos * row + i]);
@@ -155,7 +155,7 @@ impl PagedCase {
             }
             for pos in cached..len {
                 b.positions.push(pos as u32);
-                let slot = block_table[pos / bs].as_usize() * bs + pos % bs;
+                let slot = quire_core::slot(&block_table, pos, bs);
                 b.slot_mapping.push(slot as u32);
             }
             b.k_new.extend_from_slice(&keys[cached * row..]);

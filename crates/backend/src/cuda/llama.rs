@@ -173,6 +173,15 @@ impl Executor for CudaExecutor {
         self.prof.take()
     }
 
+    /// Device memory in use (`cuMemGetInfo`: total − free, so the CUDA context and cuBLAS's
+    /// workspace count too). quire allocates weights and the KV pool at load and only grows its
+    /// work buffers, never freeing them while the executor lives, so the amount in use when this
+    /// is asked (at the end of a run) is the run's peak.
+    fn device_memory_peak(&self) -> Option<u64> {
+        let (free, total) = self.gpu.mem_info().ok()?;
+        Some(total.saturating_sub(free) as u64)
+    }
+
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
         self.forward_inner(batch)?;
         Ok(self.logits_on_host())

@@ -152,7 +152,7 @@ unsafe fn tile<const NV: usize>(
         let n = CHUNK.min(ctx_max - c);
         for j in 0..n {
             let pos = c + j;
-            let slot = t.block_table[pos / bs].as_usize() * bs + pos % bs;
+            let slot = quire_core::slot(t.block_table, pos, bs);
             let row = slot * kv_row + t.kvh * d;
             let (k, v) = (&k_cache[row..row + d], &v_cache[row..row + d]);
             for i in 0..NV {
