@@ -32,7 +32,7 @@ pub enum TokenizerError {
     #[error(
         "the chat template exceeded its work limit ({fuel} units, about {fuel} instructions or \
          {mb} MB of data) and was stopped",
-        mb = fuel * 64 >> 20
+        mb = (fuel * 64) >> 20
     )]
     TemplateLimit { fuel: u64 },
 
