@@ -26,13 +26,26 @@ struct Server {
     child: Child,
     url: String,
     stderr: mpsc::Receiver<String>,
+    /// What the server wrote before it said where it listens.
+    startup: Vec<String>,
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_quire"))
-            .args(["serve", "--port", "0"])
-            .args(extra)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_quire"));
+        cmd.args(["serve", "--port", "0"]).args(extra);
+        Self::spawn(cmd)
+    }
+
+    /// Runs `script` in `sh` with `$0` the quire binary (e.g. to lower a ulimit first).
+    fn start_in_shell(script: &str) -> Server {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script, env!("CARGO_BIN_EXE_quire")]);
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Server {
+        let mut child = cmd
             .env("QUIRE_MODEL", model())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -47,6 +60,7 @@ impl Server {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(180);
+        let mut startup = Vec::new();
         loop {
             let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
             else {
@@ -60,8 +74,10 @@ impl Server {
                     child,
                     url,
                     stderr: rx,
+                    startup,
                 };
             }
+            startup.push(line);
         }
     }
 
@@ -251,4 +267,222 @@ fn sigterm_under_load_lets_streams_end_and_exits_0() {
         log.iter().any(|l| l.contains("grace period over")),
         "{log:?}"
     );
+}
+
+fn connect(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    s
+}
+
+/// Reads until the server closes the socket or `limit` passes; returns what came and whether
+/// the socket was closed.
+fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return (String::from_utf8_lossy(&got).into(), true),
+        }
+    }
+    (String::from_utf8_lossy(&got).into(), false)
+}
+
+fn json_body(resp: &str) -> serde_json::Value {
+    let body = resp.split_once("\r\n\r\n").map_or("", |x| x.1);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {resp}"))
+}
+
+/// Slow headers, idle sockets, idle keep-alive and a chunked body with no end are all closed
+/// within the timeouts (1 s here), the body one with a 408 in OpenAI's shape.
+#[test]
+fn slow_idle_and_endless_clients_are_cut_off() {
+    let s = Server::start(&["--header-timeout", "1", "--body-timeout", "1"]);
+    let port = s.port();
+    let mut socks = Vec::new();
+    for i in 0..40 {
+        let mut t = connect(port);
+        if i % 2 == 0 {
+            t.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .unwrap();
+        }
+        socks.push(t);
+    }
+    let mut keep = connect(port);
+    keep.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut endless = connect(port);
+    endless
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n",
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    for t in &mut socks {
+        let (_, closed) = read_until_closed(t, Duration::from_secs(6));
+        assert!(
+            closed,
+            "a slow or idle socket is still open after {:?}",
+            t0.elapsed()
+        );
+    }
+    let (resp, closed) = read_until_closed(&mut keep, Duration::from_secs(6));
+    assert!(
+        resp.starts_with("HTTP/1.1 200") && closed,
+        "keep-alive: {resp}"
+    );
+    let (resp, closed) = read_until_closed(&mut endless, Duration::from_secs(6));
+    assert!(
+        resp.starts_with("HTTP/1.1 408") && closed,
+        "endless body: {resp}"
+    );
+    assert_eq!(json_body(&resp)["error"]["code"], "request_timeout");
+    assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    let (code, _) = http(
+        port,
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 2}"#,
+    );
+    assert_eq!(code, 200);
+}
+
+/// Under a 64-descriptor limit with 100 idle sockets open, /health still answers: the connection
+/// cap keeps accepted sockets below the limit and the header timeout frees them.
+#[test]
+fn health_answers_under_a_low_fd_limit_with_100_idle_sockets() {
+    let s = Server::start_in_shell("ulimit -n 64 && exec \"$0\" serve --port 0 --header-timeout 1");
+    let port = s.port();
+    let idle: Vec<TcpStream> = (0..100).map(|_| connect(port)).collect();
+    let t0 = Instant::now();
+    let mut h = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    h.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    h.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (resp, _) = read_until_closed(&mut h, Duration::from_secs(10));
+    assert!(
+        resp.starts_with("HTTP/1.1 200"),
+        "after {:?}: {resp:?}",
+        t0.elapsed()
+    );
+    drop(idle);
+    assert!(
+        s.startup
+            .iter()
+            .any(|l| l.contains("connections (not 512)")),
+        "{:?}",
+        s.startup
+    );
+}
+
+/// A client that shuts down its sending side after the request still gets the whole answer.
+#[test]
+fn a_half_closed_client_gets_its_response() {
+    let s = Server::start(&[]);
+    let body = r#"{"prompt": "Hi", "max_tokens": 3}"#;
+    let mut t = TcpStream::connect(("127.0.0.1", s.port())).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        t,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    t.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut resp = String::new();
+    t.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp:?}");
+    assert_eq!(json_body(&resp)["choices"][0]["index"], 0);
+}
+
+/// Bodies that are too large or malformed get OpenAI's JSON error shape, not plain text.
+#[test]
+fn body_errors_are_json() {
+    let s = Server::start(&["--max-body-bytes", "1000"]);
+    let port = s.port();
+    let (code, body) = http(
+        port,
+        "/v1/completions",
+        &format!(r#"{{"prompt": "{}"}}"#, "a".repeat(2000)),
+    );
+    assert_eq!(code, 413, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "request_too_large");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("1000 bytes"));
+
+    let mut t = connect(port);
+    t.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
+    )
+    .unwrap();
+    let (resp, _) = read_until_closed(&mut t, Duration::from_secs(10));
+    assert!(resp.starts_with("HTTP/1.1 400"), "{resp:?}");
+    let msg = json_body(&resp)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("body could not be read"), "{msg}");
+}
+
+/// One request whose prompts x n exceed the queue is refused alone, saying so; the requests
+/// after it are served.
+#[test]
+fn a_huge_fan_out_is_refused_alone() {
+    let s = Server::start(&[]);
+    let port = s.port();
+    let prompts: Vec<String> = (0..64).map(|i| format!("Number {i}")).collect();
+    let big = serde_json::json!({"prompt": prompts, "n": 16, "max_tokens": 1}).to_string();
+    let (code, body) = http(port, "/v1/completions", &big);
+    assert_eq!(code, 400, "{body}");
+    let msg = serde_json::from_str::<serde_json::Value>(&body).unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("1024") && msg.contains("256"), "{msg}");
+    let small = r#"{"prompt": "Hi", "max_tokens": 2}"#;
+    let handles: Vec<_> = (0..7)
+        .map(|_| std::thread::spawn(move || http(port, "/v1/completions", small).0))
+        .collect();
+    let codes: Vec<u16> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(codes, vec![200; 7]);
+}
+
+/// A prompt longer than the context could ever hold is refused by its length, at once, without
+/// tokenizing it; the same with chat content.
+#[test]
+fn oversized_prompts_are_refused_before_tokenizing() {
+    let s = Server::start(&["--max-model-len", "256"]);
+    let port = s.port();
+    let text = "a ".repeat(4 << 20);
+    let t0 = Instant::now();
+    let (code, body) = http(
+        port,
+        "/v1/completions",
+        &format!(r#"{{"prompt": "{text}"}}"#),
+    );
+    assert_eq!(code, 400, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("bytes"),
+        "{body}"
+    );
+    let chat = serde_json::json!({"messages": [{"role": "user", "content": text}]}).to_string();
+    let (code, body) = http(port, "/v1/chat/completions", &chat);
+    assert_eq!(code, 400, "{body}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
 }

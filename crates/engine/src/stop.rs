@@ -1,10 +1,17 @@
 //! Stop strings over streamed text: finds the earliest stop string in the text so far, and holds
-//! back the tail that could still become one, so a client never sees part of a stop string.
+//! back the tail that could still become one, so a client never sees part of a stop string. Both
+//! run on the engine thread once per token, so both look only at the end of the text: the new
+//! text plus a stop string's length before it, never the whole output or a whole long stop
+//! string again.
 
 /// Where the text must be cut, if a stop string occurs: the byte index of its start.
 pub fn find_stop(text: &str, stops: &[String], search_from: usize) -> Option<usize> {
     let mut best: Option<usize> = None;
-    for s in stops.iter().filter(|s| !s.is_empty()) {
+    // A stop longer than the text cannot occur in it (and a searcher for it costs its length).
+    for s in stops
+        .iter()
+        .filter(|s| !s.is_empty() && s.len() <= text.len())
+    {
         // A match may start before `search_from` if it ends after it.
         let mut from = search_from.saturating_sub(s.len().saturating_sub(1));
         while !text.is_char_boundary(from) {
@@ -23,9 +30,10 @@ pub fn find_stop(text: &str, stops: &[String], search_from: usize) -> Option<usi
 pub fn held_back(text: &str, stops: &[String]) -> usize {
     let mut hold = 0;
     for s in stops {
-        for k in (1..s.len()).rev() {
-            if k <= text.len()
-                && text.is_char_boundary(text.len() - k)
+        // Only prefixes no longer than the text can match: start there, not at the stop's length.
+        let longest = s.len().saturating_sub(1).min(text.len());
+        for k in (hold + 1..=longest).rev() {
+            if text.is_char_boundary(text.len() - k)
                 && s.is_char_boundary(k)
                 && text.ends_with(&s[..k])
             {
@@ -56,5 +64,27 @@ mod tests {
         assert_eq!(held_back("abcEN", &stops), 2);
         assert_eq!(held_back("abc", &stops), 0);
         assert_eq!(held_back("é", &["éx".to_string()]), 2);
+        assert_eq!(held_back("abE", &["E".to_string(), "END".to_string()]), 1);
+        assert_eq!(held_back("aEN", &["NX".to_string(), "ENX".to_string()]), 2);
+    }
+
+    /// Long stop strings cost per token only what the short text can match. Before, each call
+    /// walked every prefix length of every stop (16 x 1 MB here, over 200 tokens: ~3 G steps, over 30 s).
+    #[test]
+    fn long_stop_strings_cost_only_the_text_tail() {
+        let stops: Vec<String> = (0..16)
+            .map(|i| format!("{i}{}", "x".repeat(1 << 20)))
+            .collect();
+        let start = std::time::Instant::now();
+        let mut text = String::new();
+        for _ in 0..200 {
+            text.push_str("ab ");
+            assert_eq!(held_back(&text, &stops), 0);
+            assert_eq!(find_stop(&text, &stops, text.len().saturating_sub(3)), None);
+        }
+        text.push('3');
+        assert_eq!(held_back(&text, &stops), 1);
+        let took = start.elapsed();
+        assert!(took.as_secs_f64() < 3.0, "200 tokens took {took:?}");
     }
 }

@@ -83,6 +83,15 @@ pub struct GenRequest {
     pub user: Option<String>,
 }
 
+/// Most stop strings per request. OpenAI allows 4; vLLM and llama.cpp set no limit, so quire keeps
+/// the 16 it has always allowed: with the length cap below the engine thread's work per token for
+/// them stays small.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// Longest stop string, in UTF-8 bytes. Stop strings are matched on the engine thread once per
+/// token against the text's tail of this length; real ones ("\n\nUser:", "</answer>") are short.
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Parses a body: 400 on malformed JSON, on a non-object, or on a field of the wrong type.
 pub fn parse_body(body: &[u8]) -> Result<GenRequest, ApiError> {
     let value: Value = serde_json::from_slice(body)
@@ -178,8 +187,19 @@ impl GenRequest {
             Some(StopField::Many(v)) => v.clone(),
         };
         p.stop.retain(|s| !s.is_empty());
-        if p.stop.len() > 16 {
-            return Err(ApiError::bad_request("`stop` takes at most 16 strings").param("stop"));
+        if p.stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::bad_request(format!(
+                "`stop` takes at most {MAX_STOP_STRINGS} strings, got {}",
+                p.stop.len()
+            ))
+            .param("stop"));
+        }
+        if let Some(long) = p.stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::bad_request(format!(
+                "each `stop` string may be at most {MAX_STOP_BYTES} bytes, got one of {}",
+                long.len()
+            ))
+            .param("stop"));
         }
         let max_tokens = match (self.max_tokens, self.max_completion_tokens) {
             (Some(_), Some(_)) if chat => {
@@ -423,6 +443,10 @@ mod tests {
             (r#"{"echo": true}"#, "echo"),
             (r#"{"logit_bias": {"1": 5}}"#, "logit_bias"),
             (
+                r#"{"stop": ["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}"#,
+                "stop",
+            ),
+            (
                 r#"{"stream_options": {"include_usage": true}}"#,
                 "stream_options",
             ),
@@ -438,6 +462,22 @@ mod tests {
             r.common(true).unwrap_err().param.as_deref(),
             Some("top_logprobs")
         );
+    }
+
+    #[test]
+    fn long_stop_strings_are_refused_by_name() {
+        let ok = format!(r#"{{"stop": ["{}"]}}"#, "é".repeat(MAX_STOP_BYTES / 2));
+        assert!(parse_body(ok.as_bytes()).unwrap().common(false).is_ok());
+        let long = format!(r#"{{"stop": ["a", "{}"]}}"#, "x".repeat(MAX_STOP_BYTES + 1));
+        let e = parse_body(long.as_bytes())
+            .unwrap()
+            .common(false)
+            .unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("stop")));
+        assert!(e.message.contains("256 bytes"), "{}", e.message);
+        let mb = format!(r#"{{"stop": "{}"}}"#, "x".repeat(1 << 20));
+        let e = parse_body(mb.as_bytes()).unwrap().common(true).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
     }
 
     #[test]

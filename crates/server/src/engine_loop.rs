@@ -26,17 +26,21 @@ pub enum Event {
     Error(String),
 }
 
+/// One sequence of an HTTP request (one prompt, one choice).
 pub struct AddRequest {
     pub prompt: Vec<TokenId>,
     pub params: SamplingParams,
     /// When the HTTP request arrived (the start of TTFT and end-to-end latency).
     pub arrival: Instant,
     pub events: mpsc::UnboundedSender<Event>,
-    pub reply: oneshot::Sender<Result<(), ApiError>>,
 }
 
 pub enum Cmd {
-    Add(AddRequest),
+    /// All sequences of one HTTP request (prompts x n), admitted together or not at all.
+    Add {
+        requests: Vec<AddRequest>,
+        reply: oneshot::Sender<Result<(), ApiError>>,
+    },
     /// Prometheus text of the current metrics.
     Metrics(oneshot::Sender<String>),
     Stats(oneshot::Sender<EngineStats>),
@@ -129,9 +133,9 @@ impl EngineLoop {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Add(r) => {
-                let res = self.add(r.prompt, r.params, r.arrival, r.events);
-                let _ = r.reply.send(res);
+            Cmd::Add { requests, reply } => {
+                let res = self.add_all(requests);
+                let _ = reply.send(res);
             }
             Cmd::Metrics(reply) => {
                 let text = self
@@ -152,20 +156,49 @@ impl EngineLoop {
         }
     }
 
+    /// Admits every sequence of one HTTP request, or none. Requests whose client went away are
+    /// cleaned up first, so their places in the queue count as free.
+    fn add_all(&mut self, requests: Vec<AddRequest>) -> Result<(), ApiError> {
+        if self.shutting_down {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        self.reap_disconnected();
+        let (fan_out, max) = (requests.len(), self.cfg.max_waiting);
+        if fan_out > max {
+            self.metrics.rejected_queue_full += 1;
+            return Err(ApiError::bad_request(format!(
+                "this request fans out to {fan_out} sequences (prompts x n) but the server \
+                 queues at most {max}; send fewer prompts or a smaller `n`"
+            ))
+            .param("n"));
+        }
+        let waiting = self.engine.stats().waiting;
+        if waiting + fan_out > max {
+            self.metrics.rejected_queue_full += 1;
+            return Err(ApiError::queue_full(waiting, fan_out, max));
+        }
+        let mut added = Vec::with_capacity(fan_out);
+        for r in requests {
+            match self.add(r.prompt, r.params, r.arrival, r.events) {
+                Ok(id) => added.push(id),
+                Err(e) => {
+                    for id in added {
+                        self.abort(id, false);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn add(
         &mut self,
         prompt: Vec<TokenId>,
         params: SamplingParams,
         arrival: Instant,
         events: mpsc::UnboundedSender<Event>,
-    ) -> Result<(), ApiError> {
-        if self.shutting_down {
-            return Err(ApiError::unavailable("the server is shutting down"));
-        }
-        if self.engine.stats().waiting >= self.cfg.max_waiting {
-            self.metrics.rejected_queue_full += 1;
-            return Err(ApiError::queue_full(self.cfg.max_waiting));
-        }
+    ) -> Result<SeqId, ApiError> {
         let n = prompt.len() as u64;
         let id = self
             .engine
@@ -187,7 +220,7 @@ impl EngineLoop {
                 last_token: None,
             },
         );
-        Ok(())
+        Ok(id)
     }
 
     /// Ends a request and frees its blocks; tells the client when `notify`.

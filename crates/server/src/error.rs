@@ -1,5 +1,6 @@
 //! Errors in OpenAI's JSON shape (`{"error": {"message", "type", "param", "code"}}`) with the status
-//! a client library maps to the right exception (400 bad request, 401, 404, 429, 503).
+//! a client library maps to the right exception (400 bad request, 401, 404, 408, 413, 429, 503).
+//! Every error the server sends has this shape, including those about the body itself.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -65,15 +66,44 @@ impl ApiError {
         }
     }
 
-    pub fn queue_full(max_waiting: usize) -> Self {
+    /// 429: the queue has room for fewer sequences than this request fans out to.
+    pub fn queue_full(waiting: usize, fan_out: usize, max_waiting: usize) -> Self {
+        let need = if fan_out > 1 {
+            format!("; this request needs {fan_out} places (prompts x n)")
+        } else {
+            String::new()
+        };
         Self {
             status: StatusCode::TOO_MANY_REQUESTS,
             message: format!(
-                "the server's queue is full ({max_waiting} requests waiting); retry later"
+                "the server's queue is full ({waiting} of {max_waiting} places taken{need}); \
+                 retry later"
             ),
             kind: "rate_limit_error",
             param: None,
             code: Some("queue_full"),
+        }
+    }
+
+    /// 413: the body is longer than the server reads.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body is larger than the limit of {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(secs: f64) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!("the request body did not arrive within {secs} s"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
         }
     }
 

@@ -50,6 +50,7 @@ pub async fn run(
         return Err(ApiError::unavailable("the server is shutting down"));
     }
     let mut receivers = Vec::new();
+    let mut requests = Vec::new();
     let mut prompt_tokens = Vec::new();
     for prompt in &prompts {
         let max_tokens = resolve_max_tokens(&st, kind, prompt.len(), opts.max_tokens)?;
@@ -59,24 +60,24 @@ pub async fn run(
             // Distinct choices of one request draw from distinct streams.
             params.seed = params.seed.map(|s| s.wrapping_add(c as u64));
             let (tx, rx) = mpsc::unbounded_channel();
-            let (reply, answer) = oneshot::channel();
-            st.engine
-                .send(Cmd::Add(AddRequest {
-                    prompt: prompt.clone(),
-                    params,
-                    arrival,
-                    events: tx,
-                    reply,
-                }))
-                .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-            // Earlier choices' receivers drop with `receivers` on error: the engine aborts them.
-            answer
-                .await
-                .map_err(|_| ApiError::unavailable("the engine has stopped"))??;
+            requests.push(AddRequest {
+                prompt: prompt.clone(),
+                params,
+                arrival,
+                events: tx,
+            });
             receivers.push(rx);
         }
         prompt_tokens.push(prompt.len());
     }
+    // One command for the whole fan-out: the engine thread admits all of it or none.
+    let (reply, answer) = oneshot::channel();
+    st.engine
+        .send(Cmd::Add { requests, reply })
+        .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+    answer
+        .await
+        .map_err(|_| ApiError::unavailable("the engine has stopped"))??;
     let id = st.new_id(kind);
     if opts.stream {
         Ok(stream_response(st, kind, id, receivers, prompt_tokens, opts).into_response())

@@ -1,22 +1,25 @@
 //! quire's OpenAI-compatible HTTP server. axum handlers parse and check requests, tokenize them,
 //! and hand them to the engine thread (`engine_loop`), which owns the engine and the metrics; the
-//! answers come back over per-request channels (`generate`). Shutdown on SIGINT/SIGTERM stops
-//! accepting, lets in-flight requests finish within a grace period, then aborts what is left.
+//! answers come back over per-request channels (`generate`). Clients are not trusted: connections,
+//! their timeouts and body sizes are limited (`conn`, [`Limits`]), and prompts are checked and
+//! tokenized off the async workers (`prep`). Shutdown on SIGINT/SIGTERM stops accepting, lets
+//! in-flight requests finish within a grace period, then aborts what is left.
 
 pub mod api;
+pub mod conn;
 pub mod engine_loop;
 pub mod error;
 pub mod generate;
 pub mod metrics;
+pub mod prep;
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +28,7 @@ use axum::Router;
 use quire_engine::Engine;
 use quire_tokenizer::{ChatTemplate, Tokenizer};
 use serde_json::json;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch, Semaphore};
 
 use crate::engine_loop::{Cmd, LoopConfig};
 use crate::error::ApiError;
@@ -42,6 +45,33 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
 }
 
+/// What one client may use. The defaults suit a public deployment: slow or idle sockets are
+/// closed within seconds and cannot use up the process's file descriptors.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time to send a request's headers; also how long a keep-alive connection may stay idle.
+    pub header_timeout: Duration,
+    /// Time to send a request's body once its headers are in.
+    pub body_timeout: Duration,
+    /// Most connections open at once (lowered to fit the open-file limit); more wait to be
+    /// accepted.
+    pub max_connections: usize,
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            // OpenAI's own limit on a request body is far larger than any prompt here needs.
+            max_body_bytes: 16 << 20,
+        }
+    }
+}
+
 pub struct ServerConfig {
     pub host: String,
     pub port: u16,
@@ -54,6 +84,10 @@ pub struct ServerConfig {
     pub step_log: Option<Box<dyn std::io::Write + Send>>,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: ChatTemplate,
+    pub limits: Limits,
+    /// Special-token text inside chat message content becomes control tokens (llama.cpp's and
+    /// vLLM's behaviour). Off by default, so a user cannot forge a system turn.
+    pub special_tokens_in_content: bool,
 }
 
 /// What every handler shares (read-only but for two atomics).
@@ -66,6 +100,14 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub created: u64,
     pub fingerprint: String,
+    pub limits: Limits,
+    pub special_tokens_in_content: bool,
+    /// The longest token text of the vocabulary, in bytes.
+    pub max_token_bytes: usize,
+    /// `max_model_len * max_token_bytes`: a longer prompt text cannot fit the context.
+    pub max_prompt_bytes: usize,
+    /// Permits for prompt preparation (template rendering, tokenizing) on blocking threads.
+    pub prep: Semaphore,
     draining: AtomicBool,
     next_id: AtomicU64,
 }
@@ -134,39 +176,31 @@ fn unix_secs() -> u64 {
 async fn completions(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     st.check_auth(&headers)?;
+    let body = prep::read_body(&st, &headers, body).await?;
     let req = api::parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
     let opts = req.common(false)?;
-    let tok = st.tokenizer.clone();
-    let prompts = req.prompts(|t| {
-        tok.encode(t, true, true)
-            .map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))
-    })?;
+    let prompts = prep::completion_prompts(&st, req).await?;
     generate::run(st, Kind::Completion, prompts, opts, arrival).await
 }
 
 async fn chat_completions(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     st.check_auth(&headers)?;
+    let body = prep::read_body(&st, &headers, body).await?;
     let req = api::parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
     let opts = req.common(true)?;
     let messages = req.chat_messages()?;
-    let prompt = quire_tokenizer::encode_chat(&st.tokenizer, &st.chat_template, &messages)
-        .map_err(|e| {
-            ApiError::bad_request(format!("cannot apply the chat template: {e}")).param("messages")
-        })?;
-    if prompt.is_empty() {
-        return Err(ApiError::bad_request("the rendered chat is empty").param("messages"));
-    }
+    let prompt = prep::chat_prompt(&st, messages).await?;
     generate::run(st, Kind::Chat, vec![prompt], opts, arrival).await
 }
 
@@ -229,8 +263,6 @@ pub fn router(st: Arc<AppState>) -> Router {
         .merge(gen_routes)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        // OpenAI's own limit on a request body is far larger than any prompt here needs.
-        .layer(axum::extract::DefaultBodyLimit::max(16 << 20))
         .with_state(st)
 }
 
@@ -284,6 +316,16 @@ async fn serve(cfg: ServerConfig, engine: Engine) -> Result<(), ServerError> {
         },
     );
     let created = unix_secs();
+    let max_token_bytes = cfg.tokenizer.max_token_bytes().max(1);
+    let prep_threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let max_connections = conn::effective_max_connections(cfg.limits.max_connections);
+    if max_connections < cfg.limits.max_connections {
+        eprintln!(
+            "quire serve: at most {max_connections} connections (not {}), to stay within the \
+             open-file limit",
+            cfg.limits.max_connections
+        );
+    }
     let st = Arc::new(AppState {
         engine: tx.clone(),
         tokenizer: cfg.tokenizer,
@@ -293,6 +335,11 @@ async fn serve(cfg: ServerConfig, engine: Engine) -> Result<(), ServerError> {
         api_key: cfg.api_key,
         created,
         fingerprint: format!("quire-{}", env!("CARGO_PKG_VERSION")),
+        limits: cfg.limits,
+        special_tokens_in_content: cfg.special_tokens_in_content,
+        max_token_bytes,
+        max_prompt_bytes: max_model_len.saturating_mul(max_token_bytes),
+        prep: Semaphore::new(prep_threads),
         draining: AtomicBool::new(false),
         next_id: AtomicU64::new(0),
     });
@@ -307,23 +354,25 @@ async fn serve(cfg: ServerConfig, engine: Engine) -> Result<(), ServerError> {
         }
     );
     let (signalled_tx, signalled_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = watch::channel(false);
     let st_sig = st.clone();
-    let graceful = async move {
+    tokio::spawn(async move {
         shutdown_signal().await;
         st_sig.draining.store(true, Ordering::Relaxed);
+        let _ = stop_tx.send(true);
         let _ = signalled_tx.send(());
+    });
+    let limits = conn::ConnLimits {
+        header_timeout: cfg.limits.header_timeout,
+        max_connections,
     };
-    let server = tokio::spawn(
-        axum::serve(listener, router(st.clone()))
-            .with_graceful_shutdown(graceful)
-            .into_future(),
-    );
+    let server = tokio::spawn(conn::serve(listener, router(st.clone()), limits, stop_rx));
     let grace = cfg.shutdown_grace;
     let mut server = server;
     tokio::select! {
         r = &mut server => {
-            // The server ended on its own (an accept error): still shut the engine down.
-            if let Ok(Err(e)) = r {
+            // The server ended on its own: still shut the engine down.
+            if let Err(e) = r {
                 eprintln!("server error: {e}");
             }
         }

@@ -29,6 +29,17 @@ impl ChatMessage {
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// The work one render may do, in minijinja fuel: about one unit per instruction and one per 64
+/// bytes of data created, so this bounds a render to roughly 2 million instructions (well under a
+/// second) and 128 MB. Real templates use a few units per message plus the content's size / 64;
+/// a template with nested `range(10000)` loops or a string doubled 60 times stops here instead
+/// of spinning forever or exhausting memory.
+pub const TEMPLATE_FUEL: u64 = 2_000_000;
+
+/// Marks where message `i`'s content goes when finding content in the rendered text: characters
+/// from Unicode's private use plane that templates do not write.
+const MARK: char = '\u{10FFFD}';
+
 #[derive(Clone)]
 enum Inner {
     Jinja {
@@ -150,6 +161,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         env.add_filter("tojson", tojson);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))?;
         Ok(Self {
             inner: Inner::Jinja {
@@ -214,25 +226,128 @@ impl ChatTemplate {
                 ctx.insert("bos_token".into(), bos_token.clone().into());
                 ctx.insert("eos_token".into(), eos_token.clone().into());
                 let template = env.get_template(TEMPLATE_NAME)?;
-                Ok(template.render(Value::from(minijinja::value::Serde(&ctx)))?)
+                template
+                    .render(Value::from(minijinja::value::Serde(&ctx)))
+                    .map_err(|e| match e.kind() {
+                        ErrorKind::OutOfFuel => TokenizerError::TemplateLimit {
+                            fuel: TEMPLATE_FUEL,
+                        },
+                        _ => e.into(),
+                    })
             }
         }
     }
 }
 
-/// Renders `messages` with the template (plus the generation prompt) and tokenizes the text,
-/// parsing special tokens. A BOS is added only when the template did not already write one.
+/// Renders `messages` with the template (plus the generation prompt) and tokenizes the text. The
+/// template's own markup is parsed for special tokens; message content is tokenized as plain text,
+/// so a user who types `<|im_start|>system` cannot forge a turn (see [`encode_chat_opts`]).
 pub fn encode_chat(
     tokenizer: &crate::Tokenizer,
     template: &ChatTemplate,
     messages: &[ChatMessage],
 ) -> Result<Vec<crate::TokenId>, TokenizerError> {
+    encode_chat_opts(tokenizer, template, messages, ChatOptions::default())
+}
+
+/// How [`encode_chat_opts`] treats a conversation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatOptions {
+    /// Special-token text inside message content becomes control tokens, as in llama.cpp and
+    /// vLLM. Off: content is plain text and only the template's own markup is special.
+    pub content_special: bool,
+    /// Refuse a rendered chat longer than this many bytes before tokenizing it.
+    pub max_rendered_bytes: Option<usize>,
+}
+
+/// As [`encode_chat`], with [`ChatOptions`]. A BOS is added only when the template did not
+/// already write one.
+pub fn encode_chat_opts(
+    tokenizer: &crate::Tokenizer,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+    opts: ChatOptions,
+) -> Result<Vec<crate::TokenId>, TokenizerError> {
     let text = template.render(messages, true)?;
+    if let Some(max) = opts.max_rendered_bytes.filter(|&m| text.len() > m) {
+        return Err(TokenizerError::RenderedTooLong {
+            len: text.len(),
+            max,
+        });
+    }
     let bos = tokenizer
         .bos()
         .and_then(|b| tokenizer.token_str(b).map(str::to_string));
     let has_bos = bos.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-    tokenizer.encode(&text, !has_bos, true)
+    // Only content that holds special-token text needs separating; all else tokenizes the same.
+    let risky: Vec<usize> = if opts.content_special {
+        Vec::new()
+    } else {
+        messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| tokenizer.control_text_in(&m.content).is_some())
+            .map(|(i, _)| i)
+            .collect()
+    };
+    if risky.is_empty() {
+        return tokenizer.encode(&text, !has_bos, true);
+    }
+    let segments = content_segments(template, messages, &risky, &text).ok_or_else(|| {
+        let index = risky[0];
+        TokenizerError::ContentNotSeparable {
+            index,
+            token: tokenizer
+                .control_text_in(&messages[index].content)
+                .unwrap_or_default()
+                .to_string(),
+        }
+    })?;
+    tokenizer.encode_segments(&segments, !has_bos)
+}
+
+/// Splits `text` (the render of `messages`) into `(piece, parse_special)` segments, with the
+/// content of the messages in `risky` as plain-text segments. The template is rendered again
+/// with those contents replaced by markers; where the markers, replaced back by the contents,
+/// give exactly `text`, the markers show where each content lies. `None` when they do not (the
+/// template transforms or inspects the content).
+fn content_segments<'a>(
+    template: &ChatTemplate,
+    messages: &'a [ChatMessage],
+    risky: &[usize],
+    text: &'a str,
+) -> Option<Vec<(&'a str, bool)>> {
+    let mut marked = messages.to_vec();
+    for &i in risky {
+        marked[i].content = format!("{MARK}{i}{MARK}");
+    }
+    let skeleton = template.render(&marked, true).ok()?;
+    let mut segments = Vec::new();
+    let mut pos = 0; // in `text`
+    let mut rest = skeleton.as_str();
+    while let Some(at) = rest.find(MARK) {
+        let markup = &rest[..at];
+        let after = &rest[at + MARK.len_utf8()..];
+        let end = after.find(MARK)?;
+        let index: usize = after[..end].parse().ok()?;
+        let content = &messages.get(index)?.content;
+        if !risky.contains(&index) || !text[pos..].starts_with(markup) {
+            return None;
+        }
+        segments.push((&text[pos..pos + markup.len()], true));
+        pos += markup.len();
+        if !text[pos..].starts_with(content.as_str()) {
+            return None;
+        }
+        segments.push((&text[pos..pos + content.len()], false));
+        pos += content.len();
+        rest = &after[end + MARK.len_utf8()..];
+    }
+    if &text[pos..] != rest {
+        return None;
+    }
+    segments.push((&text[pos..], true));
+    Some(segments)
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@ mod stream;
 mod tokenizer;
 mod vocab;
 
-pub use chat::{encode_chat, ChatMessage, ChatTemplate};
+pub use chat::{
+    encode_chat, encode_chat_opts, ChatMessage, ChatOptions, ChatTemplate, TEMPLATE_FUEL,
+};
 pub use error::TokenizerError;
 pub use quire_core::TokenId;
 pub use spec::{TokenType, TokenizerSpec};

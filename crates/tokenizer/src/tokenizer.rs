@@ -2,6 +2,8 @@
 //! tokens, BOS/EOS and the SentencePiece space prefix, so that prompts tokenize to the same ids as
 //! in the llama.cpp reference runs.
 
+use std::borrow::Cow;
+
 use quire_core::TokenId;
 
 use crate::bpe::{ByteLevelBpe, ByteTable};
@@ -9,6 +11,12 @@ use crate::spec::{TokenType, TokenizerSpec};
 use crate::spm::{Spm, SPACE_MARK};
 use crate::vocab::{attr, Fragment, Vocab};
 use crate::TokenizerError;
+
+/// A fragment of text to tokenize, or a special token already recognised.
+enum Piece<'a> {
+    Text(Cow<'a, str>),
+    Token(u32),
+}
 
 #[derive(Debug)]
 enum Model {
@@ -74,8 +82,21 @@ impl Tokenizer {
         add_special: bool,
         parse_special: bool,
     ) -> Result<Vec<TokenId>, TokenizerError> {
-        let frags = self.vocab.partition(text, parse_special);
-        let mut out: Vec<u32> = Vec::with_capacity(text.len() / 3 + 2);
+        self.encode_segments(&[(text, parse_special)], add_special)
+    }
+
+    /// Tokenizes the concatenation of `segments`, each `(text, parse_special)`: special-token text
+    /// in a segment with `parse_special` off stays plain text. Text on both sides of a segment
+    /// boundary is tokenized as one piece, so the ids equal `encode` of the joined text wherever no
+    /// special token differs. This is how chat message content is kept from forging control tokens.
+    pub fn encode_segments(
+        &self,
+        segments: &[(&str, bool)],
+        add_special: bool,
+    ) -> Result<Vec<TokenId>, TokenizerError> {
+        let frags = self.merged_fragments(segments);
+        let len: usize = segments.iter().map(|s| s.0.len()).sum();
+        let mut out: Vec<u32> = Vec::with_capacity(len / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.vocab.bos);
         }
@@ -83,8 +104,8 @@ impl Tokenizer {
             Model::Bpe(bpe) => {
                 for frag in frags {
                     match frag {
-                        Fragment::Text(t) => bpe.encode(t, &mut out)?,
-                        Fragment::Token(id) => out.push(id),
+                        Piece::Text(t) => bpe.encode(&t, &mut out)?,
+                        Piece::Token(id) => out.push(id),
                     }
                 }
             }
@@ -93,17 +114,17 @@ impl Tokenizer {
                 let mut prev_special = true;
                 for frag in frags {
                     match frag {
-                        Fragment::Text(t) => {
+                        Piece::Text(t) => {
                             let mut s = String::with_capacity(t.len() + 4);
                             if self.add_space_prefix && prev_special {
                                 s.push(' ');
                             }
-                            s.push_str(t);
+                            s.push_str(&t);
                             let escaped = s.replace(' ', SPACE_MARK);
                             spm.encode(&self.vocab, &escaped, &mut out);
                             prev_special = false;
                         }
-                        Fragment::Token(id) => {
+                        Piece::Token(id) => {
                             out.push(id);
                             prev_special = true;
                         }
@@ -115,6 +136,36 @@ impl Tokenizer {
             out.extend(self.vocab.eos);
         }
         Ok(out.into_iter().map(TokenId).collect())
+    }
+
+    /// Each segment cut into special tokens and text, with text that meets across a segment
+    /// boundary joined again.
+    fn merged_fragments<'a>(&self, segments: &[(&'a str, bool)]) -> Vec<Piece<'a>> {
+        let mut out: Vec<Piece<'a>> = Vec::new();
+        for &(text, parse_special) in segments {
+            for frag in self.vocab.partition(text, parse_special) {
+                match (frag, out.last_mut()) {
+                    (Fragment::Text(t), Some(Piece::Text(prev))) => prev.to_mut().push_str(t),
+                    (Fragment::Text(t), _) => out.push(Piece::Text(Cow::Borrowed(t))),
+                    (Fragment::Token(id), _) => out.push(Piece::Token(id)),
+                }
+            }
+        }
+        out
+    }
+
+    /// The first control or unknown token (such as `<|im_start|>`) whose text occurs in `text`,
+    /// i.e. one that `encode(.., parse_special = true)` would turn into that token.
+    pub fn control_text_in(&self, text: &str) -> Option<&str> {
+        self.vocab
+            .partition(text, true)
+            .iter()
+            .find_map(|f| match f {
+                Fragment::Token(id) if self.vocab.attr(*id) & attr::HIDDEN != 0 => {
+                    Some(self.vocab.tokens[*id as usize].as_str())
+                }
+                _ => None,
+            })
     }
 
     /// Appends the bytes of one token; `show_special` renders control/unknown tokens as their text.
@@ -170,6 +221,13 @@ impl Tokenizer {
     pub fn token_bytes(&self, id: TokenId) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         self.append_piece(id.0, true, &mut out).then_some(out)
+    }
+
+    /// The longest token text in bytes, as stored (at least as long as the input text it stands
+    /// for: `▁`, byte-level characters and `<0xAB>` all take at least the bytes they encode). A
+    /// text longer than `n * max_token_bytes()` cannot tokenize to `n` tokens or fewer.
+    pub fn max_token_bytes(&self) -> usize {
+        self.vocab.tokens.iter().map(String::len).max().unwrap_or(0)
     }
 
     pub fn vocab_size(&self) -> usize {
