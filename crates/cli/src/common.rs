@@ -290,13 +290,18 @@ mod tests {
         assert!(check_kv_fits(10, 1 << 20, avail).is_ok());
         let e = check_kv_fits(11, 1 << 20, avail).unwrap_err().to_string();
         assert!(
-            e.contains("needs 11 MiB") && e.contains("--num-blocks 10") && e.contains("--kv-cache-mb 10"),
+            e.contains("needs 11 MiB")
+                && e.contains("--num-blocks 10")
+                && e.contains("--kv-cache-mb 10"),
             "{e}"
         );
         let e = check_kv_fits(usize::MAX, 1 << 20, avail)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("overflows") && e.contains("--num-blocks 10"), "{e}");
+        assert!(
+            e.contains("overflows") && e.contains("--num-blocks 10"),
+            "{e}"
+        );
         assert!(check_kv_fits(1 << 20, 1 << 20, None).is_ok());
     }
 }

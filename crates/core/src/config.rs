@@ -200,7 +200,10 @@ impl ModelConfig {
         let q = mul("the query width", &[heads, hd])?;
         let kv = mul("the key/value width", &[kvh, hd])?;
         mul("the query projection", &[h, ("num_heads × head_dim", q)])?;
-        mul("the key/value projection", &[h, ("num_kv_heads × head_dim", kv)])?;
+        mul(
+            "the key/value projection",
+            &[h, ("num_kv_heads × head_dim", kv)],
+        )?;
         mul("the embedding", &[h, ("vocab_size", self.vocab_size)])?;
         mul(
             "the FFN projection",
@@ -299,7 +302,10 @@ mod tests {
     #[test]
     fn huge_sizes_are_refused_by_name_without_overflow() {
         let e = err(|c| c.head_dim = 1 << 31);
-        assert!(e.contains("head_dim 2147483648 is implausibly large"), "{e}");
+        assert!(
+            e.contains("head_dim 2147483648 is implausibly large"),
+            "{e}"
+        );
         let e = err(|c| {
             c.head_dim = 1 << 63;
             c.rope_dim = 16;

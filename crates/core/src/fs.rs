@@ -48,7 +48,9 @@ mod tests {
         let e = regular_file(&dir).unwrap_err();
         assert_eq!(e.to_string(), "a directory is not a regular file");
         assert_eq!(
-            regular_file(Path::new("/nonexistent/x")).unwrap_err().kind(),
+            regular_file(Path::new("/nonexistent/x"))
+                .unwrap_err()
+                .kind(),
             std::io::ErrorKind::NotFound
         );
         #[cfg(unix)]

@@ -19,7 +19,10 @@ pub enum GgufError {
     /// message carries the I/O error's text; it is not also exposed as `source()`, so a chain of
     /// causes printed by the caller does not repeat it.
     #[error("I/O error on {path:?}: {error}")]
-    Io { path: PathBuf, error: std::io::Error },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 
     /// Writing to a caller-supplied sink failed (the I/O error's text is in the message only).
     #[error("I/O error while writing GGUF data: {0}")]

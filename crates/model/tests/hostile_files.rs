@@ -132,7 +132,10 @@ fn huge_head_dim_in_config_json_is_an_error_naming_it() {
     }
     let d = folder("vocab", &with(&[("vocab_size", (1u64 << 40).into())]));
     assert!(load_err(&d.0).contains("vocab_size"));
-    let d = folder("layers", &with(&[("num_hidden_layers", (1u64 << 62).into())]));
+    let d = folder(
+        "layers",
+        &with(&[("num_hidden_layers", (1u64 << 62).into())]),
+    );
     assert!(load_err(&d.0).contains("num_layers"));
 }
 
@@ -195,5 +198,8 @@ fn fifos_are_refused_not_opened() {
     let shard = d.0.join("model-00002-of-00002.safetensors");
     mkfifo(&shard);
     let e = load_err(&d.0);
-    assert!(e.contains("model-00002-of-00002") && e.contains("FIFO"), "{e}");
+    assert!(
+        e.contains("model-00002-of-00002") && e.contains("FIFO"),
+        "{e}"
+    );
 }

@@ -120,7 +120,11 @@ fn zeroed_vec<T: ZeroBits>(n: usize, what: &str) -> Result<Vec<T>, BackendError>
 /// The K and V caches of every layer, `slots` zeros each.
 type KvLayers<T> = (Vec<Vec<T>>, Vec<Vec<T>>);
 
-fn kv_layers<T: ZeroBits>(layers: usize, slots: usize, what: &str) -> Result<KvLayers<T>, BackendError> {
+fn kv_layers<T: ZeroBits>(
+    layers: usize,
+    slots: usize,
+    what: &str,
+) -> Result<KvLayers<T>, BackendError> {
     let one = || {
         (0..layers)
             .map(|_| zeroed_vec(slots, what))
@@ -534,7 +538,10 @@ mod alloc_tests {
         assert!(z.iter().all(|&x| x == 0.0));
         // 2^60 f16s (2 EiB): no allocator grants it.
         let e = zeroed_vec::<f16>(1 << 60, "KV cache").unwrap_err();
-        assert!(e.to_string().contains("cannot allocate the KV cache"), "{e}");
+        assert!(
+            e.to_string().contains("cannot allocate the KV cache"),
+            "{e}"
+        );
         assert!(zeroed_vec::<f32>(usize::MAX, "x").is_err());
     }
 }
