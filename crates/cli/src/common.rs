@@ -18,16 +18,18 @@ pub struct ModelArgs {
     /// Compute backend
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub backend: String,
-    /// CPU threads [default: all cores]
-    #[arg(long, short = 't')]
+    /// CPU threads [default: all cores]. More than the machine's cores is capped to its core
+    /// count, with a warning (oversubscribed threads only wait on each other)
+    #[arg(long, short = 't', value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// CUDA: fraction of the GPU memory free at start that weights, activations and the KV cache
     /// may take; the KV pool gets what is left after the weights (unless --num-blocks is given)
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
-    /// CUDA: weights on the GPU. `native` keeps Q4_0/Q4_1/Q8_0 weights as stored and multiplies
-    /// them with 8-bit activations (the CPU backend's and llama.cpp's numerics, fewer bytes per
-    /// token); `f16` dequantizes every weight to f16 for cuBLAS. Other types are always f16
+    /// CUDA: weights on the GPU. `native` keeps Q4_0/Q4_1/Q8_0 and Q4_K/Q5_K/Q6_K weights as
+    /// stored and multiplies them with 8-bit activations (dp4a kernels: llama.cpp's numerics, fewer
+    /// bytes per token); `f16` dequantizes every weight to f16 for cuBLAS. Weights of other types
+    /// (F16, BF16, F32) go to the GPU as f16 either way
     #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
     pub gpu_weights: String,
 }
@@ -56,7 +58,8 @@ pub struct EngineArgs {
     /// Turn off prefix caching (reuse of cached KV blocks of shared prompt prefixes)
     #[arg(long)]
     pub no_prefix_cache: bool,
-    /// Longest prompt + completion [default: the model's context length]
+    /// Longest prompt + completion, at least 1 [default: the model's context length, capped by
+    /// the KV cache's size]
     #[arg(long)]
     pub max_model_len: Option<usize>,
 }
@@ -70,10 +73,32 @@ pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {
     quire_model::load(&path).with_context(|| format!("cannot load {}", path.display()))
 }
 
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The cores this process may use.
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 pub fn cpu_options(args: &ModelArgs, kv_dtype: &str) -> CpuOptions {
     let mut o = CpuOptions::default();
     if let Some(t) = args.threads {
-        o.threads = t.max(1);
+        let cores = available_cores();
+        if t > cores {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: --threads {t} is more than the {cores} available cores; using {cores}"
+                )
+            });
+        }
+        o.threads = t.clamp(1, cores);
     }
     o.kv_dtype = if kv_dtype == "f16" {
         KvDtype::F16
@@ -140,19 +165,69 @@ pub fn kv_spec(model: &LoadedModel, e: &EngineArgs) -> Result<KvCacheSpec> {
             e.block_size
         );
     }
-    let per_token =
-        kv_bytes_per_token(&model.weights.config) / if e.kv_dtype == "f16" { 2 } else { 1 };
+    // The config is validated, so these products fit; checked anyway, as the totals below are.
+    let block_bytes = kv_bytes_per_token(&model.weights.config)
+        .checked_div(if e.kv_dtype == "f16" { 2 } else { 1 })
+        .and_then(|b| b.checked_mul(e.block_size))
+        .filter(|&b| b > 0)
+        .context("KV-cache block size overflows")?;
     let num_blocks = match e.num_blocks {
         Some(n) => n,
-        None => e.kv_cache_mb.saturating_mul(1 << 20) / (per_token * e.block_size),
+        None => e.kv_cache_mb.checked_mul(1 << 20).unwrap_or(usize::MAX) / block_bytes,
     };
     if num_blocks == 0 {
         bail!("the KV cache holds no block: raise --kv-cache-mb or --num-blocks");
     }
+    check_kv_fits(num_blocks, block_bytes, mem_available())?;
     Ok(KvCacheSpec {
         num_blocks,
         block_size: e.block_size,
     })
+}
+
+/// Refuses a CPU KV cache larger than the memory available (`avail` bytes, when known), saying how
+/// many blocks and MiB would fit, instead of letting the allocation abort the process.
+pub fn check_kv_fits(num_blocks: usize, block_bytes: usize, avail: Option<u64>) -> Result<()> {
+    let fit = |avail: u64| {
+        let blocks = avail / block_bytes as u64;
+        let mb = blocks * block_bytes as u64 >> 20;
+        format!("at most {blocks} blocks fit (--num-blocks {blocks}, or --kv-cache-mb {mb})")
+    };
+    let Some(total) = num_blocks.checked_mul(block_bytes) else {
+        bail!(
+            "a KV cache of {num_blocks} blocks of {block_bytes} bytes overflows the address space{}",
+            avail.map(|a| format!("; {}", fit(a))).unwrap_or_default()
+        );
+    };
+    if let Some(avail) = avail {
+        if total as u64 > avail {
+            bail!(
+                "a KV cache of {num_blocks} blocks needs {} MiB but only {} MiB of memory is available; {}",
+                total >> 20,
+                avail >> 20,
+                fit(avail)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Memory available to new allocations without swapping: Linux's `MemAvailable` in
+/// /proc/meminfo, in bytes. `None` elsewhere or when it cannot be read (the allocation itself is
+/// then the only check).
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut parts = line.split_whitespace().skip(1);
+    let kib: u64 = parts.next()?.parse().ok()?;
+    match parts.next() {
+        Some("kB") => kib.checked_mul(1024),
+        _ => None,
+    }
 }
 
 pub fn build_engine(
@@ -172,6 +247,9 @@ pub fn build_engine(
     } else {
         executor(model, m, kv_spec(model, e)?, &e.kv_dtype)?
     };
+    if e.max_model_len == Some(0) {
+        bail!("--max-model-len must be at least 1");
+    }
     let kv = exec.kv_spec();
     let ctx = model.weights.config.max_position_embeddings;
     let max_model_len = e
@@ -192,4 +270,38 @@ pub fn build_engine(
             top_logprobs,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_from_meminfo() {
+        let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(parse_mem_available(text), Some(2 << 20));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+    }
+
+    #[test]
+    fn kv_cache_larger_than_memory_says_what_fits() {
+        // 1 MiB blocks, 10.5 MiB available: 10 blocks fit.
+        let avail = Some((10 << 20) + (1 << 19));
+        assert!(check_kv_fits(10, 1 << 20, avail).is_ok());
+        let e = check_kv_fits(11, 1 << 20, avail).unwrap_err().to_string();
+        assert!(
+            e.contains("needs 11 MiB")
+                && e.contains("--num-blocks 10")
+                && e.contains("--kv-cache-mb 10"),
+            "{e}"
+        );
+        let e = check_kv_fits(usize::MAX, 1 << 20, avail)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("overflows") && e.contains("--num-blocks 10"),
+            "{e}"
+        );
+        assert!(check_kv_fits(1 << 20, 1 << 20, None).is_ok());
+    }
 }

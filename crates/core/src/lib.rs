@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod config;
 pub mod default_model;
+pub mod fs;
 pub use config::{Architecture, ModelConfig, MoeConfig, RopeStyle};
 
 /// A token id in the model's vocabulary.

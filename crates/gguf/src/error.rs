@@ -15,17 +15,18 @@ use crate::types::GgmlType;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
-    /// The file could not be opened, mapped, read or written.
-    #[error("I/O error on {path:?}: {source}")]
+    /// The file could not be opened, mapped, read or written, or is not a regular file. The
+    /// message carries the I/O error's text; it is not also exposed as `source()`, so a chain of
+    /// causes printed by the caller does not repeat it.
+    #[error("I/O error on {path:?}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
-    /// Writing to a caller-supplied sink failed.
+    /// Writing to a caller-supplied sink failed (the I/O error's text is in the message only).
     #[error("I/O error while writing GGUF data: {0}")]
-    Write(#[source] std::io::Error),
+    Write(std::io::Error),
 
     /// The first four bytes are not `GGUF`.
     #[error("not a GGUF file: magic at offset 0 is {found:02x?}, expected \"GGUF\"")]

@@ -53,10 +53,19 @@ impl GgufFile {
     /// guard against.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.to_owned(),
-            source,
+            error,
         };
+        // Opening a FIFO would block until a writer appears: refuse anything but a regular file
+        // before opening it.
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file (a directory, FIFO or device cannot be a GGUF model)",
+            )));
+        }
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let storage = if len == 0 {

@@ -476,9 +476,9 @@ impl GgufWriter {
     /// Writes the file to `path` (created or truncated).
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.to_owned(),
-            source,
+            error,
         };
         let file = File::create(path).map_err(io)?;
         let mut w = BufWriter::new(file);
@@ -499,9 +499,9 @@ impl GgufWriter {
         F: FnMut(&TensorInfo, &mut dyn Write) -> io::Result<()>,
     {
         let path = path.as_ref();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.to_owned(),
-            source,
+            error,
         };
         let file = File::create(path).map_err(io)?;
         let mut w = BufWriter::with_capacity(STREAM_BUFFER, file);

@@ -14,6 +14,9 @@ pub use quire_core::default_model::{
 
 /// Loads a model from a GGUF file or an HF model folder (a directory with `config.json`).
 pub fn load(path: &std::path::Path) -> Result<LoadedModel, ModelError> {
+    if !path.is_dir() {
+        regular_file(path)?;
+    }
     if path.is_dir() {
         if !is_hf_folder(path) {
             return Err(ModelError::Io {
@@ -27,9 +30,21 @@ pub fn load(path: &std::path::Path) -> Result<LoadedModel, ModelError> {
     }
 }
 
+/// `Ok` when `path` is a regular file, else an error naming it and what it is (a FIFO would
+/// block the open forever). Every model file, shard, tokenizer and config is checked first.
+pub fn regular_file(path: &std::path::Path) -> Result<(), ModelError> {
+    quire_core::fs::regular_file(path).map_err(|e| ModelError::Io {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    })
+}
+
+/// Wrapped errors are either `transparent` (their message and causes are the inner error's) or
+/// carry the inner message in their own text without exposing it as `source()`: a caller printing
+/// the chain of causes (anyhow's `{:#}`) then shows each cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{0}")]
+    #[error(transparent)]
     Gguf(#[from] quire_gguf::GgufError),
     #[error("{path}: {msg}")]
     Io { path: String, msg: String },
@@ -42,9 +57,15 @@ pub enum ModelError {
     #[error("bad model: {0}")]
     Invalid(String),
     #[error("tokenizer: {0}")]
-    Tokenizer(#[from] quire_tokenizer::TokenizerError),
-    #[error("{0}")]
+    Tokenizer(quire_tokenizer::TokenizerError),
+    #[error(transparent)]
     Backend(#[from] quire_backend::BackendError),
-    #[error("{0}")]
+    #[error(transparent)]
     Fetch(#[from] quire_core::default_model::FetchError),
+}
+
+impl From<quire_tokenizer::TokenizerError> for ModelError {
+    fn from(e: quire_tokenizer::TokenizerError) -> Self {
+        ModelError::Tokenizer(e)
+    }
 }

@@ -92,6 +92,47 @@ pub struct CpuExecutor {
     prof: Profiler,
 }
 
+/// Element types whose all-zero bit pattern is the value zero.
+trait ZeroBits: Copy {}
+impl ZeroBits for f32 {}
+impl ZeroBits for f16 {}
+
+/// `n` zeros, or an out-of-memory error naming `what` when the allocator refuses (a plain `vec!`
+/// would abort the process). Zeroed pages come from the OS lazily, as with `vec![0; n]`, so a
+/// large cache costs memory only as it fills.
+fn zeroed_vec<T: ZeroBits>(n: usize, what: &str) -> Result<Vec<T>, BackendError> {
+    let oom = || BackendError::OutOfMemory(format!("cannot allocate the {what}"));
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| oom())?;
+    if layout.size() == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the layout has a nonzero size, as `alloc_zeroed` requires.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(oom());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `[T; n]` (so the Vec frees
+    // it with the same layout), and its `n` elements are initialized: all bytes are zero, which
+    // `ZeroBits` types accept as the value 0.
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// The K and V caches of every layer, `slots` zeros each.
+type KvLayers<T> = (Vec<Vec<T>>, Vec<Vec<T>>);
+
+fn kv_layers<T: ZeroBits>(
+    layers: usize,
+    slots: usize,
+    what: &str,
+) -> Result<KvLayers<T>, BackendError> {
+    let one = || {
+        (0..layers)
+            .map(|_| zeroed_vec(slots, what))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok((one()?, one()?))
+}
+
 fn vec_f32(t: &crate::HostTensor, len: usize) -> Result<Vec<f32>, BackendError> {
     if t.n_elements() != len {
         return Err(BackendError::Shape {
@@ -174,15 +215,23 @@ impl CpuExecutor {
             .checked_mul(kv.block_size)
             .and_then(|s| s.checked_mul(kvs))
             .ok_or_else(|| BackendError::OutOfMemory("KV cache size overflows".into()))?;
+        let what = |elem: usize| {
+            format!(
+                "KV cache of {} blocks of {} tokens ({} MiB per layer for K and for V)",
+                kv.num_blocks,
+                kv.block_size,
+                slots.saturating_mul(elem) >> 20
+            )
+        };
         let store = match opts.kv_dtype {
-            KvDtype::F32 => KvStore::F32(
-                (0..c.num_layers).map(|_| vec![0f32; slots]).collect(),
-                (0..c.num_layers).map(|_| vec![0f32; slots]).collect(),
-            ),
-            KvDtype::F16 => KvStore::F16(
-                (0..c.num_layers).map(|_| vec![f16::ZERO; slots]).collect(),
-                (0..c.num_layers).map(|_| vec![f16::ZERO; slots]).collect(),
-            ),
+            KvDtype::F32 => {
+                let (k, v) = kv_layers(c.num_layers, slots, &what(4))?;
+                KvStore::F32(k, v)
+            }
+            KvDtype::F16 => {
+                let (k, v) = kv_layers(c.num_layers, slots, &what(2))?;
+                KvStore::F16(k, v)
+            }
         };
         let team = Team::new(opts.threads.max(1));
         Ok(Self {
@@ -477,4 +526,22 @@ fn run_attn<T: KvElem>(
         v_cache,
         out,
     );
+}
+
+#[cfg(test)]
+mod alloc_tests {
+    use super::*;
+
+    #[test]
+    fn an_impossible_kv_cache_is_an_error_not_an_abort() {
+        let z: Vec<f32> = zeroed_vec(1000, "test").unwrap();
+        assert!(z.iter().all(|&x| x == 0.0));
+        // 2^60 f16s (2 EiB): no allocator grants it.
+        let e = zeroed_vec::<f16>(1 << 60, "KV cache").unwrap_err();
+        assert!(
+            e.to_string().contains("cannot allocate the KV cache"),
+            "{e}"
+        );
+        assert!(zeroed_vec::<f32>(usize::MAX, "x").is_err());
+    }
 }

@@ -237,9 +237,6 @@ pub fn parse(text: &str, has_tensor: &dyn Fn(&str) -> bool) -> Result<HfConfig, 
         moe,
     };
     config.validate().map_err(bad)?;
-    if config.num_layers > 4096 || config.hidden_size > 1 << 20 || config.vocab_size > 1 << 24 {
-        return Err(bad("implausibly large model dimensions"));
-    }
     if f.bool_opt("tie_word_embeddings")? == Some(false) && config.tie_word_embeddings {
         return Err(ModelError::MissingTensor(
             "lm_head.weight (tie_word_embeddings is false)".into(),

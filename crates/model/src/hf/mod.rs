@@ -27,10 +27,13 @@ use crate::{LoadedModel, ModelError, ModelMeta};
 
 /// Whether `path` looks like an HF model folder (a directory with a `config.json`).
 pub fn is_hf_folder(path: &Path) -> bool {
-    path.is_dir() && path.join("config.json").is_file()
+    // `exists`, not `is_file`: a config.json that is a FIFO or device is then refused by name
+    // when read, rather than the folder being called one without config.json.
+    path.is_dir() && path.join("config.json").exists()
 }
 
 fn read(path: &Path) -> Result<String, ModelError> {
+    crate::regular_file(path)?;
     std::fs::read_to_string(path).map_err(|e| ModelError::Io {
         path: path.display().to_string(),
         msg: e.to_string(),

@@ -51,6 +51,7 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> ModelError {
 }
 
 fn map(path: &Path) -> Result<Arc<MappedFile>, ModelError> {
+    crate::regular_file(path)?;
     let f = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
     // SAFETY: the file is opened read-only; as with any memory-mapped model, a concurrent writer
     // would change the weights under us, which the user is told not to do.
@@ -66,6 +67,7 @@ fn map(path: &Path) -> Result<Arc<MappedFile>, ModelError> {
 fn shard_names(dir: &Path) -> Result<Vec<String>, ModelError> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
+        crate::regular_file(&index)?;
         let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| io_err(&index, format!("bad JSON: {e}")))?;
