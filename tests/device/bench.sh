@@ -99,14 +99,31 @@ attn)
     done
     ;;
 table)
+    # One row per test in both result sets: B's and A's t/s (mean ± sd over repetitions) and B/A.
     a=${1:-peer}; b=${2:-new}
-    Q=$W/$b/quire; [ -x "$Q" ] || Q=$W/new/quire
-    for f in "$OUT"/bench-"$a"-*.json; do
-        other=${f/bench-$a-/bench-$b-}
-        [ -f "$other" ] || continue
-        echo "== $(basename "$f" .json | sed "s/bench-$a-//"): $b / $a"
-        "$Q" compare "$f" "$other" 2>&1 | grep -E "^\|"
-    done
+    python3 - "$OUT" "$a" "$b" <<'PY'
+import glob, json, os, sys
+out, a, b = sys.argv[1:]
+def load(path):
+    rows = {}
+    for r in json.load(open(path)):
+        p, g, d = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("n_depth", 0)
+        name = (f"pp{p}" if p else "") + ("+" if p and g else "") + (f"tg{g}" if g else "") + (f" @ d{d}" if d else "")
+        rows[name] = (r["avg_ts"], r.get("stddev_ts", 0.0), r.get("build_commit", "?"))
+    return rows
+print(f"| file | test | {a} t/s | {b} t/s | {b}/{a} |")
+print("|---|---|---:|---:|---:|")
+for fa in sorted(glob.glob(f"{out}/bench-{a}-*.json")):
+    fb = fa.replace(f"bench-{a}-", f"bench-{b}-")
+    if not os.path.exists(fb):
+        continue
+    ra, rb = load(fa), load(fb)
+    tag = os.path.basename(fa)[len(f"bench-{a}-"):-5]
+    for t in ra:
+        if t in rb:
+            (ma, sa, _), (mb, sb, _) = ra[t], rb[t]
+            print(f"| {tag} | {t} | {ma:,.1f} ± {sa:,.1f} | {mb:,.1f} ± {sb:,.1f} | {mb / ma:.3f} |")
+PY
     ;;
 *)
     sed -n '2,13p' "$0"; exit 2 ;;
