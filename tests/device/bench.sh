@@ -39,8 +39,12 @@ llamacpp)
 models)
     Q=$W/${1:-new}/quire
     [ -f "$F16" ] || "$Q" make-model --preset llama3-8b --dtype f16 "$F16" 2>&1 | tail -1
-    [ -f "$Q4KM" ] || "$LB/llama-quantize" "$F16" "$Q4KM" Q4_K_M > "$OUT/quantize.log" 2>&1
     [ -f "$MOE" ] || "$Q" make-model --preset qwen3-30b-a3b --dtype q4_0 "$MOE" 2>&1 | tail -1
+    if [ -x "$LB/llama-quantize" ]; then
+        [ -f "$Q4KM" ] || "$LB/llama-quantize" "$F16" "$Q4KM" Q4_K_M > "$OUT/quantize.log" 2>&1
+    else
+        echo "no llama-quantize yet: run 'bench.sh llamacpp', then 'models' again for $Q4KM"
+    fi
     ls -la "$W"/*.gguf
     ;;
 peer)
