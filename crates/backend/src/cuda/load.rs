@@ -302,7 +302,13 @@ impl CudaExecutor {
             l.k_cache = gpu.alloc::<f16>(slots)?;
             l.v_cache = gpu.alloc::<f16>(slots)?;
         }
-        let max_pos = c.max_position_embeddings.min(num_blocks * bs).max(1);
+        // Positions the RoPE table covers: the trained context, unless the caller sized the pool
+        // itself (`bench -d` past the trained context, as llama.cpp allows, with a warning there).
+        let max_pos = match opts.num_blocks {
+            Some(_) => num_blocks * bs,
+            None => c.max_position_embeddings.min(num_blocks * bs),
+        }
+        .max(1);
         let rope_cs = rope_table(&gpu, c, w, max_pos)?;
         gpu.sync()?;
         let wdq = match wdq {
