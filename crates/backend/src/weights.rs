@@ -264,3 +264,92 @@ impl ModelWeights {
         Ok(w)
     }
 }
+
+impl ModelWeights {
+    /// The checks every backend makes before it uploads or packs anything: the config is sane,
+    /// there is one set of weights per layer, Q/K/V biases come together, and every tensor holds
+    /// the number of elements its role needs (so a kernel never reads past a tensor's bytes).
+    pub fn check(&self) -> Result<(), crate::BackendError> {
+        let c = &self.config;
+        c.validate().map_err(crate::BackendError::Config)?;
+        if self.layers.len() != c.num_layers {
+            return Err(crate::BackendError::Config(format!(
+                "config says {} layers, weights have {}",
+                c.num_layers,
+                self.layers.len()
+            )));
+        }
+        let (hd, qs, kvs) = (c.hidden_size, c.q_size(), c.kv_size());
+        let count = |t: &HostTensor, want: Option<usize>| -> Result<(), crate::BackendError> {
+            match want {
+                Some(n) if t.n_elements() == n => Ok(()),
+                _ => Err(crate::BackendError::Config(format!(
+                    "tensor {} has {} elements {:?}, its role needs {}",
+                    t.name,
+                    t.n_elements(),
+                    t.dims,
+                    want.map_or("more than fit in memory".into(), |n| n.to_string())
+                ))),
+            }
+        };
+        count(&self.tok_embd, hd.checked_mul(c.vocab_size))?;
+        count(&self.output_norm, Some(hd))?;
+        if let Some(o) = &self.output {
+            count(o, hd.checked_mul(c.vocab_size))?;
+        }
+        for l in &self.layers {
+            count(&l.attn_norm, Some(hd))?;
+            count(&l.ffn_norm, Some(hd))?;
+            count(&l.wq, hd.checked_mul(qs))?;
+            count(&l.wk, hd.checked_mul(kvs))?;
+            count(&l.wv, hd.checked_mul(kvs))?;
+            count(&l.wo, qs.checked_mul(hd))?;
+            match (&l.bq, &l.bk, &l.bv) {
+                (Some(bq), Some(bk), Some(bv)) => {
+                    count(bq, Some(qs))?;
+                    count(bk, Some(kvs))?;
+                    count(bv, Some(kvs))?;
+                }
+                (None, None, None) => {}
+                _ => {
+                    return Err(crate::BackendError::Config(
+                        "Q, K and V biases must come together".into(),
+                    ))
+                }
+            }
+            for n in [&l.q_norm, &l.k_norm].into_iter().flatten() {
+                count(n, Some(c.head_dim))?;
+            }
+            match (&l.ffn, &c.moe) {
+                (
+                    FfnWeights::Dense {
+                        w_gate,
+                        w_up,
+                        w_down,
+                    },
+                    _,
+                ) => {
+                    let n = hd.checked_mul(c.intermediate_size);
+                    count(w_gate, n)?;
+                    count(w_up, n)?;
+                    count(w_down, n)?;
+                }
+                (FfnWeights::Moe(m), Some(mc)) => {
+                    count(&m.gate_inp, hd.checked_mul(mc.num_experts))?;
+                    let n = hd
+                        .checked_mul(mc.expert_intermediate_size)
+                        .and_then(|n| n.checked_mul(mc.num_experts));
+                    count(&m.gate_exps, n)?;
+                    count(&m.up_exps, n)?;
+                    count(&m.down_exps, n)?;
+                }
+                (FfnWeights::Moe(_), None) => {
+                    return Err(crate::BackendError::Config(
+                        "expert weights in a model whose config has no experts".into(),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}

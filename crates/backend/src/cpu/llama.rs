@@ -147,7 +147,7 @@ fn vec_f32(t: &crate::HostTensor, len: usize) -> Result<Vec<f32>, BackendError> 
 impl CpuExecutor {
     pub fn new(w: &ModelWeights, kv: KvCacheSpec, opts: CpuOptions) -> Result<Self, BackendError> {
         let c = &w.config;
-        c.validate().map_err(BackendError::Config)?;
+        w.check()?;
         if !kv.block_size.is_power_of_two() || kv.block_size > 128 || kv.num_blocks == 0 {
             return Err(BackendError::Config(format!(
                 "block size must be a power of two up to 128 and the cache non-empty (got {} blocks of {})",
@@ -202,13 +202,6 @@ impl CpuExecutor {
                 ffn_norm: vec_f32(&l.ffn_norm, hd)?,
                 ffn: Ffn::new(&l.ffn, c)?,
             });
-        }
-        if layers.len() != c.num_layers {
-            return Err(BackendError::Config(format!(
-                "config says {} layers, weights have {}",
-                c.num_layers,
-                layers.len()
-            )));
         }
         let slots = kv
             .num_blocks

@@ -38,7 +38,7 @@ fn upload_vec(gpu: &Gpu, t: &HostTensor, len: usize) -> Result<DBuf<f32>, Backen
 
 /// Fails on a model or block size the kernels do not support.
 fn check_shapes(c: &ModelConfig, w: &ModelWeights, bs: usize) -> Result<(), BackendError> {
-    c.validate().map_err(BackendError::Config)?;
+    w.check()?;
     if !matches!(bs, 16 | 32 | 64 | 128) {
         return Err(BackendError::Config(format!(
             "block size must be 16, 32, 64 or 128 (got {bs})"
@@ -54,13 +54,6 @@ fn check_shapes(c: &ModelConfig, w: &ModelWeights, bs: usize) -> Result<(), Back
     if gqa > 8 {
         return Err(BackendError::Config(format!(
             "the CUDA backend supports up to 8 query heads per KV head (got {gqa})"
-        )));
-    }
-    if w.layers.len() != c.num_layers {
-        return Err(BackendError::Config(format!(
-            "config says {} layers, weights have {}",
-            c.num_layers,
-            w.layers.len()
         )));
     }
     Ok(())
