@@ -173,7 +173,7 @@ pub fn kv_spec(model: &LoadedModel, e: &EngineArgs) -> Result<KvCacheSpec> {
         .context("KV-cache block size overflows")?;
     let num_blocks = match e.num_blocks {
         Some(n) => n,
-        None => e.kv_cache_mb.checked_mul(1 << 20).unwrap_or(usize::MAX) / block_bytes,
+        None => e.kv_cache_mb.saturating_mul(1 << 20) / block_bytes,
     };
     if num_blocks == 0 {
         bail!("the KV cache holds no block: raise --kv-cache-mb or --num-blocks");
@@ -190,7 +190,7 @@ pub fn kv_spec(model: &LoadedModel, e: &EngineArgs) -> Result<KvCacheSpec> {
 pub fn check_kv_fits(num_blocks: usize, block_bytes: usize, avail: Option<u64>) -> Result<()> {
     let fit = |avail: u64| {
         let blocks = avail / block_bytes as u64;
-        let mb = blocks * block_bytes as u64 >> 20;
+        let mb = (blocks * block_bytes as u64) >> 20;
         format!("at most {blocks} blocks fit (--num-blocks {blocks}, or --kv-cache-mb {mb})")
     };
     let Some(total) = num_blocks.checked_mul(block_bytes) else {
