@@ -7,17 +7,26 @@ use half::f16;
 use quire_backend::cpu::attention::{paged_attention, AttnParams};
 use quire_backend::cpu::team::Team;
 use quire_backend::SeqBatch;
-use quire_core::BlockId;
+use quire_testkit::paged::{PagedBatch, PagedCase};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse().expect("numeric arguments"))
-        .collect();
+    let args: Result<Vec<usize>, _> = std::env::args().skip(1).map(|a| a.parse()).collect();
+    let args = args.unwrap_or_default();
     let tokens = args.first().copied().unwrap_or(512);
     let threads = args.get(1).copied().unwrap_or(2);
     let reps = args.get(2).copied().unwrap_or(20);
+    if args.len() != std::env::args().len() - 1
+        || args.len() > 3
+        || [tokens, threads, reps].contains(&0)
+    {
+        eprintln!(
+            "usage: attn_prefill_bench [tokens] [threads] [reps] (whole numbers, at least 1)"
+        );
+        std::process::exit(2);
+    }
     let (heads, kv_heads, d, bs) = (9, 3, 64, 16);
     let p = AttnParams {
         num_heads: heads,
@@ -30,31 +39,31 @@ fn main() {
     };
     let kv_row = kv_heads * d;
     let q_row = heads * d;
-    // A cheap deterministic generator (xorshift) in -1..1.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    };
-    let nblocks = tokens.div_ceil(bs);
-    // Blocks in reverse order: non-contiguous, as a paged cache is.
-    let table: Vec<BlockId> = (0..nblocks as u32).rev().map(BlockId).collect();
-    let q: Vec<f32> = (0..tokens * q_row).map(|_| 2.0 * rnd()).collect();
-    let k_new: Vec<f32> = (0..tokens * kv_row).map(|_| rnd()).collect();
-    let v_new: Vec<f32> = (0..tokens * kv_row).map(|_| rnd()).collect();
-    let slots: Vec<u32> = (0..tokens)
-        .map(|t| quire_core::slot(&table, t, bs) as u32)
+    // One fresh prompt, its blocks scattered as in a paged cache (quire-testkit's generator, the
+    // one the attention tests use); the kernel writes its K/V into the NaN-poisoned slots.
+    let mut rng = StdRng::seed_from_u64(1);
+    let PagedBatch {
+        seqs: gen_seqs,
+        slot_mapping,
+        k_new,
+        v_new,
+        mut k_cache,
+        mut v_cache,
+        ..
+    } = PagedCase {
+        spare_blocks: 0,
+        ..PagedCase::new(bs, kv_row, &[(0, tokens)])
+    }
+    .generate::<f16>(&mut rng);
+    let q: Vec<f32> = (0..tokens * q_row)
+        .map(|_| rng.random_range(-2.0..2.0))
         .collect();
     let seqs = [SeqBatch {
         query_start: 0,
         query_len: tokens,
         seq_len: tokens,
-        block_table: &table,
+        block_table: &gen_seqs[0].block_table,
     }];
-    let mut k_cache = vec![f16::from_f32(f32::NAN); nblocks * bs * kv_row];
-    let mut v_cache = k_cache.clone();
     let mut out = vec![0f32; tokens * q_row];
     let team = Team::new(threads);
     let mut ms = Vec::new();
@@ -68,7 +77,7 @@ fn main() {
             &k_new,
             &v_new,
             kv_row,
-            &slots,
+            &slot_mapping,
             &seqs,
             &mut k_cache,
             &mut v_cache,

@@ -1,9 +1,10 @@
 //! `quire attn-bench`: the paged attention kernel on its own. It builds random sequences whose KV
-//! blocks are scattered over a shared pool (shuffled block ids, every unused slot NaN-poisoned so
-//! a wrong read cannot go unnoticed), checks the kernel against the dense f64 reference, then
-//! times every dispatch of the paged kernel and of a dense one (each sequence's K/V contiguous,
-//! no block table, same online-softmax algorithm and work split), so the cost of paging is the
-//! difference between the two. One CSV row per dispatch; the summary separates the first (cold)
+//! blocks are scattered over a shared pool (quire-testkit's generator, the one the attention tests
+//! use: shuffled block ids, every unused slot NaN-poisoned so a wrong read cannot go unnoticed),
+//! checks the kernel against the dense f64 reference, then times every dispatch of the paged
+//! kernel and of a dense one (the same batch with each sequence's blocks consecutive, same
+//! online-softmax algorithm and work split), so the cost of paging is the difference between the
+//! two. One CSV row per dispatch; the summary separates the first (cold)
 //! dispatches from the steady state.
 
 use std::path::PathBuf;
@@ -14,10 +15,10 @@ use clap::Args;
 use half::f16;
 use quire_backend::cpu::attention::{dense_reference, paged_attention, AttnParams, KvElem};
 use quire_backend::SeqBatch;
-use quire_core::BlockId;
 use quire_perf::output::csv_line;
 use quire_perf::{RunStamp, Summary, Table};
-use rand::seq::SliceRandom;
+use quire_testkit::paged::{CacheElem, PagedBatch, PagedCase, PagedSeq};
+use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
@@ -96,72 +97,80 @@ impl KvElem for Bf16 {
     }
 }
 
-/// A sequence of the dispatch: where its new tokens are and how long its context is.
-#[derive(Clone, Copy)]
-struct Seq {
-    query_start: usize,
-    query_len: usize,
-    seq_len: usize,
+impl CacheElem for Bf16 {
+    fn from_f32(x: f32) -> Self {
+        <Self as KvElem>::from_f32(x)
+    }
+    fn to_f32(self) -> f32 {
+        <Self as KvElem>::to_f32(self)
+    }
 }
 
-/// Dense attention: sequence `s` keeps its K/V rows contiguous and in order at
-/// `[s * cap, s * cap + seq_len)`, read by the same kernel through the identity block table, so
-/// the paged/dense ratio is the cost of scattered blocks alone.
-#[allow(clippy::too_many_arguments)]
-fn dense_attention<T: KvElem>(
-    pool: &rayon::ThreadPool,
-    p: &AttnParams,
-    q: &[f32],
-    k_new: &[f32],
-    v_new: &[f32],
-    seqs: &[Seq],
-    token_seq: &[usize],
-    cap: usize,
-    k: &mut [T],
-    v: &mut [T],
-    out: &mut [f32],
-) {
-    let bs = p.block_size;
-    let tables: Vec<Vec<BlockId>> = (0..seqs.len())
-        .map(|si| {
-            (0..cap / bs)
-                .map(|i| BlockId((si * cap / bs + i) as u32))
-                .collect()
-        })
-        .collect();
-    let slots: Vec<u32> = token_seq
-        .iter()
-        .enumerate()
-        .map(|(t, &si)| {
-            let s = seqs[si];
-            (si * cap + s.seq_len - s.query_len + (t - s.query_start)) as u32
-        })
-        .collect();
-    let sb: Vec<SeqBatch> = seqs
-        .iter()
-        .zip(&tables)
-        .map(|(s, t)| SeqBatch {
+/// The batch's sequences as the kernels take them.
+pub(crate) fn seq_batches(seqs: &[PagedSeq]) -> Vec<SeqBatch<'_>> {
+    seqs.iter()
+        .map(|s| SeqBatch {
             query_start: s.query_start,
             query_len: s.query_len,
             seq_len: s.seq_len,
-            block_table: t,
+            block_table: &s.block_table,
         })
-        .collect();
-    let kv_row = p.num_kv_heads * p.head_dim;
-    paged_attention(
-        pool,
-        p,
-        q,
-        p.num_heads * p.head_dim,
+        .collect()
+}
+
+/// The random batch every attn-bench dispatch runs (quire-testkit's generator, as the attention
+/// tests use): `batch` sequences of `seq_len` tokens, the last `qlen` of them new, each taking
+/// its blocks from a shuffled pool of batch × max-blocks (the rest spare, every unused slot NaN).
+pub(crate) fn bench_batch<T: CacheElem>(
+    a: &AttnBenchArgs,
+    qlen: usize,
+    rng: &mut StdRng,
+) -> PagedBatch<T> {
+    let seq_len = a.active_blocks * a.block_size;
+    let seqs = vec![(seq_len - qlen, qlen); a.batch];
+    PagedCase {
+        spare_blocks: a.batch * (a.max_blocks - a.active_blocks),
+        ..PagedCase::new(a.block_size, a.kv_heads * a.head_dim, &seqs)
+    }
+    .generate(rng)
+}
+
+/// One dispatch of the CPU kernel over `g`: the paged layout, or its contiguous copy for the
+/// dense run (same kernel, same work split, so paged / dense is the cost of the block tables).
+fn kernel<'a, T: KvElem>(
+    pool: &'a rayon::ThreadPool,
+    p: &'a AttnParams,
+    q: &'a [f32],
+    g: &'a mut PagedBatch<T>,
+) -> impl FnMut(&mut [f32]) + 'a {
+    let PagedBatch {
+        seqs,
+        slot_mapping,
         k_new,
         v_new,
+        k_cache,
+        v_cache,
         kv_row,
-        &slots,
-        &sb,
-        k,
-        v,
-        out,
-    );
+        ..
+    } = g;
+    let sb = seq_batches(seqs);
+    let q_row = p.num_heads * p.head_dim;
+    move |out: &mut [f32]| {
+        paged_attention(
+            pool,
+            p,
+            q,
+            q_row,
+            k_new,
+            v_new,
+            *kv_row,
+            slot_mapping,
+            &sb,
+            k_cache,
+            v_cache,
+            out,
+        )
+    }
 }
 
 /// (max absolute error, max absolute error ÷ max |reference|); NaN when any output is NaN.
@@ -251,7 +260,7 @@ pub fn run(a: AttnBenchArgs) -> Result<()> {
     }
 }
 
-fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
+fn bench<T: KvElem + CacheElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
     let stamp = RunStamp::collect();
     if let Some(w) = stamp.busy_warning() {
         eprintln!("{w}");
@@ -264,7 +273,7 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
         .num_threads(threads)
         .build()
         .context("thread pool")?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let mut rng = StdRng::seed_from_u64(a.seed);
     let (b, d, bs) = (a.batch, a.head_dim, a.block_size);
     let kv_row = a.kv_heads * d;
     let q_row = a.q_heads * d;
@@ -280,116 +289,25 @@ fn bench<T: KvElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
         f16_accum: a.f16_accum,
         sliding_window: None,
     };
-    // Shuffled pool of batch × max-blocks blocks; each sequence takes active-blocks of them.
-    let pool_blocks = b * a.max_blocks;
-    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
-    ids.shuffle(&mut rng);
-    let tables: Vec<Vec<BlockId>> = (0..b)
-        .map(|i| {
-            ids[i * a.active_blocks..(i + 1) * a.active_blocks]
-                .iter()
-                .map(|&x| BlockId(x))
-                .collect()
-        })
-        .collect();
-    let rnd = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<f32> {
-        // Rounded through the storage type so the reference sees what the cache holds.
-        (0..n)
-            .map(|_| T::from_f32(rng.random_range(-1.0..1.0)).to_f32())
-            .collect()
-    };
-    let full_k: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
-    let full_v: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
+    let mut paged_batch = bench_batch::<T>(a, qlen, &mut rng);
+    let mut dense_batch = paged_batch.contiguous();
+    let pool_blocks = paged_batch.num_blocks;
     let q: Vec<f32> = (0..tokens * q_row)
         .map(|_| rng.random_range(-2.0..2.0))
         .collect();
-    let nan = T::from_f32(f32::NAN);
-    let mut k_cache = vec![nan; pool_blocks * bs * kv_row];
-    let mut v_cache = k_cache.clone();
-    let mut k_dense = vec![nan; b * seq_len * kv_row];
-    let mut v_dense = k_dense.clone();
-    let (mut k_new, mut v_new) = (Vec::new(), Vec::new());
-    let mut slots = Vec::new();
-    let mut seqs = Vec::new();
-    let mut token_seq = Vec::new();
-    for (i, table) in tables.iter().enumerate() {
-        let cached = seq_len - qlen;
-        for pos in 0..seq_len {
-            let src = &full_k[i][pos * kv_row..(pos + 1) * kv_row];
-            let srcv = &full_v[i][pos * kv_row..(pos + 1) * kv_row];
-            if pos < cached {
-                let slot = quire_core::slot(table, pos, bs);
-                let dense = i * seq_len + pos;
-                for j in 0..kv_row {
-                    k_cache[slot * kv_row + j] = T::from_f32(src[j]);
-                    v_cache[slot * kv_row + j] = T::from_f32(srcv[j]);
-                    k_dense[dense * kv_row + j] = T::from_f32(src[j]);
-                    v_dense[dense * kv_row + j] = T::from_f32(srcv[j]);
-                }
-            } else {
-                k_new.extend_from_slice(src);
-                v_new.extend_from_slice(srcv);
-                slots.push(quire_core::slot(table, pos, bs) as u32);
-                token_seq.push(i);
-            }
-        }
-        seqs.push(Seq {
-            query_start: i * qlen,
-            query_len: qlen,
-            seq_len,
-        });
-    }
-    let seq_batch: Vec<SeqBatch> = seqs
-        .iter()
-        .zip(&tables)
-        .map(|(s, t)| SeqBatch {
-            query_start: s.query_start,
-            query_len: s.query_len,
-            seq_len: s.seq_len,
-            block_table: t,
-        })
-        .collect();
     let mut out = vec![0f32; tokens * q_row];
-    let mut paged = |out: &mut [f32]| {
-        paged_attention(
-            &pool,
-            &p,
-            &q,
-            q_row,
-            &k_new,
-            &v_new,
-            kv_row,
-            &slots,
-            &seq_batch,
-            &mut k_cache,
-            &mut v_cache,
-            out,
-        )
-    };
-    let mut dense = |out: &mut [f32]| {
-        dense_attention(
-            &pool,
-            &p,
-            &q,
-            &k_new,
-            &v_new,
-            &seqs,
-            &token_seq,
-            seq_len,
-            &mut k_dense,
-            &mut v_dense,
-            out,
-        )
-    };
 
     // Parity against the f64 reference, sequence by sequence.
     let reference: Vec<f64> = (0..b)
         .into_par_iter()
         .flat_map_iter(|i| {
             let qs = &q[i * qlen * q_row..(i + 1) * qlen * q_row];
-            dense_reference(&p, qs, &full_k[i], &full_v[i], seq_len)
+            let s = &paged_batch.seqs[i];
+            dense_reference(&p, qs, &s.keys, &s.values, seq_len)
         })
         .collect();
+    let mut paged = kernel(&pool, &p, &q, &mut paged_batch);
+    let mut dense = kernel(&pool, &p, &q, &mut dense_batch);
     let mut parity = Vec::new();
     for (name, kernel) in [
         ("paged", &mut paged as &mut dyn FnMut(&mut [f32])),

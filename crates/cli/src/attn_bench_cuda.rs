@@ -1,5 +1,6 @@
 //! `quire attn-bench --backend cuda`: the CUDA paged attention kernel on its own, with the same
-//! random scattered-block batches as the CPU path (shuffled block ids, unused slots NaN), parity
+//! random scattered-block batches as the CPU path and the attention tests (quire-testkit's
+//! generator: shuffled block ids, unused slots NaN), parity
 //! against the dense f64 reference, and every dispatch timed with CUDA events. "dense" is the same
 //! kernel over each sequence's blocks laid out contiguously, so paged / dense is the cost of paging.
 //! The launch is planned as the engine plans it: decode mode (query_len 1) times `paged_decode`,
@@ -11,14 +12,13 @@ use half::f16;
 use quire_backend::cpu::attention::{dense_reference, AttnParams};
 use quire_backend::cuda::attention::{HostRun, PagedAttention};
 use quire_backend::cuda::gpu::{EventFlags, Gpu};
-use quire_backend::{ForwardBatch, SeqBatch};
-use quire_core::BlockId;
+use quire_backend::ForwardBatch;
 use quire_perf::{RunStamp, Summary, Table};
-use rand::seq::SliceRandom;
+use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
-use crate::attn_bench::{dispatch_csv, AttnBenchArgs};
+use crate::attn_bench::{bench_batch, dispatch_csv, seq_batches, AttnBenchArgs};
 
 pub fn run(a: &AttnBenchArgs) -> Result<()> {
     if !matches!(
@@ -38,7 +38,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     let stamp = RunStamp::collect();
     let g = Gpu::new(0)?;
     let attn = PagedAttention::new(&g, a.q_heads, a.kv_heads, a.head_dim)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let mut rng = StdRng::seed_from_u64(a.seed);
     let (b, d, bs) = (a.batch, a.head_dim, a.block_size);
     let kv_row = a.kv_heads * d;
     let q_row = a.q_heads * d;
@@ -50,39 +50,16 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     };
     let tokens = b * qlen;
     let stride = q_row + 2 * kv_row;
-    let pool_blocks = b * a.max_blocks;
-    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
-    ids.shuffle(&mut rng);
-    let paged_tables: Vec<Vec<BlockId>> = (0..b)
-        .map(|i| {
-            ids[i * a.active_blocks..(i + 1) * a.active_blocks]
-                .iter()
-                .map(|&x| BlockId(x))
-                .collect()
-        })
-        .collect();
-    let dense_tables: Vec<Vec<BlockId>> = (0..b)
-        .map(|i| {
-            (0..a.active_blocks)
-                .map(|j| BlockId((i * a.max_blocks + j) as u32))
-                .collect()
-        })
-        .collect();
-    let rnd = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| f16::from_f32(rng.random_range(-1.0..1.0)).to_f32())
-            .collect()
-    };
-    let full_k: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
-    let full_v: Vec<Vec<f32>> = (0..b).map(|_| rnd(&mut rng, seq_len * kv_row)).collect();
+    let paged_batch = bench_batch::<f16>(a, qlen, &mut rng);
+    let dense_batch = paged_batch.contiguous();
+    // One row per new token: Q, then its K and V (the layout the engine's QKV projection writes).
     let mut qkv = vec![0f32; tokens * stride];
     for (t, row) in qkv.chunks_exact_mut(stride).enumerate() {
-        let (i, pos) = (t / qlen, seq_len - qlen + t % qlen);
         for x in &mut row[..q_row] {
             *x = rng.random_range(-2.0..2.0);
         }
-        row[q_row..q_row + kv_row].copy_from_slice(&full_k[i][pos * kv_row..(pos + 1) * kv_row]);
-        row[q_row + kv_row..].copy_from_slice(&full_v[i][pos * kv_row..(pos + 1) * kv_row]);
+        row[q_row..q_row + kv_row].copy_from_slice(&paged_batch.k_new[t * kv_row..][..kv_row]);
+        row[q_row + kv_row..].copy_from_slice(&paged_batch.v_new[t * kv_row..][..kv_row]);
     }
     let p = AttnParams {
         num_heads: a.q_heads,
@@ -99,7 +76,8 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
             let q: Vec<f32> = (0..qlen)
                 .flat_map(|t| qkv[(i * qlen + t) * stride..][..q_row].to_vec())
                 .collect();
-            dense_reference(&p, &q, &full_k[i], &full_v[i], seq_len)
+            let s = &paged_batch.seqs[i];
+            dense_reference(&p, &q, &s.keys, &s.values, seq_len)
         })
         .collect();
 
@@ -111,44 +89,26 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     let mut times: Vec<(&str, Vec<f64>)> = vec![];
     let mut parity = vec![];
     let mut plan = None;
-    for (name, tables) in [("paged", &paged_tables), ("dense", &dense_tables)] {
-        let nan = f16::from_f32(f32::NAN);
-        let mut k_cache = vec![nan; pool_blocks * bs * kv_row];
-        let mut v_cache = k_cache.clone();
-        let (mut pos, mut slots, mut toks) = (vec![], vec![], vec![]);
-        for (i, t) in tables.iter().enumerate() {
-            for ps in 0..seq_len {
-                let slot = quire_core::slot(t, ps, bs);
-                if ps < seq_len - qlen {
-                    for j in 0..kv_row {
-                        k_cache[slot * kv_row + j] = f16::from_f32(full_k[i][ps * kv_row + j]);
-                        v_cache[slot * kv_row + j] = f16::from_f32(full_v[i][ps * kv_row + j]);
-                    }
-                } else {
-                    pos.push(ps as u32);
-                    slots.push(slot as u32);
-                    toks.push(0u32);
-                }
-            }
-        }
-        let seqs: Vec<SeqBatch> = tables
-            .iter()
-            .enumerate()
-            .map(|(i, t)| SeqBatch {
-                query_start: i * qlen,
-                query_len: qlen,
-                seq_len,
-                block_table: t,
-            })
-            .collect();
+    let toks = vec![0u32; tokens];
+    for (name, gen) in [("paged", &paged_batch), ("dense", &dense_batch)] {
+        let seqs = seq_batches(&gen.seqs);
         let batch = ForwardBatch {
             token_ids: &toks,
-            positions: &pos,
-            slot_mapping: &slots,
+            positions: &gen.positions,
+            slot_mapping: &gen.slot_mapping,
             seqs: &seqs,
             logits_indices: &[],
         };
-        let run = HostRun::new(&g, &attn, &qkv, stride, &batch, bs, &k_cache, &v_cache)?;
+        let run = HostRun::new(
+            &g,
+            &attn,
+            &qkv,
+            stride,
+            &batch,
+            bs,
+            &gen.k_cache,
+            &gen.v_cache,
+        )?;
         plan = Some((run.plan, run.layout.num_tiles));
         run.launch(&g, &attn)?;
         let (out, _, _) = run.read(&g)?;

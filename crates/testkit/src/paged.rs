@@ -90,6 +90,9 @@ pub struct PagedSeq {
 #[derive(Debug, Clone)]
 pub struct PagedBatch<T> {
     pub num_blocks: usize,
+    pub block_size: usize,
+    /// Elements of one token's K (or V) row.
+    pub kv_row: usize,
     pub seqs: Vec<PagedSeq>,
     /// Position and cache slot of each new token, in batch order.
     pub positions: Vec<u32>,
@@ -109,6 +112,54 @@ impl<T> PagedBatch<T> {
     }
 }
 
+impl<T: Copy> PagedBatch<T> {
+    /// The same batch laid out without paging's scatter: each sequence's blocks consecutive and in
+    /// logical order, sequence after sequence, and no spare blocks. Every slot keeps its content
+    /// (poisoned ones stay NaN), so a kernel run over both layouts reads the same data and the
+    /// difference in time is the cost of the scattered tables alone (the benches' "dense" run).
+    pub fn contiguous(&self) -> PagedBatch<T> {
+        let (bs, row) = (self.block_size, self.kv_row);
+        let num_blocks: usize = self.seqs.iter().map(|s| s.block_table.len()).sum();
+        let (mut k_cache, mut v_cache) = (Vec::new(), Vec::new());
+        let mut seqs = Vec::with_capacity(self.seqs.len());
+        let mut slot_mapping = Vec::with_capacity(self.tokens());
+        let mut first = 0;
+        for s in &self.seqs {
+            for b in &s.block_table {
+                let blk = b.as_usize() * bs * row..(b.as_usize() + 1) * bs * row;
+                k_cache.extend_from_slice(&self.k_cache[blk.clone()]);
+                v_cache.extend_from_slice(&self.v_cache[blk]);
+            }
+            let block_table: Vec<BlockId> = (first..first + s.block_table.len())
+                .map(|i| BlockId(i as u32))
+                .collect();
+            first += s.block_table.len();
+            let positions = &self.positions[s.query_start..s.query_start + s.query_len];
+            slot_mapping.extend(
+                positions
+                    .iter()
+                    .map(|&p| quire_core::slot(&block_table, p as usize, bs) as u32),
+            );
+            seqs.push(PagedSeq {
+                block_table,
+                ..s.clone()
+            });
+        }
+        PagedBatch {
+            num_blocks,
+            block_size: bs,
+            kv_row: row,
+            seqs,
+            positions: self.positions.clone(),
+            slot_mapping,
+            k_new: self.k_new.clone(),
+            v_new: self.v_new.clone(),
+            k_cache,
+            v_cache,
+        }
+    }
+}
+
 impl PagedCase {
     pub fn generate<T: CacheElem>(&self, rng: &mut StdRng) -> PagedBatch<T> {
         let (bs, row) = (self.block_size, self.kv_row);
@@ -123,6 +174,8 @@ impl PagedCase {
         let nan = T::from_f32(f32::NAN);
         let mut b = PagedBatch {
             num_blocks,
+            block_size: bs,
+            kv_row: row,
             seqs: Vec::with_capacity(self.seqs.len()),
             positions: vec![],
             slot_mapping: vec![],
@@ -220,5 +273,48 @@ mod tests {
         let again: PagedBatch<f16> = case.generate(&mut StdRng::seed_from_u64(1));
         assert_eq!(again.slot_mapping, b.slot_mapping);
         assert_eq!(again.seqs[2].values, b.seqs[2].values);
+    }
+
+    #[test]
+    fn contiguous_layout_holds_the_same_rows_in_order() {
+        let case = PagedCase {
+            new_in_cache: true,
+            ..PagedCase::new(4, 2, &[(5, 2), (0, 3), (9, 1)])
+        };
+        let b: PagedBatch<f32> = case.generate(&mut StdRng::seed_from_u64(7));
+        let d = b.contiguous();
+        // Tables 0..2, 2..3, 3..6: consecutive, sequence after sequence, no spare blocks.
+        let tables: Vec<Vec<u32>> = d
+            .seqs
+            .iter()
+            .map(|s| s.block_table.iter().map(|x| x.0).collect())
+            .collect();
+        assert_eq!(tables, [vec![0, 1], vec![2], vec![3, 4, 5]]);
+        assert_eq!((d.num_blocks, d.k_cache.len()), (6, 6 * 4 * 2));
+        assert_eq!(d.positions, b.positions);
+        // Every position of every sequence reads the same K/V (NaN stays NaN) in both layouts,
+        // and each new token's slot is where its position now lives.
+        for (sb, sd) in b.seqs.iter().zip(&d.seqs) {
+            for pos in 0..sb.block_table.len() * 4 {
+                let (ps, ds) = (
+                    quire_core::slot(&sb.block_table, pos, 4),
+                    quire_core::slot(&sd.block_table, pos, 4),
+                );
+                for i in 0..2 {
+                    let (x, y) = (b.v_cache[ps * 2 + i], d.v_cache[ds * 2 + i]);
+                    assert_eq!(x.to_bits(), y.to_bits(), "pos {pos}");
+                    assert_eq!(
+                        b.k_cache[ps * 2 + i].to_bits(),
+                        d.k_cache[ds * 2 + i].to_bits()
+                    );
+                }
+            }
+            for t in sd.query_start..sd.query_start + sd.query_len {
+                let pos = d.positions[t] as usize;
+                let slot = quire_core::slot(&sd.block_table, pos, 4) as u32;
+                assert_eq!(d.slot_mapping[t], slot, "token {t}");
+            }
+        }
+        assert_eq!(d.k_cache[(2 * 4) * 2..(2 * 4 + 3) * 2], b.seqs[1].keys[..]);
     }
 }
