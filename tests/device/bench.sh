@@ -14,7 +14,9 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 F16=$W/llama3-8b-f16.gguf
-Q4KM=$W/llama3-8b-q4_k_m.gguf
+# Q4KM may name another 4-bit K-quant file (e.g. one from `quire quantize --type q4_k`) where
+# llama-quantize is not built.
+Q4KM=${Q4KM:-$W/llama3-8b-q4_k_m.gguf}
 MOE=$W/qwen3-30b-a3b-q4_0.gguf
 REPS=${REPS:-3}
 
@@ -27,7 +29,8 @@ case "$cmd" in
 llamacpp)
     [ -x "$LB/llama-bench" ] && { echo "llama.cpp already built"; exit 0; }
     mkdir -p /root/lc && tar -xJf .dev/llamacpp-src.tar.xz -C /root/lc
-    mkdir -p /root/lc/llama.cpp/pocs && touch /root/lc/llama.cpp/pocs/CMakeLists.txt
+    # The pruned source lacks pocs/ and app/, which CMakeLists.txt adds unconditionally.
+    for d in pocs app; do mkdir -p /root/lc/llama.cpp/$d && touch /root/lc/llama.cpp/$d/CMakeLists.txt; done
     cd /root/lc/llama.cpp
     cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release > /root/lc/cmake.log 2>&1
