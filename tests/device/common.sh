@@ -8,13 +8,17 @@ W=${QUIRE_DEV_DIR:-/root/quire-dev}
 OUT=${OUT:-/tmp/out}
 LB=/root/lc/llama.cpp/build/bin
 mkdir -p "$W" "$OUT"
-# Test binaries look for tests/data under the build machine's checkout path.
-mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 # .dev/bin-NAME.tar.xz unpacks into $W/NAME (NAME: "new", or "old" for a before/after pair).
 for t in .dev/bin-*.tar.xz; do
     [ -f "$t" ] || continue
     name=$(basename "$t" .tar.xz); name=${name#bin-}
     rm -rf "${W:?}/$name" && mkdir -p "$W/$name" && tar -xJf "$t" -C "$W/$name"
+done
+# Test binaries read tests/data under the checkout they were built in (pack.sh records it).
+for r in "$W"/*/BUILD_ROOT; do
+    [ -f "$r" ] || continue
+    root=$(cat "$r")
+    [ -e "$root" ] || { mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; }
 done
 # The default model travels in two parts over two calls (one call carries at most 64 MiB).
 for p in .dev/model.part*; do [ -f "$p" ] && cp "$p" "$W/"; done

@@ -26,6 +26,7 @@ for line in sys.stdin:
 ' | while read -r tname exe; do cp "$exe" "$stage/tests/$tname"; done
 strip "$stage"/quire "$stage"/cuda_matmul_bench "$stage"/tests/* 2>/dev/null || true
 git rev-parse --short HEAD > "$stage/COMMIT"
+pwd > "$stage/BUILD_ROOT"  # test binaries read tests/data under this path
 mkdir -p "$dest"
 tar -cJf "$dest/bin-$name.tar.xz" -C "$stage" .
 ls -la "$stage" "$stage/tests" "$dest/bin-$name.tar.xz"
