@@ -216,7 +216,24 @@ fn pool_blocks(
 ) -> Result<usize, BackendError> {
     let per_block = 2 * c.num_layers * opts.block_size * c.kv_size() * 2;
     let num_blocks = match opts.num_blocks {
-        Some(n) => n,
+        Some(n) => {
+            // A pool the caller sized must fit what is free now (plus one padding block), or
+            // the error says what would.
+            let (free_now, _) = gpu.mem_info()?;
+            let room = free_now.saturating_sub(ACTIVATION_RESERVE) / per_block;
+            if n.checked_add(1).is_none_or(|b| b > room) {
+                return Err(BackendError::OutOfMemory(format!(
+                    "a KV cache of {n} blocks of {} tokens needs {} MiB on {}, but {} MiB are free \
+                     after the weights; at most {} blocks fit",
+                    opts.block_size,
+                    (n as u128 * per_block as u128) >> 20,
+                    gpu.name,
+                    free_now >> 20,
+                    room.saturating_sub(1)
+                )));
+            }
+            n
+        }
         None => {
             let (free_now, _) = gpu.mem_info()?;
             let used = free_before.saturating_sub(free_now);
