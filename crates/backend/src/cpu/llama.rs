@@ -327,7 +327,6 @@ impl CpuExecutor {
             f16_accum: self.attn_f16_accum && matches!(self.store, KvStore::F16(..)),
             sliding_window: c.sliding_window,
         };
-        let pairs = c.rope_dim / 2;
         s.rope_cs.clear();
         for &pos in batch.positions {
             self.rope.angles(pos, &mut s.cs_tmp);
@@ -354,22 +353,7 @@ impl CpuExecutor {
                 layer,
                 (n * (qs + kvs) * 8) as u64,
                 (n * (qs + kvs) * 6) as u64,
-                || {
-                    for (t, row) in s.qkv.chunks_exact_mut(qkv_dim).enumerate() {
-                        if let Some(b) = &l.bqkv {
-                            ops::add_in_place(row, b);
-                        }
-                        let (q, rest) = row.split_at_mut(qs);
-                        let k = &mut rest[..kvs];
-                        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                            ops::rms_norm_heads(q, qn, c.rms_norm_eps);
-                            ops::rms_norm_heads(k, kn, c.rms_norm_eps);
-                        }
-                        let cs = &s.rope_cs[t * pairs..(t + 1) * pairs];
-                        ops::rope(q, c.head_dim, cs, c.rope_style);
-                        ops::rope(k, c.head_dim, cs, c.rope_style);
-                    }
-                },
+                || bias_norm_rope(c, l, &mut s.qkv, &s.rope_cs),
             );
             let ctx: usize = batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum();
             let elem = match self.store {
@@ -425,48 +409,14 @@ impl CpuExecutor {
                     s.q8.prepare(pool, &s.h, hd, l.ffn.input_dtype());
                 },
             );
-            let (w_gate_up, chunked, w_down) = match &l.ffn {
+            match &l.ffn {
                 Ffn::Dense {
                     gate_up,
                     chunked,
                     down,
-                } => (gate_up, *chunked, down),
-                Ffn::Moe(m) => {
-                    m.forward(pool, prof, layer, &s.h, &mut s.moe, &mut s.x);
-                    continue;
-                }
-            };
-            let (b, f) = mm_cost(w_gate_up, n);
-            if n == 1 && chunked && needs_q8(w_down.dtype) {
-                // Decode: SwiGLU and the down projection's quantization inside the gate/up
-                // section (its time includes them).
-                prof.time("matmul_gate_up", layer, b, f, || {
-                    matmul_swiglu(pool, w_gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
-                });
-            } else {
-                prof.time("matmul_gate_up", layer, b, f, || {
-                    matmul(pool, w_gate_up, &s.h, &s.q8, &mut s.gu)
-                });
-                prof.time(
-                    "swiglu",
-                    layer,
-                    (n * inter * 12) as u64,
-                    (n * inter * 6) as u64,
-                    || {
-                        if chunked {
-                            ops::swiglu_chunked(&s.gu, inter, QK, &mut s.act)
-                        } else {
-                            ops::swiglu(&s.gu, inter, &mut s.act)
-                        }
-                        s.q8_act.prepare(pool, &s.act, inter, w_down.dtype);
-                    },
-                );
+                } => dense_ffn(pool, prof, layer, s, (gate_up, *chunked, down), n, inter),
+                Ffn::Moe(m) => m.forward(pool, prof, layer, &s.h, &mut s.moe, &mut s.x),
             }
-            let (b, f) = mm_cost(w_down, n);
-            prof.time("matmul_down", layer, b, f, || {
-                matmul(pool, w_down, &s.act, &s.q8_act, &mut s.tmp);
-                ops::add_in_place(&mut s.x, &s.tmp);
-            });
         }
         let nl = batch.logits_indices.len();
         s.last.resize(nl * hd, 0.0);
@@ -490,6 +440,73 @@ impl CpuExecutor {
         });
         Ok(())
     }
+}
+
+/// Each token's Q and K after the QKV projection: the biases (Qwen2), the per-head RMSNorm
+/// (Qwen3), then RoPE with the token's angles. qkv: [tokens, q | k | v] f32; rope_cs: [tokens,
+/// rope_dim / 2] (cos, sin).
+fn bias_norm_rope(c: &ModelConfig, l: &Layer, qkv: &mut [f32], rope_cs: &[(f32, f32)]) {
+    let (qs, kvs, pairs) = (c.q_size(), c.kv_size(), c.rope_dim / 2);
+    for (t, row) in qkv.chunks_exact_mut(qs + 2 * kvs).enumerate() {
+        if let Some(b) = &l.bqkv {
+            ops::add_in_place(row, b);
+        }
+        let (q, rest) = row.split_at_mut(qs);
+        let k = &mut rest[..kvs];
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+            ops::rms_norm_heads(q, qn, c.rms_norm_eps);
+            ops::rms_norm_heads(k, kn, c.rms_norm_eps);
+        }
+        let cs = &rope_cs[t * pairs..(t + 1) * pairs];
+        ops::rope(q, c.head_dim, cs, c.rope_style);
+        ops::rope(k, c.head_dim, cs, c.rope_style);
+    }
+}
+
+/// A dense SwiGLU block on the normed rows in `s.h` (quantized in `s.q8`), added into the
+/// residual `s.x`: `down(silu(gate(h)) * up(h))`. `ffn`: the gate/up matrix, whether its rows
+/// interleave gate and up by blocks (`chunked`), and the down matrix.
+fn dense_ffn(
+    pool: &dyn Parallel,
+    prof: &mut Profiler,
+    layer: Option<usize>,
+    s: &mut Scratch,
+    ffn: (&QMatrix, bool, &QMatrix),
+    n: usize,
+    inter: usize,
+) {
+    let (w_gate_up, chunked, w_down) = ffn;
+    let (b, f) = mm_cost(w_gate_up, n);
+    if n == 1 && chunked && needs_q8(w_down.dtype) {
+        // Decode: SwiGLU and the down projection's quantization inside the gate/up
+        // section (its time includes them).
+        prof.time("matmul_gate_up", layer, b, f, || {
+            matmul_swiglu(pool, w_gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
+        });
+    } else {
+        prof.time("matmul_gate_up", layer, b, f, || {
+            matmul(pool, w_gate_up, &s.h, &s.q8, &mut s.gu)
+        });
+        prof.time(
+            "swiglu",
+            layer,
+            (n * inter * 12) as u64,
+            (n * inter * 6) as u64,
+            || {
+                if chunked {
+                    ops::swiglu_chunked(&s.gu, inter, QK, &mut s.act)
+                } else {
+                    ops::swiglu(&s.gu, inter, &mut s.act)
+                }
+                s.q8_act.prepare(pool, &s.act, inter, w_down.dtype);
+            },
+        );
+    }
+    let (b, f) = mm_cost(w_down, n);
+    prof.time("matmul_down", layer, b, f, || {
+        matmul(pool, w_down, &s.act, &s.q8_act, &mut s.tmp);
+        ops::add_in_place(&mut s.x, &s.tmp);
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
