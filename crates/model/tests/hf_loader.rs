@@ -2,33 +2,13 @@
 //! a panic), tensors land with the right ggml dims and values, misaligned tensors are copied,
 //! Qwen3-MoE experts (per-expert or transformers 5's fused tensors) become the backends' stacks.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use quire_model::hf_fixture::{self, Dtype, ManifestTensor};
 use serde_json::{json, Value};
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "quire-hfl-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::TempDir;
 
 fn config() -> Value {
     json!({
