@@ -6,6 +6,7 @@
 pub mod chain;
 pub mod cpu;
 pub mod cuda;
+pub mod forward;
 pub mod sample;
 pub mod weights;
 
