@@ -89,6 +89,7 @@ executor_test! {
     fn concurrent_requests_match_solo_runs(backend) {
         let m = load();
         let prompts = prompts(&m);
+        let stops: Vec<u32> = m.tokenizer.stop_tokens().iter().map(|t| t.0).collect();
         let mut oracle = None;
         // Each prompt alone, with the longest max_tokens; shorter runs are its prefixes.
         let mut solo = Vec::new();
@@ -138,8 +139,9 @@ executor_test! {
                 format!("block size {block_size}, {num_blocks} blocks, prefix caching {prefix}");
             for (id, i, mt, _) in &ids {
                 let prompt: Vec<u32> = prompts[*i].iter().map(|t| t.0).collect();
+                let ctx = (prompt.as_slice(), stops.as_slice());
                 if let Err(e) =
-                    check_greedy(backend, &m.weights, &mut oracle, &prompt, &got[id], &expect(*i, *mt))
+                    check_greedy(backend, &m.weights, &mut oracle, ctx, &got[id], &expect(*i, *mt))
                 {
                     panic!("{label}: prompt {i}, max_tokens {mt}: {e}");
                 }
@@ -240,9 +242,11 @@ executor_test! {
         // Prefix caching changes no output (on backends other than the oracle, the cached
         // prompt's logits come from other chunk shapes: a first token may differ at a near-tie).
         let mut oracle = None;
+        let stops: Vec<u32> = m.tokenizer.stop_tokens().iter().map(|t| t.0).collect();
         for (i, (with, without)) in results[0].iter().zip(&results[1]).enumerate() {
             let prompt: Vec<u32> = prefix.iter().chain(&suffixes[i]).map(|t| t.0).collect();
-            if let Err(e) = check_greedy(backend, &m.weights, &mut oracle, &prompt, with, without) {
+            let ctx = (prompt.as_slice(), stops.as_slice());
+            if let Err(e) = check_greedy(backend, &m.weights, &mut oracle, ctx, with, without) {
                 panic!("request {i}: prefix caching changes the output: {e}");
             }
         }

@@ -1,8 +1,9 @@
 //! Shared by the engine's test files: the shared llama.cpp reference of the default model, and
-//! the rule by which a backend other than the CPU oracle may part from an expected greedy path.
+//! the oracle that judges where a backend other than the CPU may part from an expected greedy path.
 
 #![allow(dead_code)]
 
+use quire_core::FinishReason;
 use serde_json::Value;
 
 /// The lines of tests/data/smollm2-135m-q4_1.greedy.jsonl (prompts, greedy completions, top-3
@@ -28,15 +29,26 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// Where a backend other than the CPU oracle may part from an expected greedy path: only where
-/// the oracle's log-probabilities of the two choices are within this. Such backends pick kernels
-/// by batch shape and sum in other orders, and with stored Q4/Q8 weights the 8-bit activation
-/// quantization turns ~1e-6 differences into whole rounding steps (see tests/cuda.rs), which
-/// moves near-ties; 0.25 is the bound tests/cuda.rs holds the CUDA backend's partings from the
-/// CPU's to on stored weights.
-pub const NEAR_TIE: f32 = 0.25;
+/// How far a backend's log-probabilities of the likely tokens may lie from the [`Oracle`]'s, for
+/// the default model (stored Q4_1 weights): an 8-bit rounding step of the activations is worth
+/// this much here. Measured over the shared reference's 377 positions, each position's five
+/// likeliest tokens: the CPU backend (llama.cpp's 8-bit activation arithmetic) lies up to 0.50
+/// from the oracle (mean 0.17, p99 0.43), and the shared llama.cpp reference's top three up to
+/// 0.61 (median 0.05, p99 0.34). `reference.rs` holds every backend to it
+/// (`teacher_forced_logprobs_are_close_to_the_oracle`).
+pub const LOGPROB_ERROR: f32 = 0.65;
 
-/// The CPU backend with f32 attention accumulation, as judge of where a path parts.
+/// Where a backend other than the CPU may part from an expected greedy path: only where the
+/// [`Oracle`]'s log-probabilities of the two choices are within this. Backends pick kernels by
+/// batch shape (8-bit activations for a few rows, f16 for many) and sum in other orders. Two
+/// paths each within [`LOGPROB_ERROR`] of the oracle can disagree only where its gap is below
+/// twice that; the partings seen so far lie well inside [`LOGPROB_ERROR`] itself (the CPU from the
+/// shared reference: 0.18 at most), so the tighter bound is the rule.
+pub const NEAR_TIE: f32 = LOGPROB_ERROR;
+
+/// The model as exactly as quire computes it, to judge where a path parts: the CPU backend on
+/// the weights dequantized to f16 (f16 activations instead of 8-bit blocks), with f32 attention
+/// accumulation.
 pub struct Oracle {
     exec: Box<dyn quire_backend::Executor>,
 }
@@ -51,33 +63,51 @@ impl Oracle {
             attn_f16_accum: false,
             ..Default::default()
         };
-        let exec = quire_backend::cpu::CpuExecutor::new(w, kv, opts).expect("CPU oracle");
+        let w = w.dequantized_f16().expect("weights dequantize");
+        let exec = quire_backend::cpu::CpuExecutor::new(&w, kv, opts).expect("CPU oracle");
         Self {
             exec: Box::new(exec),
         }
     }
 
-    /// The oracle's log-probability of `want` minus that of `got`, after `ctx`.
-    pub fn gap(&mut self, ctx: &[u32], want: u32, got: u32) -> f32 {
+    /// Log-probabilities of the next token after each `ctx[..=r]`, `r` in `rows`: `[rows, vocab]`.
+    pub fn logprobs(&mut self, ctx: &[u32], rows: &[u32]) -> Vec<f32> {
         let vocab = self.exec.vocab_size();
-        let last = [ctx.len() as u32 - 1];
-        let l =
-            quire_engine::runner::forward_single(self.exec.as_mut(), ctx, &last).expect("oracle");
-        let lse = quire_engine::sampler::log_sum_exp(&l[..vocab]);
-        (l[want as usize] - lse) - (l[got as usize] - lse)
+        let mut l =
+            quire_engine::runner::forward_single(self.exec.as_mut(), ctx, rows).expect("oracle");
+        for row in l.chunks_exact_mut(vocab) {
+            let lse = quire_engine::sampler::log_sum_exp(row);
+            row.iter_mut().for_each(|x| *x -= lse);
+        }
+        l
+    }
+
+    /// The oracle's log-probability of `want` minus that of `got`, after `ctx`. A `None` side
+    /// stopped there: its log-probability is that of the likeliest of `stops`.
+    pub fn gap(&mut self, ctx: &[u32], want: Option<u32>, got: Option<u32>, stops: &[u32]) -> f32 {
+        let lp = self.logprobs(ctx, &[ctx.len() as u32 - 1]);
+        let of = |t: Option<u32>| match t {
+            Some(t) => lp[t as usize],
+            None => stops
+                .iter()
+                .map(|&s| lp[s as usize])
+                .fold(f32::NEG_INFINITY, f32::max),
+        };
+        of(want) - of(got)
     }
 }
 
 /// `got` against `want` (greedy tokens after `prompt`, with their finish reasons): equal on the
-/// oracle backend; on others equal, or parting where the oracle's two choices are within
-/// [`NEAR_TIE`] (the oracle made from `w` on first need). Err describes a failure.
-pub fn check_greedy<R: PartialEq + std::fmt::Debug>(
+/// CPU; on other backends equal, or parting where the oracle's two choices are within
+/// [`NEAR_TIE`] (the oracle made from `w` on first need; a side that stopped on one of `stops`
+/// where the other went on chose that stop token). Err describes a failure.
+pub fn check_greedy(
     backend: quire_testkit::Backend,
     w: &quire_backend::ModelWeights,
     oracle: &mut Option<Oracle>,
-    prompt: &[u32],
-    got: &(Vec<u32>, R),
-    want: &(Vec<u32>, R),
+    (prompt, stops): (&[u32], &[u32]),
+    got: &(Vec<u32>, FinishReason),
+    want: &(Vec<u32>, FinishReason),
 ) -> Result<(), String> {
     if got == want {
         return Ok(());
@@ -88,25 +118,38 @@ pub fn check_greedy<R: PartialEq + std::fmt::Debug>(
         .zip(&want.0)
         .take_while(|(a, b)| a == b)
         .count();
-    if backend.is_oracle() || n == got.0.len().min(want.0.len()) {
-        return Err(format!(
+    let fail = || {
+        format!(
             "{} tokens agree, then got {:?} / want {:?}",
             n,
             (&got.0[n..], &got.1),
             (&want.0[n..], &want.1)
-        ));
+        )
+    };
+    // Where a side has no token at `n`, it parted only if it stopped on a stop token there.
+    let choice = |o: &(Vec<u32>, FinishReason)| match o.0.get(n) {
+        Some(&t) => Ok(Some(t)),
+        None if o.1 == FinishReason::Stop => Ok(None),
+        None => Err(()),
+    };
+    let (Ok(g), Ok(wt)) = (choice(got), choice(want)) else {
+        return Err(fail());
+    };
+    if backend.is_oracle() || g == wt {
+        return Err(fail());
     }
     let ctx: Vec<u32> = prompt.iter().chain(&want.0[..n]).copied().collect();
     let gap = oracle
         .get_or_insert_with(|| Oracle::new(w))
-        .gap(&ctx, want.0[n], got.0[n]);
+        .gap(&ctx, wt, g, stops);
     eprintln!(
-        "{}: parts at {n}, the oracle's two choices {gap:.4} apart",
+        "{}: parts at {n} ({wt:?} / {g:?}, None: a stop token), the oracle's two choices {gap:.4} apart",
         backend.name()
     );
-    if gap > NEAR_TIE {
+    if gap.abs() > NEAR_TIE {
         return Err(format!(
-            "parts at {n} where the oracle's choices are {gap:.4} apart"
+            "parts at {n} where the oracle's choices are {gap:.4} apart: {}",
+            fail()
         ));
     }
     Ok(())
