@@ -4,8 +4,9 @@
 //! metrics parsed by prometheus_client, a full queue (429), and SIGTERM under load (exit 0).
 //!
 //! The Python side is tests/python/server_client.py. Its packages (tests/python/requirements.txt)
-//! are installed by .ci/run into a virtual environment named by QUIRE_PYTHON; where they are
-//! missing these tests say so and pass, unless QUIRE_REQUIRE_PY is set (as CI sets it).
+//! are installed by .ci/run into a virtual environment named by QUIRE_PYTHON. The tests that run
+//! it are listed as ignored unless QUIRE_REQUIRE_PY was set at build time (as CI sets it), and
+//! then fail where the packages are missing (quire-testkit's `py_test!`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -93,8 +94,8 @@ impl Drop for Server {
     }
 }
 
-/// The Python with `openai` and `prometheus_client`, or None (the test is skipped) when absent.
-fn python() -> Option<String> {
+/// The Python with `openai` and `prometheus_client`; fails the test when absent.
+fn python() -> String {
     let py = std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&py)
         .args(["-c", "import openai, prometheus_client"])
@@ -102,17 +103,13 @@ fn python() -> Option<String> {
         .status()
         .is_ok_and(|s| s.success());
     if ok {
-        return Some(py);
+        return py;
     }
     let msg = format!(
         "{py} lacks the openai/prometheus_client packages: pip install -r tests/python/requirements.txt \
          and set QUIRE_PYTHON (.ci/run does)"
     );
-    if std::env::var_os("QUIRE_REQUIRE_PY").is_some() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    panic!("{msg}")
 }
 
 fn client(py: &str, s: &Server, key: &str, model_id: &str) -> Command {
@@ -162,9 +159,9 @@ fn generate(prompt: &str, chat: bool, max_tokens: usize) -> serde_json::Value {
     })
 }
 
-#[test]
+quire_testkit::py_test! {
 fn openai_clients_get_what_generate_gives() {
-    let Some(py) = python() else { return };
+    let py = python();
     let expect = serde_json::json!({
         "completions": [
             generate("The capital of France is", false, 24),
@@ -185,6 +182,7 @@ fn openai_clients_get_what_generate_gives() {
     run_client(&py, &s, "sesame", &["concurrent", "64"]);
     run_client(&py, &s, "sesame", &["metrics"]);
     run_client(&py, &s, "sesame", &["chaos", "1000"]);
+}
 }
 
 /// Sends one request over a plain socket; returns (status, body).
@@ -225,9 +223,9 @@ fn a_full_queue_answers_429() {
     assert_eq!(http(port, "/v1/completions", body).0, 200);
 }
 
-#[test]
+quire_testkit::py_test! {
 fn sigterm_under_load_lets_streams_end_and_exits_0() {
-    let Some(py) = python() else { return };
+    let py = python();
     let mut s = Server::start(&["--shutdown-grace", "4", "--max-num-seqs", "16"]);
     let mut c = client(&py, &s, "none", "")
         .args(["load", "12", "400"])
@@ -267,6 +265,7 @@ fn sigterm_under_load_lets_streams_end_and_exits_0() {
         log.iter().any(|l| l.contains("grace period over")),
         "{log:?}"
     );
+}
 }
 
 fn connect(port: u16) -> TcpStream {

@@ -172,6 +172,72 @@ macro_rules! __simd_item {
     ($($item:tt)*) => { $($item)* };
 }
 
+/// The Python form of a test item: ignored unless `QUIRE_REQUIRE_PY` was set when this crate
+/// was built (the test then fails when the interpreter or its packages are missing).
+#[cfg(not(quire_require_py))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __py_item {
+    ($($item:tt)*) => {
+        #[ignore = "needs python3 with tests/python/requirements.txt (QUIRE_PYTHON names the \
+                    interpreter); set QUIRE_REQUIRE_PY=1 to run it, as .ci/run does"]
+        $($item)*
+    };
+}
+
+#[cfg(quire_require_py)]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __py_item {
+    ($($item:tt)*) => { $($item)* };
+}
+
+/// The NVRTC form of a test item: ignored unless `QUIRE_REQUIRE_NVRTC` was set when this crate
+/// was built (the test then fails when libnvrtc cannot be loaded).
+#[cfg(not(quire_require_nvrtc))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __nvrtc_item {
+    ($($item:tt)*) => {
+        #[ignore = "needs libnvrtc (CUDA's runtime compiler; no GPU): set QUIRE_REQUIRE_NVRTC=1 \
+                    to run it, as .ci/run does"]
+        $($item)*
+    };
+}
+
+#[cfg(quire_require_nvrtc)]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __nvrtc_item {
+    ($($item:tt)*) => { $($item)* };
+}
+
+/// Test functions that drive Python packages: `py_test! { fn name() { … } }`. Listed as
+/// ignored, with the reason, unless `QUIRE_REQUIRE_PY` was set at build time.
+#[macro_export]
+macro_rules! py_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $crate::__py_item! {
+            $(#[$meta])*
+            #[test]
+            fn $name() $body
+        }
+    };
+}
+
+/// Test functions that need libnvrtc: `nvrtc_test! { fn name() { … } }`. Listed as
+/// ignored, with the reason, unless `QUIRE_REQUIRE_NVRTC` was set at build time.
+#[macro_export]
+macro_rules! nvrtc_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $crate::__nvrtc_item! {
+            $(#[$meta])*
+            #[test]
+            fn $name() $body
+        }
+    };
+}
+
 /// One test body, run on every backend: `executor_test! { fn name(backend) { … } }` defines
 /// module `name` with tests `cpu` and `cuda`, each calling the body with its [`Backend`]. The
 /// CUDA test is ignored unless required (see the crate doc) and fails without a GPU.
