@@ -102,6 +102,13 @@ fn test_tokens(m: &quire_model::LoadedModel) -> Vec<u32> {
 /// f16 rounding moves them by ~1e-3 each).
 const NEAR_TIE_LOGIT: f64 = 0.05;
 
+/// A mixture's router margin (f64 logits of the last chosen expert and the first left out)
+/// below which an f16 rounding of the router's input (2^-11 relative, on logits of order 1) may
+/// choose another expert. Measured on the tiny Qwen3-MoE: the bf16 file has margins of 1.0e-4
+/// and 6.2e-4, where the CUDA backend's logits part from the f64 pass (rel L2 1.1e-2 over all
+/// positions, 7e-4 for the f32 file, whose smallest margin is 1.8e-3).
+const ROUTER_NEAR_TIE: f64 = 1e-3;
+
 executor_test! {
     fn tiny_models_match_the_f64_reference(backend) {
         // The CPU in f32 lies within ~1e-6 of the f64 pass (measured: 3e-7 to 9e-7).
@@ -122,12 +129,26 @@ executor_test! {
                 } else {
                     &|v| v
                 };
-                let want = reference_logits(&cfg, &tensors, &tokens, round);
-                let rel = rel_err(&got, &want);
+                let (want, margins) = reference_logits_and_margins(&cfg, &tensors, &tokens, round);
+                // Positions where a mixture's router is at a near-tie may take another expert
+                // on a backend that rounds the router's input to f16 (they count on the CPU).
+                let vocab = want[0].len();
+                let (mut kept_got, mut kept_want, mut ties) = (vec![], vec![], 0);
+                for (t, w) in want.iter().enumerate() {
+                    if backend != Backend::Cpu && margins[t] < ROUTER_NEAR_TIE {
+                        ties += 1;
+                        continue;
+                    }
+                    kept_got.extend_from_slice(&got[t * vocab..(t + 1) * vocab]);
+                    kept_want.push(w.clone());
+                }
+                let rel = rel_err(&kept_got, &kept_want);
                 eprintln!(
-                    "{} {arch} {dtype:?} x{shards}: rel L2 {rel:.2e} over {} positions",
+                    "{} {arch} {dtype:?} x{shards}: rel L2 {rel:.2e} over {} positions \
+                     ({ties} left out: router near-ties), all {:.2e}",
                     backend.name(),
-                    tokens.len()
+                    kept_want.len(),
+                    rel_err(&got, &want)
                 );
                 assert!(rel < bound, "{arch} {dtype:?} x{shards}: rel L2 {rel:e} (bound {bound:e})");
                 if dtype == Dtype::F32 && shards == 1 {

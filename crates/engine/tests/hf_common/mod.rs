@@ -182,6 +182,19 @@ pub fn reference_logits(
     tokens: &[u32],
     round: &dyn Fn(f32) -> f32,
 ) -> Vec<Vec<f64>> {
+    reference_logits_and_margins(config, tensors, tokens, round).0
+}
+
+/// [`reference_logits`], and per position the smallest router margin over the layers (see
+/// `RefFfn::forward`; infinite for dense models): where it is tiny, a rounding of the router's
+/// input may choose another expert.
+pub fn reference_logits_and_margins(
+    config: &Value,
+    tensors: &[ManifestTensor],
+    tokens: &[u32],
+    round: &dyn Fn(f32) -> f32,
+) -> (Vec<Vec<f64>>, Vec<f64>) {
+    let mut margins = vec![f64::INFINITY; tokens.len()];
     let w = |name: &str| -> Vec<f64> {
         tensors
             .iter()
@@ -363,7 +376,8 @@ pub fn reference_logits(
             let x = &mut xs[t];
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let h = rms(x, &ln2);
-            let down = ffn.forward(&h, inter);
+            let (down, margin) = ffn.forward(&h, inter);
+            margins[t] = margins[t].min(margin);
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
     }
@@ -373,9 +387,11 @@ pub fn reference_logits(
     } else {
         emb
     };
-    xs.iter()
+    let logits = xs
+        .iter()
         .map(|x| lin(&head, &rms(x, &norm), vocab))
-        .collect()
+        .collect();
+    (logits, margins)
 }
 
 /// y = W x with W stored [out, in].
@@ -419,9 +435,11 @@ enum RefFfn {
 }
 
 impl RefFfn {
-    fn forward(&self, h: &[f64], dense_inter: usize) -> Vec<f64> {
+    /// The block's output, and for a mixture the router's margin: how far the last chosen
+    /// expert's logit lies above the first expert left out (infinite for a dense block).
+    fn forward(&self, h: &[f64], dense_inter: usize) -> (Vec<f64>, f64) {
         match self {
-            RefFfn::Dense(m) => swiglu(m, h, dense_inter),
+            RefFfn::Dense(m) => (swiglu(m, h, dense_inter), f64::INFINITY),
             RefFfn::Moe {
                 router,
                 experts,
@@ -436,6 +454,9 @@ impl RefFfn {
                 let mut order: Vec<usize> = (0..experts.len()).collect();
                 order.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
                 let chosen = &order[..*top_k];
+                let margin = order
+                    .get(*top_k)
+                    .map_or(f64::INFINITY, |&o| logits[order[top_k - 1]] - logits[o]);
                 let sum: f64 = chosen.iter().map(|&i| e[i] / z).sum();
                 let mut out = vec![0.0; h.len()];
                 for &i in chosen {
@@ -443,7 +464,7 @@ impl RefFfn {
                     let y = swiglu(&experts[i], h, *inter);
                     out.iter_mut().zip(&y).for_each(|(o, v)| *o += wt * v);
                 }
-                out
+                (out, margin)
             }
         }
     }
