@@ -1,7 +1,7 @@
 //! The CPU executor: the model's weights in the CPU's form, its KV cache, and each step run
 //! through the shared layer sequence (`crate::forward`) with the CPU's kernels (`step.rs`). Q/K/V
 //! and gate/up are stacked at load time so each layer makes four threaded matrix products.
-//! Buffers live in `Scratch` and only grow.
+//! Buffers live in `step::Scratch` and only grow.
 
 use half::f16;
 use quire_core::ModelConfig;

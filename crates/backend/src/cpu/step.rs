@@ -120,18 +120,8 @@ impl LayerOps for CpuStep<'_> {
         dst: Act,
         add: bool,
     ) -> Result<(), BackendError> {
-        // The products the sequence makes: into `Qkv`, or added into the residual.
-        match (src, dst, add) {
-            (Act::H, Act::Qkv, false) | (Act::Attn, Act::X, true) | (Act::Swiglu, Act::X, true) => {
-            }
-            _ => {
-                return Err(BackendError::Config(format!(
-                    "the CPU has no matmul from {src:?} to {dst:?} (add: {add})"
-                )))
-            }
-        }
         let (b, f) = mm_cost(w, self.n());
-        let pool = self.pool;
+        let (pool, name, layer) = (self.pool, Act::matmul_name(src, dst), Some(layer));
         let Scratch {
             x,
             h,
@@ -143,26 +133,26 @@ impl LayerOps for CpuStep<'_> {
             q8_act,
             ..
         } = &mut *self.s;
-        self.prof.time(
-            Act::matmul_name(src, dst),
-            Some(layer),
-            b,
-            f,
-            || match src {
-                Act::H => matmul(pool, w, h, q8, qkv),
-                Act::Attn | Act::Swiglu => {
-                    let (input, q) = if src == Act::Attn {
-                        q8.prepare(pool, attn, w.cols, w.dtype);
-                        (&attn[..], &*q8)
-                    } else {
-                        (&act[..], &*q8_act)
-                    };
-                    matmul(pool, w, input, q, tmp);
-                    ops::add_in_place(x, tmp);
-                }
-                Act::X | Act::Qkv => unreachable!("checked above"),
-            },
-        );
+        // The products the sequence makes: into `Qkv`, or added into the residual.
+        match (src, dst, add) {
+            (Act::H, Act::Qkv, false) => self
+                .prof
+                .time(name, layer, b, f, || matmul(pool, w, h, q8, qkv)),
+            (Act::Attn, Act::X, true) => self.prof.time(name, layer, b, f, || {
+                q8.prepare(pool, attn, w.cols, w.dtype);
+                matmul(pool, w, attn, q8, tmp);
+                ops::add_in_place(x, tmp);
+            }),
+            (Act::Swiglu, Act::X, true) => self.prof.time(name, layer, b, f, || {
+                matmul(pool, w, act, q8_act, tmp);
+                ops::add_in_place(x, tmp);
+            }),
+            _ => {
+                return Err(BackendError::Config(format!(
+                    "the CPU has no matmul from {src:?} to {dst:?} (add: {add})"
+                )))
+            }
+        }
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! layer is four cuBLAS GEMMs and five kernels (four in a decode step, whose attention kernel
 //! applies RoPE itself); the residual adds ride on the GEMMs (beta = 1).
 //! The residual stream is f32; GEMM inputs are f16. The KV cache is f16, one buffer per layer.
+//! A step runs the shared layer sequence (`crate::forward`) with the kernels of `forward.rs`.
 
 use std::collections::HashMap;
 
