@@ -55,6 +55,19 @@ pub enum Act {
     Swiglu,
 }
 
+impl Act {
+    /// The profiler's name of the matmul from `src` to `dst` (`matmul_qkv`, `matmul_o`,
+    /// `matmul_down`), so every backend's profile names the same ops alike.
+    pub fn matmul_name(src: Act, dst: Act) -> &'static str {
+        match (src, dst) {
+            (Act::H, Act::Qkv) => "matmul_qkv",
+            (Act::Attn, Act::X) => "matmul_o",
+            (Act::Swiglu, Act::X) => "matmul_down",
+            _ => "matmul",
+        }
+    }
+}
+
 /// What consumes the output of an RMSNorm, so the backend can put it in that consumer's input
 /// form (8-bit blocks for a quantized matmul, say) or fuse the norm into it.
 pub enum Next<'a, M, E> {

@@ -1,17 +1,19 @@
-//! The Llama-family forward pass on the CPU (Llama 2/3, SmolLM2, Mistral; Qwen2's QKV bias and
-//! Qwen3's QK-norm are switches of the same block). Q/K/V and gate/up are stacked at load time so
-//! each layer makes four threaded matrix products. Buffers live in `Scratch` and only grow.
+//! The CPU executor: the model's weights in the CPU's form, its KV cache, and each step run
+//! through the shared layer sequence (`crate::forward`) with the CPU's kernels (`step.rs`). Q/K/V
+//! and gate/up are stacked at load time so each layer makes four threaded matrix products.
+//! Buffers live in `step::Scratch` and only grow.
 
 use half::f16;
 use quire_core::ModelConfig;
 
-use super::attention::{paged_attention, AttnParams, KvElem};
-use super::matmul::{matmul, matmul_swiglu, Activations, QMatrix};
-use super::moe::{Ffn, MoeScratch};
+use super::attention::AttnParams;
+use super::matmul::QMatrix;
+use super::moe::{ffn, ffn_bytes, MoeLayer};
 use super::ops;
 use super::profile::Profiler;
-use super::quant::{needs_q8, QK};
+use super::step::{CpuStep, KvStore, Scratch};
 use super::team::{Parallel, Team};
+use crate::forward::{self, forward};
 use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,40 +44,8 @@ impl Default for CpuOptions {
     }
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    wqkv: QMatrix,
-    bqkv: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    wo: QMatrix,
-    ffn_norm: Vec<f32>,
-    ffn: Ffn,
-}
-
-enum KvStore {
-    F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
-    F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
-}
-
-#[derive(Default)]
-struct Scratch {
-    x: Vec<f32>,    // [n, hidden] residual stream
-    h: Vec<f32>,    // [n, hidden] normed
-    qkv: Vec<f32>,  // [n, q + 2kv]
-    attn: Vec<f32>, // [n, q]
-    tmp: Vec<f32>,  // [n, hidden] projection output
-    gu: Vec<f32>,   // [n, 2 * inter]
-    act: Vec<f32>,  // [n, inter]
-    last: Vec<f32>, // [n_logits, hidden]
-    q8: Activations,
-    /// The SwiGLU output quantized by the fused decode gate/up product.
-    q8_act: Activations,
-    logits: Vec<f32>,
-    rope_cs: Vec<(f32, f32)>, // [n, rope_dim / 2] (cos, sin) per token
-    cs_tmp: Vec<(f32, f32)>,
-    moe: MoeScratch,
-}
+/// A layer's weights as the CPU holds them.
+type Layer = forward::Layer<QMatrix, Vec<f32>, MoeLayer>;
 
 pub struct CpuExecutor {
     cfg: ModelConfig,
@@ -200,7 +170,7 @@ impl CpuExecutor {
                     .transpose()?,
                 wo: QMatrix::from_tensor(&l.wo, qs, hd)?,
                 ffn_norm: vec_f32(&l.ffn_norm, hd)?,
-                ffn: Ffn::new(&l.ffn, c)?,
+                ffn: ffn(&l.ffn, c)?,
             });
         }
         let slots = kv
@@ -255,16 +225,10 @@ impl CpuExecutor {
     pub fn weight_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.ffn.bytes())
+            .map(|l| l.wqkv.bytes() + l.wo.bytes() + ffn_bytes(&l.ffn))
             .sum::<usize>()
             + self.output.bytes()
     }
-}
-
-/// Dims of the matrix product `n × w`: bytes read (weights + activations + output) and FLOPs.
-fn mm_cost(w: &QMatrix, n: usize) -> (u64, u64) {
-    let bytes = w.bytes() + n * (w.cols + w.rows) * 4;
-    (bytes as u64, (2 * n * w.rows * w.cols) as u64)
 }
 
 impl Executor for CpuExecutor {
@@ -300,24 +264,19 @@ impl CpuExecutor {
         let c = &self.cfg;
         let n = batch.num_tokens();
         let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-        let qkv_dim = qs + 2 * kvs;
         let s = &mut self.scratch;
         s.x.resize(n * hd, 0.0);
         s.h.resize(n * hd, 0.0);
-        s.qkv.resize(n * qkv_dim, 0.0);
+        s.qkv.resize(n * (qs + 2 * kvs), 0.0);
         s.attn.resize(n * qs, 0.0);
         s.tmp.resize(n * hd, 0.0);
         s.gu.resize(n * 2 * inter, 0.0);
         s.act.resize(n * inter, 0.0);
-        let prof = &mut self.prof;
-        let pool: &dyn Parallel = &self.team;
-
-        prof.time("embed", None, (n * self.embed.row_bytes) as u64, 0, || {
-            for (t, &tok) in batch.token_ids.iter().enumerate() {
-                self.embed
-                    .dequantize_row(tok as usize, &mut s.x[t * hd..(t + 1) * hd]);
-            }
-        });
+        s.rope_cs.clear();
+        for &pos in batch.positions {
+            self.rope.angles(pos, &mut s.cs_tmp);
+            s.rope_cs.extend_from_slice(&s.cs_tmp);
+        }
         let attn = AttnParams {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -327,215 +286,19 @@ impl CpuExecutor {
             f16_accum: self.attn_f16_accum && matches!(self.store, KvStore::F16(..)),
             sliding_window: c.sliding_window,
         };
-        s.rope_cs.clear();
-        for &pos in batch.positions {
-            self.rope.angles(pos, &mut s.cs_tmp);
-            s.rope_cs.extend_from_slice(&s.cs_tmp);
-        }
-        for (li, l) in self.layers.iter().enumerate() {
-            let layer = Some(li);
-            prof.time(
-                "rms_norm",
-                layer,
-                (n * hd * 8) as u64,
-                (n * hd * 3) as u64,
-                || {
-                    ops::rms_norm_par(pool, &s.x, &l.attn_norm, c.rms_norm_eps, &mut s.h);
-                    s.q8.prepare(pool, &s.h, hd, l.wqkv.dtype);
-                },
-            );
-            let (b, f) = mm_cost(&l.wqkv, n);
-            prof.time("matmul_qkv", layer, b, f, || {
-                matmul(pool, &l.wqkv, &s.h, &s.q8, &mut s.qkv)
-            });
-            prof.time(
-                "rope",
-                layer,
-                (n * (qs + kvs) * 8) as u64,
-                (n * (qs + kvs) * 6) as u64,
-                || bias_norm_rope(c, l, &mut s.qkv, &s.rope_cs),
-            );
-            let ctx: usize = batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum();
-            let elem = match self.store {
-                KvStore::F32(..) => 4,
-                KvStore::F16(..) => 2,
-            };
-            let attn_bytes = (batch.seqs.iter().map(|q| q.seq_len).sum::<usize>() * 2 * kvs * elem
-                + n * qs * 8) as u64;
-            let attn_flops = (4 * ctx * qs) as u64;
-            prof.time("attention", layer, attn_bytes, attn_flops, || {
-                // Rows of qkv are [q | k | v]; each view keeps the row stride.
-                let (q, k_new, v_new) = (&s.qkv[..], &s.qkv[qs..], &s.qkv[qs + kvs..]);
-                match &mut self.store {
-                    KvStore::F32(kc, vc) => run_attn(
-                        pool,
-                        &attn,
-                        q,
-                        qkv_dim,
-                        k_new,
-                        v_new,
-                        batch,
-                        &mut kc[li],
-                        &mut vc[li],
-                        &mut s.attn,
-                    ),
-                    KvStore::F16(kc, vc) => run_attn(
-                        pool,
-                        &attn,
-                        q,
-                        qkv_dim,
-                        k_new,
-                        v_new,
-                        batch,
-                        &mut kc[li],
-                        &mut vc[li],
-                        &mut s.attn,
-                    ),
-                }
-            });
-            let (b, f) = mm_cost(&l.wo, n);
-            prof.time("matmul_o", layer, b, f, || {
-                s.q8.prepare(pool, &s.attn, qs, l.wo.dtype);
-                matmul(pool, &l.wo, &s.attn, &s.q8, &mut s.tmp);
-                ops::add_in_place(&mut s.x, &s.tmp);
-            });
-            prof.time(
-                "rms_norm",
-                layer,
-                (n * hd * 8) as u64,
-                (n * hd * 3) as u64,
-                || {
-                    ops::rms_norm_par(pool, &s.x, &l.ffn_norm, c.rms_norm_eps, &mut s.h);
-                    s.q8.prepare(pool, &s.h, hd, l.ffn.input_dtype());
-                },
-            );
-            match &l.ffn {
-                Ffn::Dense {
-                    gate_up,
-                    chunked,
-                    down,
-                } => dense_ffn(pool, prof, layer, s, (gate_up, *chunked, down), n, inter),
-                Ffn::Moe(m) => m.forward(pool, prof, layer, &s.h, &mut s.moe, &mut s.x),
-            }
-        }
-        let nl = batch.logits_indices.len();
-        s.last.resize(nl * hd, 0.0);
-        s.h.resize(nl * hd, 0.0);
-        for (i, &row) in batch.logits_indices.iter().enumerate() {
-            let row = row as usize;
-            s.last[i * hd..(i + 1) * hd].copy_from_slice(&s.x[row * hd..(row + 1) * hd]);
-        }
-        s.logits.resize(nl * c.vocab_size, 0.0);
-        let (b, f) = mm_cost(&self.output, nl);
-        let output = &self.output;
-        prof.time("output", None, b, f, || {
-            ops::rms_norm(
-                &s.last,
-                &self.output_norm,
-                c.rms_norm_eps,
-                &mut s.h[..nl * hd],
-            );
-            s.q8.prepare(pool, &s.h[..nl * hd], hd, output.dtype);
-            matmul(pool, output, &s.h[..nl * hd], &s.q8, &mut s.logits);
-        });
-        Ok(())
+        let pool: &dyn Parallel = &self.team;
+        let mut step = CpuStep {
+            c,
+            pool,
+            prof: &mut self.prof,
+            s,
+            store: &mut self.store,
+            embed: &self.embed,
+            batch,
+            attn,
+        };
+        forward(&mut step, &self.layers, &self.output_norm, &self.output)
     }
-}
-
-/// Each token's Q and K after the QKV projection: the biases (Qwen2), the per-head RMSNorm
-/// (Qwen3), then RoPE with the token's angles. qkv: [tokens, q | k | v] f32; rope_cs: [tokens,
-/// rope_dim / 2] (cos, sin).
-fn bias_norm_rope(c: &ModelConfig, l: &Layer, qkv: &mut [f32], rope_cs: &[(f32, f32)]) {
-    let (qs, kvs, pairs) = (c.q_size(), c.kv_size(), c.rope_dim / 2);
-    for (t, row) in qkv.chunks_exact_mut(qs + 2 * kvs).enumerate() {
-        if let Some(b) = &l.bqkv {
-            ops::add_in_place(row, b);
-        }
-        let (q, rest) = row.split_at_mut(qs);
-        let k = &mut rest[..kvs];
-        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            ops::rms_norm_heads(q, qn, c.rms_norm_eps);
-            ops::rms_norm_heads(k, kn, c.rms_norm_eps);
-        }
-        let cs = &rope_cs[t * pairs..(t + 1) * pairs];
-        ops::rope(q, c.head_dim, cs, c.rope_style);
-        ops::rope(k, c.head_dim, cs, c.rope_style);
-    }
-}
-
-/// A dense SwiGLU block on the normed rows in `s.h` (quantized in `s.q8`), added into the
-/// residual `s.x`: `down(silu(gate(h)) * up(h))`. `ffn`: the gate/up matrix, whether its rows
-/// interleave gate and up by blocks (`chunked`), and the down matrix.
-fn dense_ffn(
-    pool: &dyn Parallel,
-    prof: &mut Profiler,
-    layer: Option<usize>,
-    s: &mut Scratch,
-    ffn: (&QMatrix, bool, &QMatrix),
-    n: usize,
-    inter: usize,
-) {
-    let (w_gate_up, chunked, w_down) = ffn;
-    let (b, f) = mm_cost(w_gate_up, n);
-    if n == 1 && chunked && needs_q8(w_down.dtype) {
-        // Decode: SwiGLU and the down projection's quantization inside the gate/up
-        // section (its time includes them).
-        prof.time("matmul_gate_up", layer, b, f, || {
-            matmul_swiglu(pool, w_gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
-        });
-    } else {
-        prof.time("matmul_gate_up", layer, b, f, || {
-            matmul(pool, w_gate_up, &s.h, &s.q8, &mut s.gu)
-        });
-        prof.time(
-            "swiglu",
-            layer,
-            (n * inter * 12) as u64,
-            (n * inter * 6) as u64,
-            || {
-                if chunked {
-                    ops::swiglu_chunked(&s.gu, inter, QK, &mut s.act)
-                } else {
-                    ops::swiglu(&s.gu, inter, &mut s.act)
-                }
-                s.q8_act.prepare(pool, &s.act, inter, w_down.dtype);
-            },
-        );
-    }
-    let (b, f) = mm_cost(w_down, n);
-    prof.time("matmul_down", layer, b, f, || {
-        matmul(pool, w_down, &s.act, &s.q8_act, &mut s.tmp);
-        ops::add_in_place(&mut s.x, &s.tmp);
-    });
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_attn<T: KvElem>(
-    pool: &dyn Parallel,
-    p: &AttnParams,
-    q: &[f32],
-    stride: usize,
-    k_new: &[f32],
-    v_new: &[f32],
-    batch: &ForwardBatch,
-    k_cache: &mut [T],
-    v_cache: &mut [T],
-    out: &mut [f32],
-) {
-    paged_attention(
-        pool,
-        p,
-        q,
-        stride,
-        k_new,
-        v_new,
-        stride,
-        batch.slot_mapping,
-        batch.seqs,
-        k_cache,
-        v_cache,
-        out,
-    );
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@ pub struct QMatrix {
     pub cols: usize,
     pub row_bytes: usize,
     pub data: TensorBytes,
+    /// `Some(chunk)`: the rows of two matrices alternate in chunks of `chunk` rows
+    /// (`interleave_rows`: gate and up, for the fused decode `matmul_swiglu`).
+    pub interleaved: Option<usize>,
 }
 
 impl QMatrix {
@@ -58,6 +61,7 @@ impl QMatrix {
             cols,
             row_bytes,
             data: t.bytes.clone(),
+            interleaved: None,
         })
     }
 
@@ -84,6 +88,7 @@ impl QMatrix {
             cols: first.cols,
             row_bytes: first.row_bytes,
             data: TensorBytes::owned(bytes),
+            interleaved: None,
         })
     }
 
@@ -120,6 +125,7 @@ impl QMatrix {
             cols: a.cols,
             row_bytes: a.row_bytes,
             data: TensorBytes::owned(bytes),
+            interleaved: Some(chunk),
         })
     }
 
@@ -337,6 +343,7 @@ mod tests {
             cols,
             row_bytes: bytes.len() / rows,
             data: TensorBytes::owned(bytes),
+            interleaved: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod ops;
 pub mod profile;
 pub mod quant;
 pub mod rows;
+mod step;
 pub mod team;
 
 pub use llama::{CpuExecutor, CpuOptions, KvDtype};

@@ -1,5 +1,5 @@
 //! The feed-forward block of a CPU layer: dense SwiGLU, or a sparse mixture of SwiGLU experts
-//! (Qwen3-MoE). Kept apart from the layer loop so the layer only asks "which FFN".
+//! (Qwen3-MoE), as the CPU loads it; the layer sequence (`crate::forward`) only asks "which FFN".
 //!
 //! MoE semantics, as transformers' `Qwen3MoeSparseMoeBlock` and llama.cpp's `build_moe_ffn`
 //! (softmax gating) define them: per token, router logits `x · gate_inpᵀ` in f32, softmax over all
@@ -17,71 +17,51 @@ use super::matmul::{matmul, Activations, QMatrix};
 use super::profile::Profiler;
 use super::quant::{needs_q8, QK};
 use super::team::Parallel;
+use crate::forward::Ffn;
 use crate::{BackendError, FfnWeights, HostTensor, MoeWeights, TensorBytes};
 
-/// A layer's FFN in the form the CPU computes it.
-pub enum Ffn {
-    /// gate and up in one `[2 * inter, hidden]` matrix: interleaved in chunks of 32 rows when
-    /// `chunked` (the fused decode `matmul_swiglu`), else stacked `[gate | up]`; down `[hidden, inter]`.
-    Dense {
-        gate_up: QMatrix,
-        chunked: bool,
-        down: QMatrix,
-    },
-    Moe(MoeLayer),
+/// A layer's FFN in the form the CPU computes it: gate and up in one `[2 * inter, hidden]` matrix,
+/// interleaved in chunks of 32 rows where `inter` allows (the fused decode `matmul_swiglu`; the
+/// matrix says so in `interleaved`), else stacked `[gate | up]`; down `[hidden, inter]`.
+pub fn ffn(w: &FfnWeights, c: &ModelConfig) -> Result<Ffn<QMatrix, MoeLayer>, BackendError> {
+    let hd = c.hidden_size;
+    match (w, &c.moe) {
+        (
+            FfnWeights::Dense {
+                w_gate,
+                w_up,
+                w_down,
+            },
+            None,
+        ) => {
+            let inter = c.intermediate_size;
+            let gate = QMatrix::from_tensor(w_gate, hd, inter)?;
+            let up = QMatrix::from_tensor(w_up, hd, inter)?;
+            let name = format!("{}+up", w_gate.name);
+            Ok(Ffn::Dense {
+                gate_up: if inter.is_multiple_of(QK) {
+                    QMatrix::interleave_rows(&name, &gate, &up, QK)?
+                } else {
+                    QMatrix::concat_rows(&name, &[gate, up])?
+                },
+                down: QMatrix::from_tensor(w_down, inter, hd)?,
+            })
+        }
+        (FfnWeights::Moe(m), Some(_)) => Ok(Ffn::Moe(MoeLayer::new(m, c)?)),
+        (FfnWeights::Dense { .. }, Some(_)) => Err(BackendError::Config(
+            "the config has experts but the layer a dense FFN".into(),
+        )),
+        (FfnWeights::Moe(_), None) => Err(BackendError::Config(
+            "the layer has experts but the config no MoE section".into(),
+        )),
+    }
 }
 
-impl Ffn {
-    pub fn new(w: &FfnWeights, c: &ModelConfig) -> Result<Self, BackendError> {
-        let hd = c.hidden_size;
-        match (w, &c.moe) {
-            (
-                FfnWeights::Dense {
-                    w_gate,
-                    w_up,
-                    w_down,
-                },
-                None,
-            ) => {
-                let inter = c.intermediate_size;
-                let gate = QMatrix::from_tensor(w_gate, hd, inter)?;
-                let up = QMatrix::from_tensor(w_up, hd, inter)?;
-                let chunked = inter.is_multiple_of(QK);
-                let name = format!("{}+up", w_gate.name);
-                Ok(Ffn::Dense {
-                    gate_up: if chunked {
-                        QMatrix::interleave_rows(&name, &gate, &up, QK)?
-                    } else {
-                        QMatrix::concat_rows(&name, &[gate, up])?
-                    },
-                    chunked,
-                    down: QMatrix::from_tensor(w_down, inter, hd)?,
-                })
-            }
-            (FfnWeights::Moe(m), Some(_)) => Ok(Ffn::Moe(MoeLayer::new(m, c)?)),
-            (FfnWeights::Dense { .. }, Some(_)) => Err(BackendError::Config(
-                "the config has experts but the layer a dense FFN".into(),
-            )),
-            (FfnWeights::Moe(_), None) => Err(BackendError::Config(
-                "the layer has experts but the config no MoE section".into(),
-            )),
-        }
-    }
-
-    /// Weight bytes one token reads (a MoE token reads the router and its top-k experts).
-    pub fn bytes(&self) -> usize {
-        match self {
-            Ffn::Dense { gate_up, down, .. } => gate_up.bytes() + down.bytes(),
-            Ffn::Moe(m) => m.router.bytes() + m.top_k * m.expert_bytes(),
-        }
-    }
-
-    /// The type the normed FFN input must be prepared for (MoE quantizes its own gathered rows).
-    pub fn input_dtype(&self) -> GgmlType {
-        match self {
-            Ffn::Dense { gate_up, .. } => gate_up.dtype,
-            Ffn::Moe(_) => GgmlType::F32,
-        }
+/// Weight bytes one token reads in `f` (a MoE token reads the router and its top-k experts).
+pub fn ffn_bytes(f: &Ffn<QMatrix, MoeLayer>) -> usize {
+    match f {
+        Ffn::Dense { gate_up, down } => gate_up.bytes() + down.bytes(),
+        Ffn::Moe(m) => m.router.bytes() + m.top_k * m.expert_bytes(),
     }
 }
 

@@ -248,5 +248,5 @@ fn bad_expert_shapes_are_errors() {
     let dense = FfnWeights::Moe(good);
     let mut c = config(64, m);
     c.moe = None;
-    assert!(Ffn::new(&dense, &c).is_err());
+    assert!(ffn(&dense, &c).is_err());
 }

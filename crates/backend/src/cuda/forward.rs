@@ -1,15 +1,24 @@
-//! The kernel sequence of one forward pass, enqueued on the stream without host work in between,
-//! so the same code runs eagerly and under CUDA-graph capture.
+//! The CUDA kernels behind the shared layer sequence (`crate::forward`), enqueued on the stream
+//! without host work in between, so the same code runs eagerly and under CUDA-graph capture.
+//!
+//! The order of the ops lives in `forward.rs`; this file says how CUDA does each one. Its fusions:
+//! a one-token step's GEMV applies the pending RMSNorm to its input (that norm's op enqueues
+//! nothing) and, where the down GEMV takes f16 rows, SwiGLU on its way out, or else the down GEMV
+//! applies SwiGLU to its input (the `swiglu` op enqueues nothing); a decode step's attention
+//! kernel applies bias, QK-norm and RoPE itself (`qkv_post` enqueues nothing); each op writes its
+//! output in the input form the next matmul takes (f16 rows or 8-bit blocks).
 
+use half::f16;
 use quire_core::ModelConfig;
 
 use super::attention::{AttnBuffers, Meta, Plan, RopeArgs};
 use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
-use super::llama::{CudaExecutor, CudaFfn, Kernels, Layer};
+use super::llama::{CudaExecutor, Kernels, Layer};
 use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
 use super::profile::EventProfiler;
 use super::qmat::WMat;
+use crate::forward::{forward, Act, LayerOps, Next};
 use crate::BackendError;
 
 /// One forward pass's shape and where its metadata lies on the device.
@@ -59,7 +68,7 @@ struct Bufs {
 }
 
 /// What every part of one step's enqueue reads: the kernels, the step, its buffers, and the
-/// profiler that marks each op (a no-op unless profiling).
+/// profiler that marks each op (a no-op unless profiling); and what one op leaves to the next.
 struct Fwd<'a> {
     g: &'a Gpu,
     k: &'a Kernels,
@@ -71,6 +80,17 @@ struct Fwd<'a> {
     dq_min: usize,
     block_size: usize,
     rope_cs: u64,
+    embed: &'a WMat,
+    /// The layers, for the attention's output form (that of the o projection's input).
+    layers: &'a [Layer],
+    kv_caches: &'a [(DBuf<f16>, DBuf<f16>)],
+    moe: &'a MoeScratch,
+    /// The input the next matmul's GEMV computes itself (a pending RMSNorm or SwiGLU), its op
+    /// having enqueued nothing.
+    fused: Option<GemvInput>,
+    /// The layer's bias, QK-norm and RoPE arguments (`qkv_post`), for a decode step's attention
+    /// kernel, which applies them.
+    rope_args: Option<RopeArgs>,
 }
 
 impl CudaExecutor {
@@ -102,18 +122,16 @@ impl CudaExecutor {
             dq_min: self.dequant_gemm_tokens,
             block_size: self.kv.block_size,
             rope_cs: self.rope_cs.ptr,
+            embed: &self.embed,
+            layers: &self.layers,
+            kv_caches: &self.kv_caches,
+            moe: &s.moe,
+            fused: None,
+            rope_args: None,
         };
         f.prof.start(f.g)?;
-        f.embed(&self.embed)?;
-        for (li, l) in self.layers.iter().enumerate() {
-            f.attention(li, l)?;
-            match &l.ffn {
-                CudaFfn::Dense { w_gate_up, w_down } => f.dense_ffn(li, l, w_gate_up, w_down)?,
-                CudaFfn::Moe(m) => f.moe_ffn(li, l, m, &s.moe)?,
-            }
-        }
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
-        f.output(out_w, self.output_norm.ptr)
+        forward(&mut f, &self.layers, &self.output_norm, out_w)
     }
 }
 
@@ -123,7 +141,7 @@ impl Fwd<'_> {
         w.quant_type().is_some() && rows < self.dq_min
     }
 
-    fn matmul(&self, w: &WMat, rows: usize) -> MatMul {
+    fn mm(&self, w: &WMat, rows: usize) -> MatMul {
         MatMul {
             n: rows,
             wdq: self.b.wdq,
@@ -198,121 +216,6 @@ impl Fwd<'_> {
         }
     }
 
-    /// The token embeddings into the residual rows `x`.
-    fn embed(&mut self, embed: &WMat) -> Result<(), BackendError> {
-        use KArg::{I, P};
-        let (g, k, st, b) = (self.g, self.k, self.st, self.b);
-        let (n, hd) = (st.n, self.c.hidden_size);
-        let tokens = self.meta(st.layout.tokens);
-        match embed {
-            // SAFETY: embed_meta's list; `meta_src` is mapped host memory of `meta_words` words; the rest as `Bufs` says.
-            WMat::F16(t) if st.meta_src != 0 => unsafe {
-                g.launch(
-                    &k.embed_meta,
-                    (n as u32, 1, 1),
-                    (256, 1, 1),
-                    &[
-                        P(st.meta_src),
-                        P(st.meta_base),
-                        I(st.meta_words as i32),
-                        I(st.layout.tokens as i32),
-                        P(t.ptr),
-                        P(b.x),
-                        I(hd as i32),
-                    ],
-                )
-            }?,
-            // SAFETY: embed's list; the addresses are the step's, as `Bufs` says.
-            WMat::F16(t) => unsafe {
-                g.launch(
-                    &k.embed,
-                    (n as u32, 1, 1),
-                    (256, 1, 1),
-                    &[P(tokens), P(t.ptr), P(b.x), I(hd as i32)],
-                )
-            }?,
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            WMat::Quant { dtype, data } => {
-                unsafe { k.q.embed(g, *dtype, tokens, data.ptr, b.x, n, hd) }?
-            }
-        }
-        self.prof.mark(g, "embed", None, n * hd * 6, 0)
-    }
-
-    /// Layer `li`'s attention block: norm and QKV projection, RoPE (decode: inside the attention
-    /// kernel), paged attention with the KV write, and the o projection added to `x`.
-    fn attention(&mut self, li: usize, l: &Layer) -> Result<(), BackendError> {
-        let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
-        let n = st.n;
-        let (hd, qs, kvs) = (c.hidden_size, c.q_size(), c.kv_size());
-        let qkv_dim = qs + 2 * kvs;
-        let normed = self.normed(l.attn_norm.ptr, 0);
-        if let Some((gv, wp)) = one_token_gemv(k, &l.wqkv, n, hd, &normed) {
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            unsafe { gv.run(g, wp, normed, b.qkv, hd, qkv_dim, 0.0) }?;
-        } else {
-            self.norm(self.q8_in(&l.wqkv, n), l.attn_norm.ptr, li)?;
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            unsafe {
-                self.matmul(&l.wqkv, n)
-                    .run(g, k, &l.wqkv, (b.h, b.q8), b.qkv, hd, qkv_dim, 0.0)
-            }?;
-        }
-        self.mark_gemm("matmul_qkv", li, &l.wqkv, hd, qkv_dim)?;
-        let opt = |b: &Option<DBuf<f32>>| b.as_ref().map_or(0, |b| b.ptr);
-        let rope = RopeArgs {
-            bias: opt(&l.bqkv),
-            q_norm: opt(&l.q_norm),
-            k_norm: opt(&l.k_norm),
-            cs: self.rope_cs,
-            pairs: c.rope_dim / 2,
-            neox: matches!(c.rope_style, quire_core::RopeStyle::Neox),
-            eps: c.rms_norm_eps,
-        };
-        // A decode step's attention kernel applies bias, QK-norm and RoPE itself.
-        if !st.plan.decode {
-            self.rope(li, &rope)?;
-        }
-        // The o-projection's input: 8-bit blocks quantized from f32 rows, or f16 rows.
-        let q8w = self.q8_in(&l.wo, n);
-        // SAFETY: the addresses are the step's, as `Bufs` says.
-        unsafe {
-            k.attention.launch(
-                g,
-                n,
-                self.block_size,
-                st.plan,
-                &AttnBuffers {
-                    qkv: b.qkv,
-                    qkv_stride: qkv_dim,
-                    k_cache: l.k_cache.ptr,
-                    v_cache: l.v_cache.ptr,
-                    meta: st.meta_base,
-                    layout: st.layout,
-                    out: b.attn,
-                    out_f32: q8w,
-                    part_acc: b.part_acc,
-                    part_ml: b.part_ml,
-                    rope: st.plan.decode.then_some(rope),
-                },
-            )
-        }?;
-        let kv_read = st.ctx_tokens * 2 * kvs * 2;
-        let bytes = kv_read + n * (qkv_dim * 4 + qs * 2);
-        self.prof
-            .mark(g, "attention", Some(li), bytes, 4 * st.pairs * qs)?;
-        if q8w {
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            unsafe { k.q.quantize(g, b.attn, true, b.q8, n, qs) }?;
-        }
-        // SAFETY: the addresses are the step's, as `Bufs` says.
-        unsafe {
-            self.matmul(&l.wo, n)
-                .run(g, k, &l.wo, (b.attn, b.q8), b.x, qs, hd, 1.0)
-        }?;
-        self.mark_gemm("matmul_o", li, &l.wo, qs, hd)
-    }
-
     /// `rope_qkv`: bias, QK-norm and RoPE of the QKV rows in place (steps with prompt rows).
     fn rope(&mut self, li: usize, rope: &RopeArgs) -> Result<(), BackendError> {
         use KArg::{F, I, P};
@@ -344,71 +247,6 @@ impl Fwd<'_> {
         }?;
         self.prof
             .mark(g, "rope", Some(li), n * qkv_dim * 8, n * (qs + kvs) * 6)
-    }
-
-    /// Layer `li`'s dense feed-forward block, its down projection added to `x`. A one-token step
-    /// runs it as two GEMVs: gate/up with the norm before and the SwiGLU after it fused in, then
-    /// down on the f16 activations.
-    fn dense_ffn(
-        &mut self,
-        li: usize,
-        l: &Layer,
-        w_gate_up: &WMat,
-        w_down: &WMat,
-    ) -> Result<(), BackendError> {
-        let (g, k, st, b) = (self.g, self.k, self.st, self.b);
-        let n = st.n;
-        let (hd, inter) = (self.c.hidden_size, self.c.intermediate_size);
-        let normed = self.normed(l.ffn_norm.ptr, 0);
-        let act_f16 = GemvInput::F16 { x: b.act };
-        if let Some((gv, wp)) = one_token_gemv(k, w_gate_up, n, hd, &normed) {
-            // With the SwiGLU on the gate/up GEMV's way out, the down GEMV reads f16 rows.
-            if one_token_gemv(k, w_down, n, inter, &act_f16).is_some() {
-                // SAFETY: the addresses are the step's, as `Bufs` says.
-                unsafe { gv.run_glu(g, wp, normed, b.act, hd, inter) }?;
-                self.mark_gemm("matmul_gate_up", li, w_gate_up, hd, 2 * inter)?;
-                let mm = MatMul {
-                    n,
-                    wdq: b.wdq,
-                    q8_in: false,
-                };
-                // SAFETY: the addresses are the step's, as `Bufs` says.
-                unsafe { mm.run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0) }?;
-                return self.mark_gemm("matmul_down", li, w_down, inter, hd);
-            }
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            unsafe { gv.run(g, wp, normed, b.gu, hd, 2 * inter, 0.0) }?;
-        } else {
-            self.norm(self.q8_in(w_gate_up, n), l.ffn_norm.ptr, li)?;
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            unsafe {
-                self.matmul(w_gate_up, n).run(
-                    g,
-                    k,
-                    w_gate_up,
-                    (b.h, b.q8),
-                    b.gu,
-                    hd,
-                    2 * inter,
-                    0.0,
-                )
-            }?;
-        }
-        self.mark_gemm("matmul_gate_up", li, w_gate_up, hd, 2 * inter)?;
-        let act_in = GemvInput::SwiGlu { gu: b.gu };
-        if let Some((gv, wp)) = one_token_gemv(k, w_down, n, inter, &act_in) {
-            // SAFETY: the addresses are the step's, as `Bufs` says.
-            unsafe { gv.run(g, wp, act_in, b.x, inter, hd, 1.0) }?;
-            return self.mark_gemm("matmul_down", li, w_down, inter, hd);
-        }
-        let q8w = self.q8_in(w_down, n);
-        self.swiglu(li, q8w)?;
-        // SAFETY: the addresses are the step's, as `Bufs` says.
-        unsafe {
-            self.matmul(w_down, n)
-                .run(g, k, w_down, (b.act, b.q8), b.x, inter, hd, 1.0)
-        }?;
-        self.mark_gemm("matmul_down", li, w_down, inter, hd)
     }
 
     /// SwiGLU of the gate/up rows into the down projection's input (`q8`: 8-bit blocks).
@@ -443,33 +281,253 @@ impl Fwd<'_> {
         self.prof
             .mark(g, "swiglu", Some(li), n * inter * 10, n * inter * 6)
     }
+}
 
-    /// Layer `li`'s mixture-of-experts block, added to `x`. The router takes f32 rows; the
-    /// experts f16 rows or 8-bit blocks.
-    fn moe_ffn(
+impl LayerOps for Fwd<'_> {
+    type M = WMat;
+    type V = DBuf<f32>;
+    type E = MoeLayer;
+
+    /// The token embeddings into the residual rows `x`.
+    fn embed(&mut self) -> Result<(), BackendError> {
+        use KArg::{I, P};
+        let (g, k, st, b) = (self.g, self.k, self.st, self.b);
+        let (n, hd) = (st.n, self.c.hidden_size);
+        let tokens = self.meta(st.layout.tokens);
+        match self.embed {
+            // SAFETY: embed_meta's list; `meta_src` is mapped host memory of `meta_words` words; the rest as `Bufs` says.
+            WMat::F16(t) if st.meta_src != 0 => unsafe {
+                g.launch(
+                    &k.embed_meta,
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    &[
+                        P(st.meta_src),
+                        P(st.meta_base),
+                        I(st.meta_words as i32),
+                        I(st.layout.tokens as i32),
+                        P(t.ptr),
+                        P(b.x),
+                        I(hd as i32),
+                    ],
+                )
+            }?,
+            // SAFETY: embed's list; the addresses are the step's, as `Bufs` says.
+            WMat::F16(t) => unsafe {
+                g.launch(
+                    &k.embed,
+                    (n as u32, 1, 1),
+                    (256, 1, 1),
+                    &[P(tokens), P(t.ptr), P(b.x), I(hd as i32)],
+                )
+            }?,
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            WMat::Quant { dtype, data } => {
+                unsafe { k.q.embed(g, *dtype, tokens, data.ptr, b.x, n, hd) }?
+            }
+        }
+        self.prof.mark(g, "embed", None, n * hd * 6, 0)
+    }
+
+    /// A one-token step whose matmul takes the GEMV leaves the norm to it (`fused`). The MoE
+    /// router also takes f32 rows of the norm (`MoeScratch::hf`).
+    fn rms_norm(
         &mut self,
         li: usize,
-        l: &Layer,
-        m: &MoeLayer,
-        ms: &MoeScratch,
+        w: &DBuf<f32>,
+        next: Next<'_, WMat, MoeLayer>,
     ) -> Result<(), BackendError> {
-        use KArg::{F, I, P};
+        let (n, hd) = (self.st.n, self.c.hidden_size);
+        let m = match next {
+            Next::Matmul(m) => m,
+            Next::Moe(m) => {
+                use KArg::{F, I, P};
+                let (g, k, b) = (self.g, self.k, self.b);
+                let (hd, eps, threads) = self.norm_shape();
+                // SAFETY: rms_norm_f32's list; `hf` is the MoE scratch, grown with the step; the rest as `Bufs` says.
+                unsafe {
+                    g.launch(
+                        &k.rms_norm_f32,
+                        (n as u32, 1, 1),
+                        (threads, 1, 1),
+                        &[
+                            P(b.x),
+                            P(0),
+                            P(w.ptr),
+                            P(self.moe.hf.ptr),
+                            I(hd as i32),
+                            F(eps),
+                        ],
+                    )
+                }?;
+                return self.norm(m.q8_in(), w.ptr, li);
+            }
+        };
+        let normed = self.normed(w.ptr, 0);
+        if one_token_gemv(self.k, m, n, hd, &normed).is_some() {
+            self.fused = Some(normed);
+            return Ok(());
+        }
+        self.norm(self.q8_in(m, n), w.ptr, li)
+    }
+
+    /// The o projection's 8-bit input is quantized here from the attention's f32 rows.
+    fn matmul(
+        &mut self,
+        li: usize,
+        w: &WMat,
+        src: Act,
+        dst: Act,
+        add: bool,
+    ) -> Result<(), BackendError> {
         let (g, k, b, n) = (self.g, self.k, self.b, self.st.n);
-        let (hd, eps, threads) = self.norm_shape();
-        let hf = ms.hf.ptr;
-        // SAFETY: rms_norm_f32's list; `hf` is the MoE scratch, grown with the step; the rest as `Bufs` says.
+        let c = self.c;
+        let (hd, qs, qkv_dim) = (c.hidden_size, c.q_size(), c.q_size() + 2 * c.kv_size());
+        let (k_in, input) = match src {
+            Act::H => (hd, b.h),
+            Act::Attn => (qs, b.attn),
+            Act::Swiglu => (c.intermediate_size, b.act),
+            Act::X | Act::Qkv => {
+                return Err(BackendError::Cuda(format!("no matmul reads {src:?}")));
+            }
+        };
+        let (out, y) = match dst {
+            Act::Qkv => (qkv_dim, b.qkv),
+            Act::X => (hd, b.x),
+            Act::H | Act::Attn | Act::Swiglu => {
+                return Err(BackendError::Cuda(format!("no matmul writes {dst:?}")));
+            }
+        };
+        let beta = if add { 1.0 } else { 0.0 };
+        if let Some(fused) = self.fused.take() {
+            let Some((gv, wp)) = one_token_gemv(k, w, n, k_in, &fused) else {
+                return Err(BackendError::Cuda(format!(
+                    "{fused:?} was left to a GEMV that does not take it"
+                )));
+            };
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, fused, y, k_in, out, beta) }?;
+        } else {
+            if src == Act::Attn && self.q8_in(w, n) {
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { k.q.quantize(g, b.attn, true, b.q8, n, qs) }?;
+            }
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe {
+                self.mm(w, n)
+                    .run(g, k, w, (input, b.q8), y, k_in, out, beta)
+            }?;
+        }
+        self.mark_gemm(Act::matmul_name(src, dst), li, w, k_in, out)
+    }
+
+    /// Steps with prompt rows run `rope_qkv`; a decode step's attention kernel applies the same
+    /// itself.
+    fn qkv_post(
+        &mut self,
+        li: usize,
+        bias: Option<&DBuf<f32>>,
+        q_norm: Option<&DBuf<f32>>,
+        k_norm: Option<&DBuf<f32>>,
+    ) -> Result<(), BackendError> {
+        let c = self.c;
+        let opt = |b: Option<&DBuf<f32>>| b.map_or(0, |b| b.ptr);
+        let rope = RopeArgs {
+            bias: opt(bias),
+            q_norm: opt(q_norm),
+            k_norm: opt(k_norm),
+            cs: self.rope_cs,
+            pairs: c.rope_dim / 2,
+            neox: matches!(c.rope_style, quire_core::RopeStyle::Neox),
+            eps: c.rms_norm_eps,
+        };
+        self.rope_args = Some(rope);
+        if !self.st.plan.decode {
+            self.rope(li, &rope)?;
+        }
+        Ok(())
+    }
+
+    /// Paged attention with the KV write; its output in the o projection's input form (f32 rows
+    /// to quantize, or f16 rows).
+    fn attention(&mut self, li: usize) -> Result<(), BackendError> {
+        let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
+        let n = st.n;
+        let (qs, kvs) = (c.q_size(), c.kv_size());
+        let qkv_dim = qs + 2 * kvs;
+        let q8w = self.q8_in(&self.layers[li].wo, n);
+        let (k_cache, v_cache) = &self.kv_caches[li];
+        let rope = self.rope_args.take().filter(|_| st.plan.decode);
+        // SAFETY: the addresses are the step's, as `Bufs` says.
         unsafe {
-            g.launch(
-                &k.rms_norm_f32,
-                (n as u32, 1, 1),
-                (threads, 1, 1),
-                &[P(b.x), P(0), P(l.ffn_norm.ptr), P(hf), I(hd as i32), F(eps)],
+            k.attention.launch(
+                g,
+                n,
+                self.block_size,
+                st.plan,
+                &AttnBuffers {
+                    qkv: b.qkv,
+                    qkv_stride: qkv_dim,
+                    k_cache: k_cache.ptr,
+                    v_cache: v_cache.ptr,
+                    meta: st.meta_base,
+                    layout: st.layout,
+                    out: b.attn,
+                    out_f32: q8w,
+                    part_acc: b.part_acc,
+                    part_ml: b.part_ml,
+                    rope,
+                },
             )
         }?;
-        self.norm(m.q8_in(), l.ffn_norm.ptr, li)?;
+        let kv_read = st.ctx_tokens * 2 * kvs * 2;
+        let bytes = kv_read + n * (qkv_dim * 4 + qs * 2);
+        self.prof
+            .mark(g, "attention", Some(li), bytes, 4 * st.pairs * qs)
+    }
+
+    /// A one-token step runs gate/up as a GEMV with the norm fused in and, where the down GEMV
+    /// takes f16 rows, the SwiGLU on its way out; else the down GEMV applies the SwiGLU to its
+    /// input, or the `swiglu` kernel runs.
+    fn gate_up(&mut self, li: usize, gate_up: &WMat, down: &WMat) -> Result<(), BackendError> {
+        let (g, k, b, n) = (self.g, self.k, self.b, self.st.n);
+        let (hd, inter) = (self.c.hidden_size, self.c.intermediate_size);
+        if let Some(normed) = self.fused.take() {
+            let Some((gv, wp)) = one_token_gemv(k, gate_up, n, hd, &normed) else {
+                return Err(BackendError::Cuda(format!(
+                    "{normed:?} was left to a GEMV that does not take it"
+                )));
+            };
+            // With the SwiGLU on the gate/up GEMV's way out, the down GEMV reads f16 rows.
+            if one_token_gemv(k, down, n, inter, &GemvInput::F16 { x: b.act }).is_some() {
+                // SAFETY: the addresses are the step's, as `Bufs` says.
+                unsafe { gv.run_glu(g, wp, normed, b.act, hd, inter) }?;
+                return self.mark_gemm("matmul_gate_up", li, gate_up, hd, 2 * inter);
+            }
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { gv.run(g, wp, normed, b.gu, hd, 2 * inter, 0.0) }?;
+        } else {
+            let mm = self.mm(gate_up, n);
+            // SAFETY: the addresses are the step's, as `Bufs` says.
+            unsafe { mm.run(g, k, gate_up, (b.h, b.q8), b.gu, hd, 2 * inter, 0.0) }?;
+        }
+        self.mark_gemm("matmul_gate_up", li, gate_up, hd, 2 * inter)?;
+        let act_in = GemvInput::SwiGlu { gu: b.gu };
+        if one_token_gemv(k, down, n, inter, &act_in).is_some() {
+            self.fused = Some(act_in);
+            return Ok(());
+        }
+        self.swiglu(li, self.q8_in(down, n))
+    }
+
+    /// The router takes f32 rows; the experts f16 rows or 8-bit blocks (both from `rms_norm`).
+    fn moe(&mut self, li: usize, m: &MoeLayer) -> Result<(), BackendError> {
+        let (g, k, b, n) = (self.g, self.k, self.b, self.st.n);
+        let hd = self.c.hidden_size;
+        let ms = self.moe;
         let mk = k.moe.as_ref().expect("compiled for MoE models");
         let io = MoeInputs {
-            hf,
+            hf: ms.hf.ptr,
             h: b.h,
             q8: b.q8,
             x: b.x,
@@ -495,7 +553,8 @@ impl Fwd<'_> {
 
     /// The output norm and projection of the rows listed in `logits_idx`, into `logits` (or, for
     /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`).
-    fn output(&mut self, out_w: &WMat, norm_w: u64) -> Result<(), BackendError> {
+    fn output(&mut self, norm: &DBuf<f32>, out_w: &WMat) -> Result<(), BackendError> {
+        let norm_w = norm.ptr;
         let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
         let (nl, hd) = (st.nl, c.hidden_size);
         if nl > 0 {
@@ -516,7 +575,7 @@ impl Fwd<'_> {
                 let rows = KArg::P(rows_idx);
                 // SAFETY: the addresses are the step's, as `Bufs` says.
                 unsafe { norm_for(g, k, q8w, b.x, rows, norm_w, inputs, nl, self.norm_shape()) }?;
-                let mm = self.matmul(out_w, nl);
+                let mm = self.mm(out_w, nl);
                 // SAFETY: the addresses are the step's, as `Bufs` says.
                 unsafe { mm.run(g, k, out_w, inputs, b.logits, hd, c.vocab_size, 0.0) }?;
             }

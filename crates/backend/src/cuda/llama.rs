@@ -3,6 +3,7 @@
 //! layer is four cuBLAS GEMMs and five kernels (four in a decode step, whose attention kernel
 //! applies RoPE itself); the residual adds ride on the GEMMs (beta = 1).
 //! The residual stream is f32; GEMM inputs are f16. The KV cache is f16, one buffer per layer.
+//! A step runs the shared layer sequence (`crate::forward`) with the kernels of `forward.rs`.
 
 use std::collections::HashMap;
 
@@ -26,28 +27,8 @@ use crate::{
 
 use super::profile::EventProfiler;
 
-pub(super) struct Layer {
-    pub(super) attn_norm: DBuf<f32>,
-    pub(super) wqkv: WMat,
-    pub(super) bqkv: Option<DBuf<f32>>,
-    pub(super) q_norm: Option<DBuf<f32>>,
-    pub(super) k_norm: Option<DBuf<f32>>,
-    pub(super) wo: WMat,
-    pub(super) ffn_norm: DBuf<f32>,
-    pub(super) ffn: CudaFfn,
-    pub(super) k_cache: DBuf<f16>,
-    pub(super) v_cache: DBuf<f16>,
-}
-
-/// A layer's feed-forward block on the device.
-pub(super) enum CudaFfn {
-    /// Stacked gate+up `[2 · inter, hidden]` and down `[hidden, inter]`.
-    Dense {
-        w_gate_up: WMat,
-        w_down: WMat,
-    },
-    Moe(MoeLayer),
-}
+/// A layer's weights on the device (its KV cache is `CudaExecutor::kv_caches`).
+pub(super) type Layer = crate::forward::Layer<WMat, DBuf<f32>, MoeLayer>;
 
 pub(super) struct Kernels {
     pub(super) rms_norm: CudaFunction,
@@ -78,6 +59,8 @@ pub struct CudaExecutor {
     pub(super) rope_cs: DBuf<f32>, // [max_pos, pairs, 2]
     pub(super) max_pos: usize,
     pub(super) layers: Vec<Layer>,
+    /// Each layer's K and V caches (f16, the pool's slots plus one padding block).
+    pub(super) kv_caches: Vec<(DBuf<f16>, DBuf<f16>)>,
     pub(super) kv: KvCacheSpec,
     pub(super) s: Scratch,
     /// Pinned: the logits copy of every step runs at the bus rate.

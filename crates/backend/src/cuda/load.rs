@@ -10,7 +10,7 @@ use quire_gguf::GgmlType;
 
 use super::attention::PagedAttention;
 use super::gpu::{DBuf, Gpu, HostBuf};
-use super::llama::{CudaExecutor, CudaFfn, Kernels, Layer};
+use super::llama::{CudaExecutor, Kernels, Layer};
 use super::meta::MappedMeta;
 use super::moe::{MoeKernels, MoeLayer};
 use super::nvrtc;
@@ -18,6 +18,7 @@ use super::qmat::{is_block32_quant, is_native_quant, upload_stacked, QuantKernel
 use super::sample::SampleKernel;
 use super::scratch::Scratch;
 use super::CudaOptions;
+use crate::forward::Ffn;
 use crate::{BackendError, HostTensor, KvCacheSpec, ModelWeights};
 
 use super::profile::EventProfiler;
@@ -126,7 +127,8 @@ fn kernels(gpu: &Gpu, c: &ModelConfig, opts: &CudaOptions) -> Result<Kernels, Ba
     })
 }
 
-/// One layer's weights on the device (its KV cache comes later, once the pool is sized).
+/// One layer's weights on the device (its KV cache comes later, once the pool is sized:
+/// `CudaExecutor::kv_caches`).
 fn upload_layer(
     gpu: &Gpu,
     c: &ModelConfig,
@@ -161,15 +163,15 @@ fn upload_layer(
             w_gate,
             w_up,
             w_down,
-        } => CudaFfn::Dense {
-            w_gate_up: upload_stacked(gpu, &[w_gate, w_up], hd, &[inter, inter], keep_quant)?,
-            w_down: upload_stacked(gpu, &[w_down], inter, &[hd], keep_quant)?,
+        } => Ffn::Dense {
+            gate_up: upload_stacked(gpu, &[w_gate, w_up], hd, &[inter, inter], keep_quant)?,
+            down: upload_stacked(gpu, &[w_down], inter, &[hd], keep_quant)?,
         },
         crate::FfnWeights::Moe(m) => {
             let cfg = c
                 .moe
                 .ok_or_else(|| BackendError::Config("MoE weights without a MoE config".into()))?;
-            CudaFfn::Moe(MoeLayer::upload(gpu, m, cfg, hd, keep_quant)?)
+            Ffn::Moe(MoeLayer::upload(gpu, m, cfg, hd, keep_quant)?)
         }
     };
     Ok(Layer {
@@ -181,9 +183,6 @@ fn upload_layer(
         wo: upload_stacked(gpu, &[&l.wo], qs, &[hd], keep_quant)?,
         ffn_norm: upload_vec(gpu, &l.ffn_norm, hd)?,
         ffn,
-        // The caches come later, once their size is known.
-        k_cache: gpu.alloc::<f16>(0)?,
-        v_cache: gpu.alloc::<f16>(0)?,
     })
 }
 
@@ -195,8 +194,8 @@ fn largest_quant(c: &ModelConfig, layers: &[Layer], out_w: &WMat) -> Option<usiz
         .iter()
         .flat_map(|l| {
             let mut m = vec![(&l.wqkv, hd * (qs + 2 * kvs)), (&l.wo, qs * hd)];
-            if let CudaFfn::Dense { w_gate_up, w_down } = &l.ffn {
-                m.extend([(w_gate_up, hd * 2 * inter), (w_down, inter * hd)]);
+            if let Ffn::Dense { gate_up, down } = &l.ffn {
+                m.extend([(gate_up, hd * 2 * inter), (down, inter * hd)]);
             }
             m
         })
@@ -295,7 +294,7 @@ impl CudaExecutor {
             .as_ref()
             .map(|t| upload_stacked(&gpu, &[t], hd, &[c.vocab_size], keep_quant))
             .transpose()?;
-        let mut layers = w
+        let layers = w
             .layers
             .iter()
             .map(|l| upload_layer(&gpu, c, l, keep_quant))
@@ -308,10 +307,9 @@ impl CudaExecutor {
         let num_blocks = pool_blocks(&gpu, c, &opts, free_before)?;
         // One block more than the engine sees: padding rows of decode graphs write there.
         let slots = (num_blocks + 1) * bs * kvs;
-        for l in &mut layers {
-            l.k_cache = gpu.alloc::<f16>(slots)?;
-            l.v_cache = gpu.alloc::<f16>(slots)?;
-        }
+        let kv_caches = (0..layers.len())
+            .map(|_| Ok((gpu.alloc::<f16>(slots)?, gpu.alloc::<f16>(slots)?)))
+            .collect::<Result<Vec<_>, BackendError>>()?;
         // Positions the RoPE table covers: the trained context, unless the caller sized the pool
         // itself (`bench -d` past the trained context, as llama.cpp allows, with a warning there).
         let max_pos = match opts.num_blocks {
@@ -338,6 +336,7 @@ impl CudaExecutor {
             rope_cs,
             max_pos,
             layers,
+            kv_caches,
             kv: KvCacheSpec {
                 num_blocks,
                 block_size: bs,
