@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
+use quire_backend::cuda::CudaOptions;
 use quire_backend::{kv_bytes_per_token, Executor, KvCacheSpec};
 use quire_engine::{Engine, EngineConfig};
 use quire_model::LoadedModel;
@@ -121,18 +122,26 @@ pub fn executor(
             kv,
             cpu_options(args, kv_dtype),
         )?)),
-        "cuda" => cuda_executor(model, args, Some(kv.num_blocks), kv.block_size, kv_dtype),
+        "cuda" => cuda_executor(
+            model,
+            args,
+            (Some(kv.num_blocks), kv.block_size),
+            kv_dtype,
+            CudaOptions::default().max_num_batched_tokens,
+        ),
         other => bail!("unknown backend {other}"),
     }
 }
 
 /// The CUDA executor; `num_blocks: None` sizes the KV pool from free GPU memory.
+/// The CUDA executor: `pool` is (blocks, or `None` to size the pool from free memory, block
+/// size); `max_tokens` the most tokens a step holds (activations allocated at load).
 pub fn cuda_executor(
     model: &LoadedModel,
     args: &ModelArgs,
-    num_blocks: Option<usize>,
-    block_size: usize,
+    (num_blocks, block_size): (Option<usize>, usize),
     kv_dtype: &str,
+    max_tokens: usize,
 ) -> Result<Box<dyn Executor>> {
     if kv_dtype != "f16" {
         bail!("the CUDA backend keeps its KV cache in f16: use --kv-dtype f16");
@@ -141,12 +150,13 @@ pub fn cuda_executor(
     if !(u > 0.0 && u <= 1.0) {
         bail!("--gpu-memory-utilization must be in (0, 1] (got {u})");
     }
-    let opts = quire_backend::cuda::CudaOptions {
+    let opts = CudaOptions {
         device: 0,
         gpu_memory_utilization: u,
         num_blocks,
         block_size,
         quantized_weights: args.gpu_weights == "native",
+        max_num_batched_tokens: max_tokens,
         ..Default::default()
     };
     match quire_backend::cuda::CudaExecutor::new(&model.weights, opts) {
@@ -243,7 +253,13 @@ pub fn build_engine(
                 e.block_size
             );
         }
-        cuda_executor(model, m, e.num_blocks, e.block_size, &e.kv_dtype)?
+        cuda_executor(
+            model,
+            m,
+            (e.num_blocks, e.block_size),
+            &e.kv_dtype,
+            e.max_num_batched_tokens,
+        )?
     } else {
         executor(model, m, kv_spec(model, e)?, &e.kv_dtype)?
     };

@@ -301,9 +301,10 @@ impl CudaExecutor {
             .collect::<Result<Vec<_>, _>>()?;
         let output_norm = upload_vec(&gpu, &w.output_norm, hd)?;
         let wdq = match largest_quant(c, &layers, output.as_ref().unwrap_or(&embed)) {
-            Some(e) if opts.dequant_gemm_tokens != usize::MAX => Some(gpu.alloc::<f16>(e)?),
-            _ => None,
+            Some(e) if opts.dequant_gemm_tokens != usize::MAX => gpu.alloc::<f16>(e)?,
+            _ => gpu.alloc::<f16>(0)?,
         };
+        let s = Scratch::new(&gpu, c, wdq, opts.max_num_batched_tokens)?;
         let num_blocks = pool_blocks(&gpu, c, &opts, free_before)?;
         // One block more than the engine sees: padding rows of decode graphs write there.
         let slots = (num_blocks + 1) * bs * kvs;
@@ -319,10 +320,6 @@ impl CudaExecutor {
         .max(1);
         let rope_cs = rope_table(&gpu, c, w, max_pos)?;
         gpu.sync()?;
-        let wdq = match wdq {
-            Some(b) => b,
-            None => gpu.alloc::<f16>(0)?,
-        };
         let meta_mapped = match &embed {
             WMat::F16(_) => Some(MappedMeta::new()?),
             WMat::Quant { .. } => None,
@@ -341,7 +338,7 @@ impl CudaExecutor {
                 num_blocks,
                 block_size: bs,
             },
-            s: Scratch::new(&gpu, wdq)?,
+            s,
             host_logits: Default::default(),
             host_logits_len: 0,
             host_row: HostBuf::mapped(c.vocab_size)?,

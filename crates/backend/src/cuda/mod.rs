@@ -35,6 +35,9 @@ pub struct CudaOptions {
     /// weight to f16 and use cuBLAS instead of the 8-bit kernels (much faster at large batches;
     /// the activations are then not quantized). `usize::MAX` keeps every matmul on the 8-bit path.
     pub dequant_gemm_tokens: usize,
+    /// The most tokens a step holds (the engine's `max_num_batched_tokens`): activations for that
+    /// many are allocated at load, before the KV pool is sized from the free memory.
+    pub max_num_batched_tokens: usize,
 }
 
 impl Default for CudaOptions {
@@ -48,6 +51,7 @@ impl Default for CudaOptions {
             gemv: CudaEnv::get().gemv,
             quantized_weights: true,
             dequant_gemm_tokens: 64,
+            max_num_batched_tokens: 512,
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The CUDA executor's device activations and how they grow with the batches it sees.
 //!
-//! Every buffer exists from load on (empty until a step needs it), so the forward pass reads
-//! plain fields; `grow` replaces a buffer that is too small and reports the move, because CUDA
-//! graphs captured before it hold the old addresses.
+//! Every buffer exists from load on, so the forward pass reads plain fields: the activations for
+//! the engine's token budget (`CudaOptions::max_num_batched_tokens`) are allocated at load, before
+//! the KV pool is sized; `grow` replaces a buffer that is too small for a step and reports the
+//! move, because CUDA graphs captured before it hold the old addresses.
 
 use half::f16;
+use quire_core::ModelConfig;
 
 use super::gpu::{DBuf, Gpu};
 use super::llama::{CudaExecutor, MAX_GRAPH_BATCH};
@@ -31,16 +33,19 @@ pub(super) struct Acts {
 }
 
 impl Acts {
-    fn empty(g: &Gpu) -> Result<Self, BackendError> {
+    /// Activations for `n` rows (rounded up to a power of two, at least `SMALL_ROWS`).
+    fn alloc(g: &Gpu, c: &ModelConfig, n: usize) -> Result<Self, BackendError> {
+        let cap = n.next_power_of_two().max(SMALL_ROWS);
+        let (hd, qs, kvs, inter) = (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
         Ok(Self {
-            tokens: 0,
-            x: g.alloc(0)?,
-            h: g.alloc(0)?,
-            qkv: g.alloc(0)?,
-            attn: g.alloc(0)?,
-            gu: g.alloc(0)?,
-            act: g.alloc(0)?,
-            q8: g.alloc(0)?,
+            tokens: cap,
+            x: g.alloc(cap * hd)?,
+            h: g.alloc(cap * hd)?,
+            qkv: g.alloc(cap * (qs + 2 * kvs))?,
+            attn: g.alloc(cap * qs)?,
+            gu: g.alloc(cap * 2 * inter)?,
+            act: g.alloc(cap * inter)?,
+            q8: g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?,
         })
     }
 }
@@ -72,16 +77,29 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    /// Empty activations beside `wdq` (allocated by the caller before the KV pool is sized).
-    pub(super) fn new(g: &Gpu, wdq: DBuf<f16>) -> Result<Self, BackendError> {
+    /// The activations of steps up to `max_tokens` tokens (the engine's token budget), beside
+    /// `wdq`; allocated at load, before the KV pool takes the free memory, so a serving engine
+    /// never allocates on its hot path. Logits rows, attention partials and metadata grow with
+    /// the steps (they are small); so do the activations for a step beyond `max_tokens` (tools
+    /// such as `bench -p 2048`), once.
+    pub(super) fn new(
+        g: &Gpu,
+        c: &ModelConfig,
+        wdq: DBuf<f16>,
+        max_tokens: usize,
+    ) -> Result<Self, BackendError> {
+        let mut moe = MoeScratch::empty(g)?;
+        if let Some(m) = c.moe {
+            moe.grow(g, max_tokens, &m, c.hidden_size)?;
+        }
         Ok(Self {
-            small: Acts::empty(g)?,
-            large: Acts::empty(g)?,
+            small: Acts::alloc(g, c, SMALL_ROWS)?,
+            large: Acts::alloc(g, c, max_tokens.max(SMALL_ROWS + 1))?,
             logits: g.alloc(0)?,
             part_acc: g.alloc(0)?,
             part_ml: g.alloc(0)?,
             meta: g.alloc(0)?,
-            moe: MoeScratch::empty(g)?,
+            moe,
             wdq,
             ids: g.alloc(0)?,
             argmax_part: g.alloc(0)?,
@@ -127,17 +145,9 @@ impl CudaExecutor {
         };
         if n > a.tokens {
             moved = true;
-            let cap = n.next_power_of_two().max(SMALL_ROWS);
-            let (hd, qs, kvs, inter) =
-                (c.hidden_size, c.q_size(), c.kv_size(), c.intermediate_size);
-            a.x = g.alloc(cap * hd)?;
-            a.h = g.alloc(cap * hd)?;
-            a.qkv = g.alloc(cap * (qs + 2 * kvs))?;
-            a.attn = g.alloc(cap * qs)?;
-            a.gu = g.alloc(cap * 2 * inter)?;
-            a.act = g.alloc(cap * inter)?;
-            a.q8 = g.alloc(cap * hd.max(qs).max(inter) / 32 * Q8A_BYTES)?;
-            a.tokens = cap;
+            // Free the old set first: the new one may need the room.
+            *a = Acts::alloc(g, c, 0)?;
+            *a = Acts::alloc(g, c, n)?;
         }
         if let Some(m) = c.moe {
             moved |= s.moe.grow(g, n, &m, c.hidden_size)?;
