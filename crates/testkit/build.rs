@@ -5,13 +5,22 @@
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(quire_require_gpu)");
     println!("cargo::rustc-check-cfg=cfg(quire_simd)");
+    println!("cargo::rustc-check-cfg=cfg(quire_require_wgpu)");
     println!("cargo:rerun-if-changed=build.rs");
-    for var in ["QUIRE_REQUIRE_GPU", "QUIRE_REQUIRE_SIMD", "QUIRE_NO_SIMD"] {
+    for var in [
+        "QUIRE_REQUIRE_GPU",
+        "QUIRE_REQUIRE_WGPU",
+        "QUIRE_REQUIRE_SIMD",
+        "QUIRE_NO_SIMD",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let set = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0");
     if set("QUIRE_REQUIRE_GPU") {
         println!("cargo:rustc-cfg=quire_require_gpu");
+    }
+    if set("QUIRE_REQUIRE_WGPU") {
+        println!("cargo:rustc-cfg=quire_require_wgpu");
     }
     // The build machine is the test machine for native builds: its CPU decides whether the SIMD
     // tests run (as the CPU backend's own `has_avx2` decides at run time which kernels it uses).
