@@ -295,6 +295,10 @@ impl WgpuExecutor {
         self.gpu
             .queue
             .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
+        if self.profiling {
+            self.time_each()?;
+        }
+        let bufs = self.bufs.as_ref().expect("ensured");
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         kernels::encode(&mut enc, &self.list);
         let (src, dst, bytes) = match want {
@@ -315,14 +319,7 @@ impl WgpuExecutor {
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         if self.profiling {
-            self.profile.push(OpStat {
-                name: "step".into(),
-                layer: None,
-                calls: 1,
-                total_ns: t0.elapsed().as_nanos() as u64,
-                bytes: 0,
-                flops: 0,
-            });
+            self.add_stat("step (one submission)", t0.elapsed().as_nanos() as u64);
         }
         match want {
             Want::Logits => {
@@ -330,6 +327,40 @@ impl WgpuExecutor {
                 Ok(Vec::new())
             }
             Want::Ids => Ok(words),
+        }
+    }
+}
+
+impl WgpuExecutor {
+    /// Profiling: runs the step's dispatches one submission each, timing each by the wall clock
+    /// around its submission (per-dispatch GPU timestamps come with the speed work), before the
+    /// step runs as usual. The KV write is idempotent, so running a step twice changes nothing.
+    fn time_each(&mut self) -> Result<(), BackendError> {
+        for i in 0..self.list.len() {
+            let t = Instant::now();
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            kernels::encode(&mut enc, std::slice::from_ref(&self.list[i]));
+            self.gpu.submit_wait(enc.finish())?;
+            let name = self.list[i].name;
+            self.add_stat(name, t.elapsed().as_nanos() as u64);
+        }
+        Ok(())
+    }
+
+    fn add_stat(&mut self, name: &str, ns: u64) {
+        match self.profile.iter_mut().find(|s| s.name == name) {
+            Some(s) => {
+                s.calls += 1;
+                s.total_ns += ns;
+            }
+            None => self.profile.push(OpStat {
+                name: name.to_string(),
+                layer: None,
+                calls: 1,
+                total_ns: ns,
+                bytes: 0,
+                flops: 0,
+            }),
         }
     }
 }

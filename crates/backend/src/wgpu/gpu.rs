@@ -286,12 +286,22 @@ impl Gpu {
         entry: &str,
     ) -> Result<wgpu::ComputePipeline, BackendError> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(name),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        // Without the loop counters naga adds to every loop by default (they keep a shader that
+        // never ends from being undefined behaviour): every loop of quire's kernels is bounded
+        // by its parameters, which the host checks, and the counters cost CPU drivers (lavapipe)
+        // most of their speed. Buffer bounds checks stay on.
+        let checks = wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
+        // SAFETY: the checks kept (bounds checks) are those that guard memory; the one dropped
+        // only matters for a loop without end, and every kernel loop runs to a bound that comes
+        // from parameters the host validated.
+        let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
         let pipe = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

@@ -94,7 +94,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
 }
 
 /// Rows of one matmul workgroup, and tokens of one.
-pub const MM_ROWS: u32 = 4;
+pub const MM_ROWS: u32 = 64;
 pub const MM_TOKENS: u32 = 4;
 /// The attention kernel's limits: query heads per KV head, and their Q in shared memory.
 pub const ATTN_MAX_GROUP: usize = 16;
@@ -334,6 +334,8 @@ pub fn bind(
 /// A recorded dispatch: run in order in one compute pass.
 #[derive(Clone)]
 pub struct Dispatch {
+    /// The kernel's name, for per-kernel timing.
+    pub name: &'static str,
     pub pipe: wgpu::ComputePipeline,
     pub bind: wgpu::BindGroup,
     pub groups: [u32; 3],

@@ -99,6 +99,7 @@ impl Probe {
         kernels::encode(
             &mut enc,
             &[Dispatch {
+                name: "probe",
                 pipe: pipe.clone(),
                 bind,
                 groups,

@@ -64,9 +64,11 @@ impl Binder {
 
     /// The dispatch of `pipe` over `groups` for `key`, its bind group made on first use, with
     /// `params` written to its slot.
+    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &mut self,
         gpu: &Gpu,
+        name: &'static str,
         key: Key,
         pipe: &wgpu::ComputePipeline,
         buffers: &[(u32, &wgpu::Buffer)],
@@ -94,6 +96,7 @@ impl Binder {
         }
         self.words[at..at + 16].copy_from_slice(&params);
         Ok(Dispatch {
+            name,
             pipe: pipe.clone(),
             bind: bg,
             groups,
@@ -221,6 +224,7 @@ impl<'a> Step<'a> {
 
     fn push(
         &mut self,
+        name: &'static str,
         key: Key,
         pipe: &wgpu::ComputePipeline,
         buffers: &[(u32, &wgpu::Buffer)],
@@ -229,7 +233,7 @@ impl<'a> Step<'a> {
     ) -> Result<(), BackendError> {
         let d = self
             .binder
-            .dispatch(self.gpu, key, pipe, buffers, params, groups)?;
+            .dispatch(self.gpu, name, key, pipe, buffers, params, groups)?;
         self.list.push(d);
         Ok(())
     }
@@ -244,6 +248,7 @@ impl<'a> Step<'a> {
         n: usize,
         add: bool,
         tag: u8,
+        name: &'static str,
     ) -> Result<(), BackendError> {
         for part in &w.parts {
             let s = MmShape {
@@ -260,6 +265,7 @@ impl<'a> Step<'a> {
             let pipe = self.k.matmul(part.ty);
             let d = self.binder.dispatch(
                 self.gpu,
+                name,
                 Key::Matmul(part.id, tag),
                 pipe,
                 &[(1, &part.buf), (2, x.0), (3, y.0)],
@@ -278,6 +284,7 @@ impl<'a> Step<'a> {
         let k = self.k;
         let pipe = &k.argmax;
         self.push(
+            "argmax",
             Key::Argmax,
             pipe,
             &[(1, &b.logits), (2, &b.ids)],
@@ -308,6 +315,7 @@ impl LayerOps for Step<'_> {
             };
             let d = self.binder.dispatch(
                 self.gpu,
+                "embed",
                 Key::Embed(part.id),
                 self.k.embed(part.ty),
                 &[(1, &part.buf), (3, &self.bufs.x), (4, &self.bufs.tokens)],
@@ -330,6 +338,7 @@ impl LayerOps for Step<'_> {
         let k = self.k;
         let pipe = &k.rms_norm;
         self.push(
+            "rms_norm",
             Key::Norm(w.id, false),
             pipe,
             &[(1, &b.x), (2, &w.buf), (3, &b.h), (4, &b.lidx)],
@@ -347,7 +356,13 @@ impl LayerOps for Step<'_> {
         add: bool,
     ) -> Result<(), BackendError> {
         let (x, y) = (self.act(src), self.act(dst));
-        self.mm(w, x, y, self.n, add, 0)
+        let name = match (src, dst) {
+            (Act::H, Act::Qkv) => "matmul_qkv",
+            (Act::Attn, _) => "matmul_o",
+            (Act::Swiglu, _) => "matmul_down",
+            _ => "matmul",
+        };
+        self.mm(w, x, y, self.n, add, 0, name)
     }
 
     fn qkv_post(
@@ -378,7 +393,7 @@ impl LayerOps for Step<'_> {
         let groups = kernels::qkv_groups(&self.shape, self.n);
         let k = self.k;
         let pipe = &k.qkv_post;
-        self.push(Key::QkvPost(layer), pipe, &buffers, p, groups)
+        self.push("rope", Key::QkvPost(layer), pipe, &buffers, p, groups)
     }
 
     fn attention(&mut self, layer: usize) -> Result<(), BackendError> {
@@ -401,7 +416,14 @@ impl LayerOps for Step<'_> {
         let groups = kernels::attn_groups(&self.shape, self.n);
         let k = self.k;
         let pipe = &k.attention;
-        self.push(Key::Attention(layer), pipe, &buffers, p, groups)
+        self.push(
+            "attention",
+            Key::Attention(layer),
+            pipe,
+            &buffers,
+            p,
+            groups,
+        )
     }
 
     fn gate_up(
@@ -419,12 +441,14 @@ impl LayerOps for Step<'_> {
             self.n,
             false,
             0,
+            "matmul_gate_up",
         )?;
         let p = kernels::swiglu_params(self.n, inter);
         let groups = kernels::swiglu_groups(self.n, inter);
         let k = self.k;
         let pipe = &k.swiglu;
-        self.push(Key::Swiglu, pipe, &[(1, &b.gu), (2, &b.act)], p, groups)
+        let bufs = [(1, &b.gu), (2, &b.act)];
+        self.push("swiglu", Key::Swiglu, pipe, &bufs, p, groups)
     }
 
     fn moe(&mut self, _layer: usize, moe: &NoMoe) -> Result<(), BackendError> {
@@ -438,6 +462,7 @@ impl LayerOps for Step<'_> {
         let k = self.k;
         let pipe = &k.rms_norm;
         self.push(
+            "rms_norm",
             Key::Norm(norm.id, true),
             pipe,
             &[(1, &b.x), (2, &norm.buf), (3, &b.h), (4, &b.lidx)],
@@ -451,6 +476,7 @@ impl LayerOps for Step<'_> {
             self.nl,
             false,
             1,
+            "output",
         )
     }
 }

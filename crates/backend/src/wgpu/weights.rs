@@ -1,5 +1,7 @@
 //! Weights on the device. Q4_0, Q4_1 and Q8_0 stay as stored (the kernels dequantize them),
 //! only padded so each block starts on a 4-byte word; f16 stays f16; f32 and bf16 become f16.
+//! Each part's 32-bit words are stored transposed (word j of every row together), so that the
+//! kernels' invocations, one per row, read consecutive addresses.
 //! A matrix is a list of parts, each in a buffer of its own: the stacked matrices (Q/K/V,
 //! gate/up) keep one part per source tensor (so their types may differ), and a tensor larger
 //! than one storage binding (128 MiB on lavapipe, 2 GiB on NVIDIA) is split by rows.
@@ -113,6 +115,20 @@ fn device_rows(t: &HostTensor, cols: usize) -> Result<(WType, Vec<u8>), BackendE
     Ok(out)
 }
 
+/// `[rows, words]` 32-bit words → `[words, rows]`: the kernels' invocations, one per row, then
+/// read consecutive words.
+fn transpose_words(bytes: &[u8], rows: usize, words: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for j in 0..words {
+            let src = (r * words + j) * 4;
+            let dst = (j * rows + r) * 4;
+            out[dst..dst + 4].copy_from_slice(&bytes[src..src + 4]);
+        }
+    }
+    out
+}
+
 impl DMatrix {
     /// The tensors `ts` (each `[rows_i, cols]`) stacked by rows into one matrix.
     pub fn stack(
@@ -139,7 +155,8 @@ impl DMatrix {
             while row0 < rows {
                 let n = per_part.min(rows - row0);
                 let what = format!("{} rows {row0}..{}", t.name, row0 + n);
-                let buf = gpu.upload(&what, &bytes[row0 * row_bytes..(row0 + n) * row_bytes])?;
+                let rows_bytes = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
+                let buf = gpu.upload(&what, &transpose_words(rows_bytes, n, row_bytes / 4))?;
                 parts.push(Part {
                     id: next_id(),
                     ty,

@@ -1,11 +1,13 @@
 // y[t, y_off + r] (+)= sum_c x[t, c] * W[r, c] for one part of a weight matrix, and the embedding
 // lookup (rows of W by token id). The weight format's `load8`/`col8` are prepended by the host
-// (one of types.wgsl's sections): `load8(base, c)` dequantizes the c-th run of eight weights of
-// the row starting at word `base`, `col8(c, k)` says which column the k-th of them belongs to.
+// (one of types.wgsl's sections): `load8(row, c)` dequantizes the c-th run of eight weights of
+// a row as two groups of four consecutive columns, `col8(c)` gives the
+// first column of each group (a multiple of 4, so `x` is read as vec4s).
 //
-// Matmul: a workgroup of 256 invocations computes RPW = 4 rows for TT = 4 tokens; the 64 lanes
-// of a row split its columns in runs of eight, so each weight is read once per TT tokens, then
-// a shared-memory tree sums the lanes (no subgroup operations: every adapter runs it).
+// Matmul: one invocation per weight row and TT = 4 tokens; it walks its row in runs of eight
+// and keeps four sums. No shared memory, no barrier: the plainest correct form, which every
+// adapter runs (CPU Vulkan drivers included) — the decode GEMV with a subgroup reduction and the
+// tiled prompt GEMM are the speed work that comes next.
 
 struct P {
     rows: u32,      // rows of this part
@@ -20,63 +22,68 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
+// A part's words stored transposed: word j of row r at j * rows + r, so the invocations of a
+// workgroup, one per row, read consecutive words (coalesced on GPUs, vector loads on CPUs).
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>; // x_stride % 4 == 0
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> tokens: array<u32>;
 
 const TT: u32 = 4u;
-const LANES: u32 = 64u;
-const RPW: u32 = 4u;
 
-var<workgroup> red: array<f32, 1024>; // [TT, RPW * LANES]
+fn wd(row: u32, j: u32) -> u32 {
+    return w[j * p.rows + row];
+}
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn matmul(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let lane = li % LANES;
-    let row = wg.x * RPW + li / LANES;
+    let row = wg.x * 64u + li;
+    // Token rows come from the workgroup id alone, so their loads are uniform (a broadcast, not a
+    // gather, on SIMD CPUs).
     let t0 = wg.y * TT;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    if row < p.rows {
-        let base = row * p.row_words;
-        let chunks = p.cols / 8u;
-        for (var c = lane; c < chunks; c += LANES) {
-            let wv = load8(base, c);
-            for (var t = 0u; t < TT; t++) {
-                if t0 + t < p.n {
-                    let xb = (t0 + t) * p.x_stride;
-                    var s = 0.0;
-                    for (var k = 0u; k < 8u; k++) {
-                        s += wv[k] * x[xb + col8(c, k)];
-                    }
-                    acc[t] += s;
-                }
-            }
+    if row >= p.rows || t0 >= p.n {
+        return;
+    }
+    let chunks = p.cols / 8u;
+    let nt = min(TT, p.n - t0);
+    if nt == 1u {
+        let x0 = t0 * p.x_stride;
+        var acc = 0.0;
+        for (var c = 0u; c < chunks; c++) {
+            let wv = load8(row, c);
+            let cc = (x0 + col8(c)) / 4u;
+            acc += dot(wv[0], x[cc.x]) + dot(wv[1], x[cc.y]);
         }
-    }
-    for (var t = 0u; t < TT; t++) {
-        red[t * 256u + li] = acc[t];
-    }
-    workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if lane < s {
-            for (var t = 0u; t < TT; t++) {
-                red[t * 256u + li] += red[t * 256u + li + s];
-            }
+        let o = t0 * p.y_stride + p.y_off + row;
+        if p.add != 0u {
+            y[o] += acc;
+        } else {
+            y[o] = acc;
         }
-        workgroupBarrier();
+        return;
     }
-    if lane == 0u && row < p.rows {
-        for (var t = 0u; t < TT; t++) {
-            if t0 + t < p.n {
-                let o = (t0 + t) * p.y_stride + p.y_off + row;
-                let v = red[t * 256u + li];
-                if p.add != 0u {
-                    y[o] += v;
-                } else {
-                    y[o] = v;
-                }
-            }
+    // Rows of the four tokens (a missing token repeats the last one; its sum is dropped).
+    let last = p.n - 1u;
+    let xr = vec4<u32>(t0, min(t0 + 1u, last), min(t0 + 2u, last), min(t0 + 3u, last)) * p.x_stride;
+    var acc = vec4<f32>(0.0);
+    for (var c = 0u; c < chunks; c++) {
+        let wv = load8(row, c);
+        let cc = col8(c);
+        let a = (xr + cc.x) / 4u;
+        let b = (xr + cc.y) / 4u;
+        acc += vec4<f32>(
+            dot(wv[0], x[a.x]) + dot(wv[1], x[b.x]),
+            dot(wv[0], x[a.y]) + dot(wv[1], x[b.y]),
+            dot(wv[0], x[a.z]) + dot(wv[1], x[b.z]),
+            dot(wv[0], x[a.w]) + dot(wv[1], x[b.w]),
+        );
+    }
+    for (var t = 0u; t < nt; t++) {
+        let o = (t0 + t) * p.y_stride + p.y_off + row;
+        if p.add != 0u {
+            y[o] += acc[t];
+        } else {
+            y[o] = acc[t];
         }
     }
 }
@@ -91,8 +98,10 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
     if c >= p.cols / 8u || tok < p.row0 || tok >= p.row0 + p.rows {
         return;
     }
-    let wv = load8((tok - p.row0) * p.row_words, c);
-    for (var k = 0u; k < 8u; k++) {
-        y[t * p.y_stride + col8(c, k)] = wv[k];
+    let wv = load8(tok - p.row0, c);
+    let cc = t * p.y_stride + col8(c);
+    for (var k = 0u; k < 4u; k++) {
+        y[cc.x + k] = wv[0][k];
+        y[cc.y + k] = wv[1][k];
     }
 }
