@@ -266,7 +266,9 @@ quire_testkit::wgpu_test! {
     fn paged_attention_writes_the_cache_and_matches_dense_attention() {
         let mut p = probe();
         let mut rng = StdRng::seed_from_u64(6);
-        let cases: [(HeadShape, usize, Option<usize>, Vec<(usize, usize)>); 4] = [
+        // (shape, block size, window, (cached, new) per sequence)
+        type Case = (HeadShape, usize, Option<usize>, Vec<(usize, usize)>);
+        let cases: [Case; 4] = [
             // Decodes and a prompt chunk on top of a cached context, GQA 3.
             (HeadShape { q_heads: 6, kv_heads: 2, head_dim: 64 }, 16, None,
              vec![(100, 1), (0, 37), (63, 13), (5, 1)]),

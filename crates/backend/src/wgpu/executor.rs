@@ -71,7 +71,7 @@ impl WgpuExecutor {
             head_dim: c.head_dim,
         };
         shape.check()?;
-        if c.rope_dim > c.head_dim || c.rope_dim % 2 != 0 {
+        if c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2) {
             return Err(BackendError::Config(format!(
                 "rope_dim {} must be even and at most head_dim {}",
                 c.rope_dim, c.head_dim

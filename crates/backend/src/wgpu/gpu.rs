@@ -60,7 +60,7 @@ fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
             .filter(|(x, _)| f.contains(*x))
             .map(|(_, n)| *n)
             .collect(),
-        max_storage_binding: a.limits().max_storage_buffer_binding_size as u64,
+        max_storage_binding: a.limits().max_storage_buffer_binding_size,
     }
 }
 
@@ -214,7 +214,9 @@ impl Gpu {
 
     /// The largest buffer one binding may hold.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 
     /// A buffer of `bytes` (rounded up to 4, at least 16), refused with an error naming `what`

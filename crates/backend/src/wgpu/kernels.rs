@@ -220,7 +220,7 @@ impl HeadShape {
     /// The limits of the attention kernel (and of RoPE's shared row), checked at load.
     pub fn check(&self) -> Result<(), BackendError> {
         let group = self.q_heads / self.kv_heads.max(1);
-        if self.head_dim % 2 != 0
+        if !self.head_dim.is_multiple_of(2)
             || self.head_dim > ATTN_MAX_HEAD_DIM
             || group > ATTN_MAX_GROUP
             || group * self.head_dim > ATTN_MAX_QS

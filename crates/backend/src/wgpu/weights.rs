@@ -105,7 +105,7 @@ fn device_rows(t: &HostTensor, cols: usize) -> Result<(WType, Vec<u8>), BackendE
     };
     let (block_cols, _) = out.0.block();
     let need = if out.0 == WType::F16 { 8 } else { block_cols };
-    if cols % need != 0 {
+    if !cols.is_multiple_of(need) {
         return Err(BackendError::Config(format!(
             "{}: rows of {cols} {} values; the wgpu kernels take multiples of {need}",
             t.name,
