@@ -67,7 +67,7 @@ quire_testkit::wgpu_test! {
             GgmlType::Q4_1,
         ];
         for t in types {
-            for (rows, cols, n) in [(37, 96, 1), (37, 96, 5), (130, 320, 2), (5, 32, 9)] {
+            for (rows, cols, n) in [(37, 96, 1), (37, 96, 5), (130, 320, 2), (5, 32, 9), (67, 64, 37)] {
                 let w = tensor(&mut rng, t, rows, cols);
                 // f32 and bf16 go to the device as f16: the reference rounds the same way.
                 let wf: Vec<f32> = match t {

@@ -95,7 +95,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
 
 /// Rows of one matmul workgroup, and tokens of one.
 pub const MM_ROWS: u32 = 64;
-pub const MM_TOKENS: u32 = 4;
+pub const MM_TOKENS: u32 = 16;
 /// The attention kernel's limits: query heads per KV head, and their Q in shared memory.
 pub const ATTN_MAX_GROUP: usize = 16;
 pub const ATTN_MAX_QS: usize = 2048;

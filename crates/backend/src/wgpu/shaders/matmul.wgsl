@@ -4,8 +4,8 @@
 // a row as two groups of four consecutive columns, `col8(c)` gives the
 // first column of each group (a multiple of 4, so `x` is read as vec4s).
 //
-// Matmul: one invocation per weight row and TT = 4 tokens; it walks its row in runs of eight
-// and keeps four sums. No shared memory, no barrier: the plainest correct form, which every
+// Matmul: one invocation per weight row and TT = 16 tokens; it walks its row in runs of eight
+// and keeps sixteen sums. No shared memory, no barrier: the plainest correct form, which every
 // adapter runs (CPU Vulkan drivers included) — the decode GEMV with a subgroup reduction and the
 // tiled prompt GEMM are the speed work that comes next.
 
@@ -29,7 +29,7 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> tokens: array<u32>;
 
-const TT: u32 = 4u;
+const TT: u32 = 16u;
 
 fn wd(row: u32, j: u32) -> u32 {
     return w[j * p.rows + row];
@@ -62,30 +62,64 @@ fn matmul(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
         }
         return;
     }
-    // Rows of the four tokens (a missing token repeats the last one; its sum is dropped).
-    let last = p.n - 1u;
-    let xr = vec4<u32>(t0, min(t0 + 1u, last), min(t0 + 2u, last), min(t0 + 3u, last)) * p.x_stride;
-    var acc = vec4<f32>(0.0);
+    // Up to 16 tokens in four groups of four (a missing token repeats the last one; its sum is
+    // dropped); each run of weights is dequantized once for all of them.
+    let r0 = rows4(t0);
+    let r1 = rows4(t0 + 4u);
+    let r2 = rows4(t0 + 8u);
+    let r3 = rows4(t0 + 12u);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var c = 0u; c < chunks; c++) {
         let wv = load8(row, c);
         let cc = col8(c);
-        let a = (xr + cc.x) / 4u;
-        let b = (xr + cc.y) / 4u;
-        acc += vec4<f32>(
-            dot(wv[0], x[a.x]) + dot(wv[1], x[b.x]),
-            dot(wv[0], x[a.y]) + dot(wv[1], x[b.y]),
-            dot(wv[0], x[a.z]) + dot(wv[1], x[b.z]),
-            dot(wv[0], x[a.w]) + dot(wv[1], x[b.w]),
-        );
-    }
-    for (var t = 0u; t < nt; t++) {
-        let o = (t0 + t) * p.y_stride + p.y_off + row;
-        if p.add != 0u {
-            y[o] += acc[t];
-        } else {
-            y[o] = acc[t];
+        acc0 += dots(wv, r0, cc);
+        if nt > 4u {
+            acc1 += dots(wv, r1, cc);
+        }
+        if nt > 8u {
+            acc2 += dots(wv, r2, cc);
+        }
+        if nt > 12u {
+            acc3 += dots(wv, r3, cc);
         }
     }
+    for (var t = 0u; t < nt; t++) {
+        var v = acc0[t % 4u];
+        if t >= 12u {
+            v = acc3[t % 4u];
+        } else if t >= 8u {
+            v = acc2[t % 4u];
+        } else if t >= 4u {
+            v = acc1[t % 4u];
+        }
+        let o = (t0 + t) * p.y_stride + p.y_off + row;
+        if p.add != 0u {
+            y[o] += v;
+        } else {
+            y[o] = v;
+        }
+    }
+}
+
+// Element offsets of the rows of tokens t..t+3 of x (clamped to the last token).
+fn rows4(t: u32) -> vec4<u32> {
+    let last = p.n - 1u;
+    return min(vec4<u32>(t, t + 1u, t + 2u, t + 3u), vec4<u32>(last)) * p.x_stride;
+}
+
+// The run's eight weights times the same eight columns of four token rows.
+fn dots(wv: array<vec4<f32>, 2>, rows: vec4<u32>, cc: vec2<u32>) -> vec4<f32> {
+    let a = (rows + cc.x) / 4u;
+    let b = (rows + cc.y) / 4u;
+    return vec4<f32>(
+        dot(wv[0], x[a.x]) + dot(wv[1], x[b.x]),
+        dot(wv[0], x[a.y]) + dot(wv[1], x[b.y]),
+        dot(wv[0], x[a.z]) + dot(wv[1], x[b.z]),
+        dot(wv[0], x[a.w]) + dot(wv[1], x[b.w]),
+    );
 }
 
 // y[t, :] = row tokens[t] of W, for the tokens whose row lies in this part. Grid: (runs of eight
