@@ -7,9 +7,11 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(quire_simd)");
     println!("cargo::rustc-check-cfg=cfg(quire_require_py)");
     println!("cargo::rustc-check-cfg=cfg(quire_require_nvrtc)");
+    println!("cargo::rustc-check-cfg=cfg(quire_require_wgpu)");
     println!("cargo:rerun-if-changed=build.rs");
     for var in [
         "QUIRE_REQUIRE_GPU",
+        "QUIRE_REQUIRE_WGPU",
         "QUIRE_REQUIRE_SIMD",
         "QUIRE_NO_SIMD",
         "QUIRE_REQUIRE_PY",
@@ -20,6 +22,9 @@ fn main() {
     let set = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0");
     if set("QUIRE_REQUIRE_GPU") {
         println!("cargo:rustc-cfg=quire_require_gpu");
+    }
+    if set("QUIRE_REQUIRE_WGPU") {
+        println!("cargo:rustc-cfg=quire_require_wgpu");
     }
     // Tests that drive Python packages (the OpenAI client, gguf-py) or NVRTC run where CI (or the
     // user) says these are installed.

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod forward;
 pub mod sample;
 pub mod weights;
+pub mod wgpu;
 
 use quire_core::BlockId;
 pub use sample::{sample_row, sample_row_with, SampleParams};
@@ -36,6 +37,8 @@ pub enum BackendError {
     OutOfMemory(String),
     #[error("CUDA: {0}")]
     Cuda(String),
+    #[error("wgpu: {0}")]
+    Wgpu(String),
     #[error("kernel {name} did not compile:\n{log}")]
     Kernel { name: String, log: String },
 }

@@ -69,8 +69,11 @@ pub struct BenchArgs {
     #[arg(short = 'o', long = "output", default_value = "md")]
     pub output: String,
     /// Compute backend
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "wgpu"])]
     pub backend: String,
+    /// wgpu: the adapter, by index in `quire adapters` or a substring of its name
+    #[arg(long)]
+    pub adapter: Option<String>,
     /// CUDA: weights on the GPU: `native` keeps Q4_0/Q4_1/Q8_0 as stored (8-bit activations),
     /// `f16` dequantizes them for cuBLAS
     #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
@@ -680,6 +683,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             threads: None,
             gpu_memory_utilization: 0.9,
             gpu_weights: a.gpu_weights.clone(),
+            adapter: a.adapter.clone(),
         };
         let t_load = Instant::now();
         let model = bar.suspend(|| load_model(&margs))?;

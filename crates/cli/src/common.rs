@@ -16,9 +16,14 @@ pub struct ModelArgs {
     /// [default: $QUIRE_MODEL, else SmolLM2-135M-Instruct Q4_1, fetched once]
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
-    /// Compute backend
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    /// Compute backend (cuda and wgpu need a build with `--features cuda` / `--features wgpu`)
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "wgpu"])]
     pub backend: String,
+    /// wgpu: the adapter, by its index in `quire adapters` or a substring of its name
+    /// [default: the first discrete GPU, else the first adapter]. WGPU_BACKEND=vulkan|metal|dx12
+    /// narrows the APIs searched
+    #[arg(long)]
+    pub adapter: Option<String>,
     /// CPU threads [default: all cores]. More than the machine's cores is capped to its core
     /// count, with a warning (oversubscribed threads only wait on each other)
     #[arg(long, short = 't', value_parser = parse_threads)]
@@ -129,11 +134,33 @@ pub fn executor(
             kv_dtype,
             CudaOptions::default().max_num_batched_tokens,
         ),
+        "wgpu" => wgpu_executor(model, args, kv, kv_dtype),
         other => bail!("unknown backend {other}"),
     }
 }
 
-/// The CUDA executor; `num_blocks: None` sizes the KV pool from free GPU memory.
+/// The wgpu executor on the adapter `--adapter` names.
+pub fn wgpu_executor(
+    model: &LoadedModel,
+    args: &ModelArgs,
+    kv: KvCacheSpec,
+    kv_dtype: &str,
+) -> Result<Box<dyn Executor>> {
+    if kv_dtype != "f16" {
+        bail!("the wgpu backend keeps its KV cache in f16: use --kv-dtype f16");
+    }
+    let opts = quire_backend::wgpu::WgpuOptions {
+        adapter: args.adapter.clone(),
+    };
+    match quire_backend::wgpu::executor(&model.weights, kv, &opts) {
+        Ok(e) => Ok(e),
+        Err(quire_backend::BackendError::NotBuilt(b)) => {
+            bail!("backend {b} was not built into this binary (build with `cargo build --release --features {b}`)")
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The CUDA executor: `pool` is (blocks, or `None` to size the pool from free memory, block
 /// size); `max_tokens` the most tokens a step holds (activations allocated at load).
 pub fn cuda_executor(

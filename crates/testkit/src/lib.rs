@@ -2,9 +2,10 @@
 //! and no test passes silently where its hardware is missing.
 //!
 //! - **One test body per executor.** [`executor_test!`] expands one body, written against a
-//!   [`Backend`], into one test per backend built into quire: `NAME::cpu` and `NAME::cuda`. The
-//!   CPU backend is the oracle other backends are compared with. A new backend (wgpu next) plugs
-//!   in with one [`Backend`] variant, its entry in [`BACKENDS`] and one line in [`executor_test!`].
+//!   [`Backend`], into one test per backend built into quire: `NAME::cpu`, `NAME::cuda` and
+//!   `NAME::wgpu`. The CPU backend is the oracle other backends are compared with. A new backend
+//!   plugs in with one [`Backend`] variant, its entry in [`BACKENDS`] and one line in
+//!   [`executor_test!`].
 //! - **No silent passes.** libtest cannot skip a test at run time, so whether a hardware-bound
 //!   test runs is decided when it is compiled. This crate's build script reads
 //!   `QUIRE_REQUIRE_GPU` and `QUIRE_REQUIRE_SIMD` (and the build machine's CPU) and picks one of
@@ -24,6 +25,11 @@
 //!   block tables, lengths chosen by the caller (odd ones by the tests), every cache slot that
 //!   holds no key or value poisoned with NaN.
 //!
+//! The wgpu backend's tests ([`wgpu_test!`], and the wgpu half of [`executor_test!`]) follow the
+//! same rule with `QUIRE_REQUIRE_WGPU` and the `wgpu` feature: any Vulkan, Metal or DX12 adapter
+//! runs them (CI: lavapipe, Mesa's CPU Vulkan driver, with `WGPU_BACKEND=vulkan`), e.g.
+//! `QUIRE_REQUIRE_WGPU=1 cargo test -p quire-backend -p quire-engine --features wgpu`.
+//!
 //! On the GPU machine: build and run with `QUIRE_REQUIRE_GPU=1` set (it must be set when the
 //! test binaries are compiled: cargo rebuilds this crate and the test crates when it changes),
 //! and `--features cuda`, e.g.
@@ -35,11 +41,16 @@ pub mod paged;
 
 use quire_backend::cpu::{CpuExecutor, CpuOptions};
 use quire_backend::cuda::{CudaExecutor, CudaOptions};
+use quire_backend::wgpu::WgpuOptions;
 use quire_backend::{Executor, KvCacheSpec, ModelWeights};
 
 /// The reason a GPU test is ignored: shown by `cargo test` beside the test's name.
 pub const GPU_IGNORE_REASON: &str =
     "needs a CUDA GPU: run tests/device/check.sh, or set QUIRE_REQUIRE_GPU=1";
+
+/// The reason a wgpu test is ignored.
+pub const WGPU_IGNORE_REASON: &str =
+    "needs a wgpu adapter (Vulkan/Metal/DX12) and --features wgpu: set QUIRE_REQUIRE_WGPU=1";
 
 /// A backend an [`executor_test!`] body runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,17 +59,20 @@ pub enum Backend {
     Cpu,
     /// The CUDA backend: needs the `cuda` feature and a GPU.
     Cuda,
+    /// The wgpu backend: needs the `wgpu` feature and an adapter (lavapipe will do).
+    Wgpu,
 }
 
 /// Every backend, in the order the generated tests are named. A test body may loop over it (e.g.
 /// to compare with the oracle); the macros generate one test per entry.
-pub const BACKENDS: [Backend; 2] = [Backend::Cpu, Backend::Cuda];
+pub const BACKENDS: [Backend; 3] = [Backend::Cpu, Backend::Cuda, Backend::Wgpu];
 
 impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
             Backend::Cuda => "cuda",
+            Backend::Wgpu => "wgpu",
         }
     }
 
@@ -77,6 +91,13 @@ impl Backend {
             Backend::Cpu => self.ok(CpuExecutor::new(w, kv, CpuOptions::default())
                 .map(|e| Box::new(e) as Box<dyn Executor>)),
             Backend::Cuda => self.cuda(w, kv, CudaOptions::default()),
+            Backend::Wgpu => self.ok(quire_backend::wgpu::executor(
+                w,
+                kv,
+                &WgpuOptions {
+                    adapter: std::env::var("QUIRE_WGPU_ADAPTER").ok(),
+                },
+            )),
         }
     }
 
@@ -104,7 +125,21 @@ pub fn missing(b: Backend, e: &dyn std::fmt::Display) -> ! {
             "this test needs a CUDA GPU and a build with `--features cuda` ({e}); \
              without them it is ignored unless QUIRE_REQUIRE_GPU is set at build time"
         ),
+        Backend::Wgpu => panic!(
+            "this test needs a wgpu adapter (Vulkan, Metal or DX12; on Debian `apt-get install \
+             mesa-vulkan-drivers libvulkan1` gives lavapipe) and a build with `--features wgpu` \
+             ({e}); without them it is ignored unless QUIRE_REQUIRE_WGPU is set at build time"
+        ),
     }
+}
+
+/// Fails a wgpu test compiled without the `wgpu` feature.
+#[track_caller]
+pub fn not_built_with_wgpu() -> ! {
+    panic!(
+        "this test needs the wgpu backend, which this test binary was built without: \
+         add `--features wgpu`"
+    )
 }
 
 /// Fails a GPU test that found no GPU (`e`: why `Gpu::new` failed).
@@ -149,6 +184,25 @@ macro_rules! __gpu_item {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __gpu_item {
+    ($($item:tt)*) => { $($item)* };
+}
+
+/// The wgpu form of a test item: ignored with [`WGPU_IGNORE_REASON`] unless
+/// `QUIRE_REQUIRE_WGPU` was set when this crate was built.
+#[cfg(not(quire_require_wgpu))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wgpu_item {
+    ($($item:tt)*) => {
+        #[ignore = "needs a wgpu adapter (Vulkan/Metal/DX12) and --features wgpu: set QUIRE_REQUIRE_WGPU=1"]
+        $($item)*
+    };
+}
+
+#[cfg(quire_require_wgpu)]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __wgpu_item {
     ($($item:tt)*) => { $($item)* };
 }
 
@@ -239,8 +293,9 @@ macro_rules! nvrtc_test {
 }
 
 /// One test body, run on every backend: `executor_test! { fn name(backend) { … } }` defines
-/// module `name` with tests `cpu` and `cuda`, each calling the body with its [`Backend`]. The
-/// CUDA test is ignored unless required (see the crate doc) and fails without a GPU.
+/// module `name` with tests `cpu`, `cuda` and `wgpu`, each calling the body with its
+/// [`Backend`]. The CUDA and wgpu tests are ignored unless required (see the crate doc) and fail
+/// without their device.
 #[macro_export]
 macro_rules! executor_test {
     ($(#[$meta:meta])* fn $name:ident($backend:ident) $body:block) => {
@@ -261,6 +316,33 @@ macro_rules! executor_test {
                 fn cuda() {
                     body($crate::Backend::Cuda)
                 }
+            }
+
+            $crate::__wgpu_item! {
+                #[test]
+                fn wgpu() {
+                    body($crate::Backend::Wgpu)
+                }
+            }
+        }
+    };
+}
+
+/// A test of the wgpu backend's internals (kernels against CPU references): `wgpu_test! { fn
+/// name() { … } }`. Ignored unless `QUIRE_REQUIRE_WGPU` was set at build time; when it runs, a
+/// binary built without the test crate's `wgpu` feature fails it, and so does a machine without
+/// an adapter (the body should get its device through [`missing`] on failure).
+#[macro_export]
+macro_rules! wgpu_test {
+    ($(#[$meta:meta])* fn $name:ident() $body:block) => {
+        $crate::__wgpu_item! {
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                #[cfg(feature = "wgpu")]
+                $body
+                #[cfg(not(feature = "wgpu"))]
+                $crate::not_built_with_wgpu()
             }
         }
     };

@@ -1,0 +1,405 @@
+//! The wgpu executor: loads a dense Llama-family model onto the device (see `weights`), keeps an
+//! f16 paged KV cache per layer, and runs each step as one compute pass in one command buffer
+//! (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
+//! token ids for greedy steps (argmax on the device), come back to the host.
+
+use std::time::Instant;
+
+use quire_core::ModelConfig;
+
+use super::gpu::Gpu;
+use super::kernels::{self, HeadShape, Kernels};
+use super::step::{Binder, Bufs, NoMoe, Step};
+use super::weights::{DMatrix, DVec};
+use super::WgpuOptions;
+use crate::cpu::ops::RopeTable;
+use crate::forward::{Ffn, Layer};
+use crate::{BackendError, Executor, FfnWeights, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
+
+pub struct WgpuExecutor {
+    gpu: Gpu,
+    k: Kernels,
+    cfg: ModelConfig,
+    shape: HeadShape,
+    kv: KvCacheSpec,
+    embed: DMatrix,
+    /// `None`: tied to the embedding.
+    output: Option<DMatrix>,
+    output_norm: DVec,
+    layers: Vec<Layer<DMatrix, DVec, NoMoe>>,
+    cache: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    rope: RopeTable,
+    dummy: wgpu::Buffer,
+    binder: Binder,
+    bufs: Option<Bufs>,
+    list: Vec<kernels::Dispatch>,
+    logits: Vec<f32>,
+    profiling: bool,
+    profile: Vec<OpStat>,
+}
+
+/// What a step hands back.
+enum Want {
+    Logits,
+    Ids,
+}
+
+impl WgpuExecutor {
+    pub fn new(
+        w: &ModelWeights,
+        kv: KvCacheSpec,
+        opts: &WgpuOptions,
+    ) -> Result<WgpuExecutor, BackendError> {
+        w.check()?;
+        let c = &w.config;
+        if c.moe.is_some() {
+            return Err(BackendError::UnsupportedType {
+                dtype: "MoE",
+                what: "mixture-of-experts layers on the wgpu backend (dense models only for now)"
+                    .into(),
+            });
+        }
+        if !kv.block_size.is_power_of_two() || kv.block_size > 128 || kv.num_blocks == 0 {
+            return Err(BackendError::Config(format!(
+                "block size must be a power of two up to 128 and the cache non-empty (got {} blocks of {})",
+                kv.num_blocks, kv.block_size
+            )));
+        }
+        let shape = HeadShape {
+            q_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        shape.check()?;
+        if c.rope_dim > c.head_dim || !c.rope_dim.is_multiple_of(2) {
+            return Err(BackendError::Config(format!(
+                "rope_dim {} must be even and at most head_dim {}",
+                c.rope_dim, c.head_dim
+            )));
+        }
+        let mut gpu = Gpu::new(opts.adapter.as_deref())?;
+        let k = Kernels::new(&gpu)?;
+        let (hd, inter) = (c.hidden_size, c.intermediate_size);
+        let embed = DMatrix::stack(&mut gpu, "token_embd", &[&w.tok_embd], hd)?;
+        let output = match &w.output {
+            Some(t) => Some(DMatrix::stack(&mut gpu, "output", &[t], hd)?),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for l in &w.layers {
+            let FfnWeights::Dense {
+                w_gate,
+                w_up,
+                w_down,
+            } = &l.ffn
+            else {
+                unreachable!("checked: no MoE config")
+            };
+            let bqkv = match (&l.bq, &l.bk, &l.bv) {
+                (Some(q), Some(k), Some(v)) => {
+                    let mut b = q.to_f32()?;
+                    b.extend(k.to_f32()?);
+                    b.extend(v.to_f32()?);
+                    Some(DVec::new(&mut gpu, "bqkv", &b)?)
+                }
+                _ => None,
+            };
+            let vec = |g: &mut Gpu, t: &Option<crate::HostTensor>| {
+                t.as_ref()
+                    .map(|t| DVec::from_tensor(g, t, c.head_dim))
+                    .transpose()
+            };
+            layers.push(Layer {
+                attn_norm: DVec::from_tensor(&mut gpu, &l.attn_norm, hd)?,
+                wqkv: DMatrix::stack(&mut gpu, "wqkv", &[&l.wq, &l.wk, &l.wv], hd)?,
+                bqkv,
+                q_norm: vec(&mut gpu, &l.q_norm)?,
+                k_norm: vec(&mut gpu, &l.k_norm)?,
+                wo: DMatrix::stack(&mut gpu, "wo", &[&l.wo], c.q_size())?,
+                ffn_norm: DVec::from_tensor(&mut gpu, &l.ffn_norm, hd)?,
+                ffn: Ffn::Dense {
+                    gate_up: DMatrix::stack(&mut gpu, "gate_up", &[w_gate, w_up], hd)?,
+                    down: DMatrix::stack(&mut gpu, "down", &[w_down], inter)?,
+                },
+            });
+        }
+        let cache_bytes = (kv.num_blocks * kv.block_size * c.kv_size() * 2) as u64;
+        let mut cache = Vec::with_capacity(c.num_layers);
+        for li in 0..c.num_layers {
+            let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+            let what = format!(
+                "KV cache of layer {li} ({} blocks of {})",
+                kv.num_blocks, kv.block_size
+            );
+            cache.push((
+                gpu.buffer(&what, cache_bytes, usage)?,
+                gpu.buffer(&what, cache_bytes, usage)?,
+            ));
+        }
+        let dummy = gpu.upload("dummy", &[0u8; 16])?;
+        let parts: usize = layers
+            .iter()
+            .map(|l| {
+                let ffn = match &l.ffn {
+                    Ffn::Dense { gate_up, down } => gate_up.parts.len() + down.parts.len(),
+                    Ffn::Moe(e) => match *e {},
+                };
+                l.wqkv.parts.len() + l.wo.parts.len() + ffn
+            })
+            .sum();
+        let slots = 16
+            + parts
+            + 6 * c.num_layers
+            + 2 * embed.parts.len()
+            + output.as_ref().map_or(0, |o| o.parts.len());
+        let binder = Binder::new(&mut gpu, slots)?;
+        gpu.submit_wait(
+            gpu.device
+                .create_command_encoder(&Default::default())
+                .finish(),
+        )?;
+        Ok(WgpuExecutor {
+            rope: RopeTable::new(c.rope_dim, c.rope_theta, w.rope_freqs.as_deref()),
+            output_norm: DVec::from_tensor(&mut gpu, &w.output_norm, hd)?,
+            cfg: c.clone(),
+            shape,
+            kv,
+            embed,
+            output,
+            layers,
+            cache,
+            dummy,
+            binder,
+            bufs: None,
+            list: Vec::new(),
+            logits: Vec::new(),
+            profiling: false,
+            profile: Vec::new(),
+            k,
+            gpu,
+        })
+    }
+
+    /// The adapter this executor runs on.
+    pub fn adapter(&self) -> &super::AdapterSummary {
+        &self.gpu.info
+    }
+
+    /// Work buffers for `n` tokens, `nl` logits rows and `tables` block-table entries.
+    fn ensure(&mut self, n: usize, nl: usize, tables: usize) -> Result<(), BackendError> {
+        if let Some(b) = &self.bufs {
+            if b.cap >= n && b.cap_logits >= nl && b.cap_tables >= tables {
+                return Ok(());
+            }
+        }
+        let grow = |want: usize, had: usize| want.max(had).max(16).next_power_of_two();
+        let (c, l, t) = match &self.bufs {
+            Some(b) => (b.cap, b.cap_logits, b.cap_tables),
+            None => (0, 0, 0),
+        };
+        if let Some(old) = self.bufs.take() {
+            for b in old.all() {
+                self.gpu.release(b);
+            }
+        }
+        self.binder.clear();
+        let bufs = Bufs::new(
+            &mut self.gpu,
+            &self.cfg,
+            grow(n, c),
+            grow(nl, l),
+            grow(tables, t),
+        )?;
+        self.bufs = Some(bufs);
+        Ok(())
+    }
+
+    /// Writes the step's inputs: token ids, the attention kernel's token table, block tables,
+    /// RoPE angles and the logits rows.
+    fn upload_step(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        let n = batch.num_tokens();
+        let mut tok = vec![0u32; n * kernels::TOK_WORDS];
+        let mut tables = Vec::new();
+        for s in batch.seqs {
+            let off = tables.len() as u32;
+            tables.extend(s.block_table.iter().map(|b| b.0));
+            let first_new = (s.seq_len - s.query_len) as u32;
+            for t in s.query_start..s.query_start + s.query_len {
+                let row = &mut tok[t * kernels::TOK_WORDS..][..5];
+                row.copy_from_slice(&[
+                    batch.positions[t],
+                    batch.slot_mapping[t],
+                    first_new,
+                    s.query_start as u32,
+                    off,
+                ]);
+            }
+        }
+        let mut rope = Vec::with_capacity(n * self.cfg.rope_dim);
+        let mut cs = Vec::new();
+        for &pos in batch.positions {
+            self.rope.angles(pos, &mut cs);
+            rope.extend(cs.iter().flat_map(|&(c, s)| [c, s]));
+        }
+        self.ensure(n, batch.logits_indices.len(), tables.len())?;
+        let b = self.bufs.as_ref().expect("ensured");
+        let q = &self.gpu.queue;
+        let put = |buf: &wgpu::Buffer, words: &[u32]| {
+            if !words.is_empty() {
+                q.write_buffer(buf, 0, &words_bytes(words));
+            }
+        };
+        put(&b.tokens, batch.token_ids);
+        put(&b.tok, &tok);
+        put(&b.tables, &tables);
+        put(
+            &b.rope,
+            &rope.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        );
+        put(&b.lidx, batch.logits_indices);
+        Ok(())
+    }
+
+    /// Runs one step; reads back what `want` names into `self.logits` or the returned ids.
+    fn step(&mut self, batch: &ForwardBatch, want: Want) -> Result<Vec<u32>, BackendError> {
+        batch.check(self.kv, self.cfg.vocab_size)?;
+        let (n, nl) = (batch.num_tokens(), batch.logits_indices.len());
+        if n == 0 {
+            self.logits.clear();
+            return Ok(Vec::new());
+        }
+        let t0 = Instant::now();
+        self.upload_step(batch)?;
+        self.list.clear();
+        let bufs = self.bufs.as_ref().expect("ensured");
+        let mut st = Step {
+            gpu: &self.gpu,
+            k: &self.k,
+            cfg: &self.cfg,
+            shape: self.shape,
+            kv: self.kv,
+            bufs,
+            binder: &mut self.binder,
+            list: &mut self.list,
+            cache: &self.cache,
+            embed: &self.embed,
+            dummy: &self.dummy,
+            n,
+            nl,
+        };
+        let output = self.output.as_ref().unwrap_or(&self.embed);
+        crate::forward::forward(&mut st, &self.layers, &self.output_norm, output)?;
+        if matches!(want, Want::Ids) {
+            st.argmax()?;
+        }
+        self.gpu
+            .queue
+            .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
+        if self.profiling {
+            self.time_each()?;
+        }
+        let bufs = self.bufs.as_ref().expect("ensured");
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        kernels::encode(&mut enc, &self.list);
+        let (src, dst, bytes) = match want {
+            Want::Logits => (
+                &bufs.logits,
+                &bufs.read_logits,
+                nl * self.cfg.vocab_size * 4,
+            ),
+            Want::Ids => (&bufs.ids, &bufs.read_ids, nl * 4),
+        };
+        if bytes > 0 {
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, bytes as u64);
+        }
+        self.gpu.submit_wait(enc.finish())?;
+        let raw = self.gpu.read(dst, bytes as u64)?;
+        let words: Vec<u32> = raw
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if self.profiling {
+            self.add_stat("step (one submission)", t0.elapsed().as_nanos() as u64);
+        }
+        match want {
+            Want::Logits => {
+                self.logits = words.into_iter().map(f32::from_bits).collect();
+                Ok(Vec::new())
+            }
+            Want::Ids => Ok(words),
+        }
+    }
+}
+
+impl WgpuExecutor {
+    /// Profiling: runs the step's dispatches one submission each, timing each by the wall clock
+    /// around its submission (per-dispatch GPU timestamps come with the speed work), before the
+    /// step runs as usual. The KV write is idempotent, so running a step twice changes nothing.
+    fn time_each(&mut self) -> Result<(), BackendError> {
+        for i in 0..self.list.len() {
+            let t = Instant::now();
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            kernels::encode(&mut enc, std::slice::from_ref(&self.list[i]));
+            self.gpu.submit_wait(enc.finish())?;
+            let name = self.list[i].name;
+            self.add_stat(name, t.elapsed().as_nanos() as u64);
+        }
+        Ok(())
+    }
+
+    fn add_stat(&mut self, name: &str, ns: u64) {
+        match self.profile.iter_mut().find(|s| s.name == name) {
+            Some(s) => {
+                s.calls += 1;
+                s.total_ns += ns;
+            }
+            None => self.profile.push(OpStat {
+                name: name.to_string(),
+                layer: None,
+                calls: 1,
+                total_ns: ns,
+                bytes: 0,
+                flops: 0,
+            }),
+        }
+    }
+}
+
+fn words_bytes(w: &[u32]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Executor for WgpuExecutor {
+    fn backend_name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn kv_spec(&self) -> KvCacheSpec {
+        self.kv
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
+        self.step(batch, Want::Logits)?;
+        Ok(&self.logits)
+    }
+
+    fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
+        self.step(batch, Want::Ids)
+    }
+
+    fn device_memory_peak(&self) -> Option<u64> {
+        Some(self.gpu.peak)
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profiling = on;
+    }
+
+    fn take_profile(&mut self) -> Vec<OpStat> {
+        std::mem::take(&mut self.profile)
+    }
+}

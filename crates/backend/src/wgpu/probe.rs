@@ -1,0 +1,283 @@
+//! Single kernels run on host data: the entry of the kernel parity tests (each kernel against a
+//! plain CPU reference on random inputs) and of tools that time one kernel. Slow by design
+//! (fresh buffers per call); the executor never uses it.
+
+use half::f16;
+
+use super::gpu::Gpu;
+use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params};
+use super::weights::DMatrix;
+use crate::{BackendError, HostTensor};
+
+pub struct Probe {
+    pub gpu: Gpu,
+    pub k: Kernels,
+}
+
+fn bytes_f32(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bytes_u32(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn to_u32(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The attention kernel's inputs for one step.
+pub struct AttnInput<'a> {
+    pub shape: HeadShape,
+    pub block_size: usize,
+    /// 0: no window.
+    pub window: usize,
+    /// [n, q + 2kv] f32: each token's Q, K and V.
+    pub qkv: &'a [f32],
+    /// [slots, kv_heads, head_dim] f16 each.
+    pub k_cache: &'a [f16],
+    pub v_cache: &'a [f16],
+    /// Per token: position, slot, first new position of its sequence, batch row of that
+    /// token, offset of its block table in `tables`.
+    pub tokens: &'a [[u32; 5]],
+    pub tables: &'a [u32],
+}
+
+/// The attention kernel's outputs: `[n, q]` f32, and the caches after its KV write.
+pub struct AttnOutput {
+    pub out: Vec<f32>,
+    pub k_cache: Vec<f16>,
+    pub v_cache: Vec<f16>,
+}
+
+impl Probe {
+    pub fn new(adapter: Option<&str>) -> Result<Probe, BackendError> {
+        let gpu = Gpu::new(adapter)?;
+        let k = Kernels::new(&gpu)?;
+        Ok(Probe { gpu, k })
+    }
+
+    fn input(&mut self, what: &str, data: &[u8]) -> Result<wgpu::Buffer, BackendError> {
+        self.gpu.upload(what, data)
+    }
+
+    /// An output buffer of `words` words, filled with NaN (so an element never written shows).
+    fn output(&mut self, what: &str, words: usize) -> Result<wgpu::Buffer, BackendError> {
+        let nan = vec![f32::NAN; words.max(1)];
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let b = self.gpu.buffer(what, (words.max(1) * 4) as u64, usage)?;
+        self.gpu.queue.write_buffer(&b, 0, &bytes_f32(&nan));
+        Ok(b)
+    }
+
+    /// Runs one dispatch of `pipe` and waits for it.
+    fn run(
+        &mut self,
+        pipe: &wgpu::ComputePipeline,
+        params: Params,
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        let pbuf = self.gpu.buffer(
+            "probe parameters",
+            64,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&params));
+        let bind = bind(&self.gpu, pipe, (&pbuf, 0), buffers);
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        kernels::encode(
+            &mut enc,
+            &[Dispatch {
+                name: "probe",
+                pipe: pipe.clone(),
+                bind,
+                groups,
+            }],
+        );
+        self.gpu.submit_wait(enc.finish())
+    }
+
+    /// `x` · `w`ᵀ: `w` a `[rows, cols]` tensor (ggml order: dims [cols, rows]), `x` `[n, cols]`.
+    /// Returns `[n, rows]`.
+    pub fn matmul(
+        &mut self,
+        w: &HostTensor,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let (cols, rows) = (w.row_len(), w.rows());
+        let m = DMatrix::stack(&mut self.gpu, &w.name, &[w], cols)?;
+        let xb = self.input("x", &bytes_f32(x))?;
+        let y = self.output("y", n * rows)?;
+        for part in &m.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols,
+                n,
+                x_stride: cols,
+                y_stride: rows,
+                y_off: part.y_off,
+                add: false,
+                row_words: part.ty.row_words(cols),
+                row0: part.row0,
+            };
+            let pipe = self.k.matmul(part.ty).clone();
+            let bufs = [(1, &part.buf), (2, &xb), (3, &y)];
+            self.run(&pipe, s.params(), &bufs, s.matmul_groups())?;
+        }
+        Ok(to_f32(&self.gpu.download(&y, (n * rows * 4) as u64)?))
+    }
+
+    /// The embedding rows of `tokens` from `w` (`[vocab, cols]`): `[tokens, cols]`.
+    pub fn embed(&mut self, w: &HostTensor, tokens: &[u32]) -> Result<Vec<f32>, BackendError> {
+        let cols = w.row_len();
+        let m = DMatrix::stack(&mut self.gpu, &w.name, &[w], cols)?;
+        let tb = self.input("tokens", &bytes_u32(tokens))?;
+        let n = tokens.len();
+        let y = self.output("y", n * cols)?;
+        for part in &m.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols,
+                n,
+                x_stride: 0,
+                y_stride: cols,
+                y_off: 0,
+                add: false,
+                row_words: part.ty.row_words(cols),
+                row0: part.row0,
+            };
+            let pipe = self.k.embed(part.ty).clone();
+            let bufs = [(1, &part.buf), (3, &y), (4, &tb)];
+            self.run(&pipe, s.params(), &bufs, s.embed_groups())?;
+        }
+        Ok(to_f32(&self.gpu.download(&y, (n * cols * 4) as u64)?))
+    }
+
+    /// RMSNorm of each row of `x` (`[n, w.len()]`).
+    pub fn rms_norm(&mut self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>, BackendError> {
+        let n = x.len() / w.len();
+        let xb = self.input("x", &bytes_f32(x))?;
+        let wb = self.input("w", &bytes_f32(w))?;
+        let ib = self.input("idx", &[0u8; 4])?;
+        let y = self.output("y", x.len())?;
+        let pipe = self.k.rms_norm.clone();
+        let p = kernels::rms_params(w.len(), n, eps, false);
+        self.run(
+            &pipe,
+            p,
+            &[(1, &xb), (2, &wb), (3, &y), (4, &ib)],
+            [n as u32, 1, 1],
+        )?;
+        Ok(to_f32(&self.gpu.download(&y, (x.len() * 4) as u64)?))
+    }
+
+    /// Bias, QK-norm and RoPE on `qkv` (`[n, q + 2kv]`); `cs` `[n, pairs]` (cos, sin).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_post(
+        &mut self,
+        shape: HeadShape,
+        qkv: &[f32],
+        bias: Option<&[f32]>,
+        norms: Option<(&[f32], &[f32])>,
+        cs: &[(f32, f32)],
+        neox: bool,
+        eps: f32,
+    ) -> Result<Vec<f32>, BackendError> {
+        let n = qkv.len() / shape.stride();
+        let pairs = cs.len() / n.max(1);
+        let qb = self.output("qkv", qkv.len())?;
+        self.gpu.queue.write_buffer(&qb, 0, &bytes_f32(qkv));
+        let zero = [0f32; 4];
+        let bb = self.input("bias", &bytes_f32(bias.unwrap_or(&zero)))?;
+        let (qn, kn) = norms.unwrap_or((&zero, &zero));
+        let qnb = self.input("q_norm", &bytes_f32(qn))?;
+        let knb = self.input("k_norm", &bytes_f32(kn))?;
+        let flat: Vec<f32> = cs.iter().flat_map(|&(c, s)| [c, s]).collect();
+        let csb = self.input(
+            "cs",
+            &bytes_f32(if flat.is_empty() { &zero } else { &flat }),
+        )?;
+        let p = kernels::qkv_params(&shape, n, pairs, neox, bias.is_some(), norms.is_some(), eps);
+        let pipe = self.k.qkv_post.clone();
+        let bufs = [(1, &qb), (2, &bb), (3, &qnb), (4, &knb), (5, &csb)];
+        self.run(&pipe, p, &bufs, kernels::qkv_groups(&shape, n))?;
+        Ok(to_f32(&self.gpu.download(&qb, (qkv.len() * 4) as u64)?))
+    }
+
+    /// The fused KV write and paged attention of one step.
+    pub fn attention(&mut self, a: &AttnInput) -> Result<AttnOutput, BackendError> {
+        let n = a.tokens.len();
+        let f16_words = |c: &[f16]| -> Vec<u8> { c.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let mut cache = |what: &str, c: &[f16]| -> Result<wgpu::Buffer, BackendError> {
+            let b = self.gpu.buffer(what, (c.len() * 2) as u64, usage)?;
+            self.gpu.queue.write_buffer(&b, 0, &f16_words(c));
+            Ok(b)
+        };
+        let kc = cache("k cache", a.k_cache)?;
+        let vc = cache("v cache", a.v_cache)?;
+        let qb = self.input("qkv", &bytes_f32(a.qkv))?;
+        let mut tok = vec![0u32; n * kernels::TOK_WORDS];
+        for (i, t) in a.tokens.iter().enumerate() {
+            tok[i * kernels::TOK_WORDS..][..5].copy_from_slice(t);
+        }
+        let tb = self.input("tokens", &bytes_u32(&tok))?;
+        let tab = self.input("tables", &bytes_u32(a.tables))?;
+        let out = self.output("out", n * a.shape.q_size())?;
+        let p = kernels::attn_params(&a.shape, n, a.block_size, a.window);
+        let pipe = self.k.attention.clone();
+        let bufs = [(1, &qb), (2, &kc), (3, &vc), (4, &tb), (5, &tab), (6, &out)];
+        self.run(&pipe, p, &bufs, kernels::attn_groups(&a.shape, n))?;
+        let halves = |b: Vec<u8>| -> Vec<f16> {
+            b.chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        Ok(AttnOutput {
+            out: to_f32(&self.gpu.download(&out, (n * a.shape.q_size() * 4) as u64)?),
+            k_cache: halves(self.gpu.download(&kc, (a.k_cache.len() * 2) as u64)?),
+            v_cache: halves(self.gpu.download(&vc, (a.v_cache.len() * 2) as u64)?),
+        })
+    }
+
+    /// silu(gate) · up of each row of `gu` (`[n, 2 inter]`, `[gate | up]`).
+    pub fn swiglu(&mut self, gu: &[f32], inter: usize) -> Result<Vec<f32>, BackendError> {
+        let n = gu.len() / (2 * inter);
+        let gb = self.input("gu", &bytes_f32(gu))?;
+        let y = self.output("y", n * inter)?;
+        let pipe = self.k.swiglu.clone();
+        let p = kernels::swiglu_params(n, inter);
+        self.run(
+            &pipe,
+            p,
+            &[(1, &gb), (2, &y)],
+            kernels::swiglu_groups(n, inter),
+        )?;
+        Ok(to_f32(&self.gpu.download(&y, (n * inter * 4) as u64)?))
+    }
+
+    /// The argmax of each row of `logits` (`[rows, vocab]`).
+    pub fn argmax(&mut self, logits: &[f32], vocab: usize) -> Result<Vec<u32>, BackendError> {
+        let rows = logits.len() / vocab;
+        let lb = self.input("logits", &bytes_f32(logits))?;
+        let y = self.output("ids", rows)?;
+        let pipe = self.k.argmax.clone();
+        let p = kernels::argmax_params(rows, vocab);
+        self.run(&pipe, p, &[(1, &lb), (2, &y)], [rows as u32, 1, 1])?;
+        Ok(to_u32(&self.gpu.download(&y, (rows * 4) as u64)?))
+    }
+}

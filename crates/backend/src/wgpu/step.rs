@@ -1,0 +1,482 @@
+//! One forward step on the device: the kernels behind `forward::LayerOps`, recorded as a list of
+//! dispatches that the executor encodes into one compute pass and submits once.
+//!
+//! Bind groups are made on first use and kept (keyed by the op and the weight it reads), each
+//! with a fixed slot of the parameter buffer; a step only rewrites the parameter words (the token
+//! count changes per step). The work buffers grow to the largest step seen; growing them drops
+//! the bind groups, which the next step makes again.
+
+use std::collections::HashMap;
+
+use quire_core::ModelConfig;
+
+use super::gpu::Gpu;
+use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params};
+use super::weights::{DMatrix, DVec};
+use crate::forward::{Act, LayerOps, Next};
+use crate::{BackendError, KvCacheSpec};
+
+/// What a cached bind group belongs to: an op and the id of the weight (or layer) it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Key {
+    Embed(u32),
+    Norm(u32, bool),
+    Matmul(u32, u8),
+    QkvPost(usize),
+    Attention(usize),
+    Swiglu,
+    Argmax,
+}
+
+/// The parameter buffer's slots and the bind groups that use them.
+pub struct Binder {
+    pub buf: wgpu::Buffer,
+    /// Bytes per slot (the adapter's uniform offset alignment, at least 256).
+    pub align: usize,
+    pub slots: usize,
+    /// Host copy of the slots in use, written to `buf` before each submission.
+    pub words: Vec<u32>,
+    binds: HashMap<Key, (wgpu::BindGroup, usize)>,
+}
+
+impl Binder {
+    pub fn new(gpu: &mut Gpu, slots: usize) -> Result<Binder, BackendError> {
+        let align = (gpu.limits.min_uniform_buffer_offset_alignment as usize).max(256);
+        let buf = gpu.buffer(
+            "parameters",
+            (slots * align) as u64,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        Ok(Binder {
+            buf,
+            align,
+            slots,
+            words: Vec::new(),
+            binds: HashMap::new(),
+        })
+    }
+
+    /// Forgets every bind group (the work buffers they name are gone).
+    pub fn clear(&mut self) {
+        self.binds.clear();
+        self.words.clear();
+    }
+
+    /// The dispatch of `pipe` over `groups` for `key`, its bind group made on first use, with
+    /// `params` written to its slot.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &mut self,
+        gpu: &Gpu,
+        name: &'static str,
+        key: Key,
+        pipe: &wgpu::ComputePipeline,
+        buffers: &[(u32, &wgpu::Buffer)],
+        params: Params,
+        groups: [u32; 3],
+    ) -> Result<Dispatch, BackendError> {
+        let next = self.binds.len();
+        let (bg, slot) = match self.binds.get(&key) {
+            Some(b) => b.clone(),
+            None => {
+                if next >= self.slots {
+                    return Err(BackendError::Wgpu(format!(
+                        "more than {} distinct dispatches in a step",
+                        self.slots
+                    )));
+                }
+                let bg = bind(gpu, pipe, (&self.buf, (next * self.align) as u64), buffers);
+                self.binds.insert(key, (bg.clone(), next));
+                (bg, next)
+            }
+        };
+        let at = slot * self.align / 4;
+        if self.words.len() < at + 16 {
+            self.words.resize(at + 16, 0);
+        }
+        self.words[at..at + 16].copy_from_slice(&params);
+        Ok(Dispatch {
+            name,
+            pipe: pipe.clone(),
+            bind: bg,
+            groups,
+        })
+    }
+}
+
+/// The work buffers of a step, sized for `cap` tokens, `cap_logits` logits rows and
+/// `cap_tables` block-table entries.
+pub struct Bufs {
+    pub cap: usize,
+    pub cap_logits: usize,
+    pub cap_tables: usize,
+    pub x: wgpu::Buffer,      // [cap, hidden] f32: the residual stream
+    pub h: wgpu::Buffer,      // [cap, hidden] f32: normed
+    pub qkv: wgpu::Buffer,    // [cap, q + 2kv] f32
+    pub attn: wgpu::Buffer,   // [cap, q] f32
+    pub gu: wgpu::Buffer,     // [cap, 2 inter] f32: [gate | up]
+    pub act: wgpu::Buffer,    // [cap, inter] f32: the SwiGLU output
+    pub logits: wgpu::Buffer, // [cap_logits, vocab] f32
+    pub ids: wgpu::Buffer,    // [cap_logits] u32: argmax
+    pub tokens: wgpu::Buffer, // [cap] u32
+    pub tok: wgpu::Buffer,    // [cap, TOK_WORDS] u32: the attention kernel's token table
+    pub tables: wgpu::Buffer, // [cap_tables] u32: the step's block tables, concatenated
+    pub rope: wgpu::Buffer,   // [cap, rope_dim / 2, 2] f32: (cos, sin)
+    pub lidx: wgpu::Buffer,   // [cap_logits] u32: rows whose logits are wanted
+    pub read_logits: wgpu::Buffer,
+    pub read_ids: wgpu::Buffer,
+}
+
+impl Bufs {
+    pub fn new(
+        gpu: &mut Gpu,
+        c: &ModelConfig,
+        cap: usize,
+        cap_logits: usize,
+        cap_tables: usize,
+    ) -> Result<Bufs, BackendError> {
+        use wgpu::BufferUsages as U;
+        let work = U::STORAGE;
+        let input = U::STORAGE | U::COPY_DST;
+        let out = U::STORAGE | U::COPY_SRC;
+        let read = U::MAP_READ | U::COPY_DST;
+        let stride = c.q_size() + 2 * c.kv_size();
+        let f = |n: usize| (n * 4) as u64;
+        let mut b = |what: &str, bytes: u64, usage| gpu.buffer(what, bytes, usage);
+        Ok(Bufs {
+            cap,
+            cap_logits,
+            cap_tables,
+            x: b("x", f(cap * c.hidden_size), work)?,
+            h: b("h", f(cap * c.hidden_size), work)?,
+            qkv: b("qkv", f(cap * stride), work)?,
+            attn: b("attn", f(cap * c.q_size()), work)?,
+            gu: b("gate_up", f(cap * 2 * c.intermediate_size), work)?,
+            act: b("swiglu", f(cap * c.intermediate_size), work)?,
+            logits: b("logits", f(cap_logits * c.vocab_size), out)?,
+            ids: b("ids", f(cap_logits), out)?,
+            tokens: b("tokens", f(cap), input)?,
+            tok: b("token table", f(cap * kernels::TOK_WORDS), input)?,
+            tables: b("block tables", f(cap_tables), input)?,
+            rope: b("rope", f(cap * c.rope_dim.max(2)), input)?,
+            lidx: b("logits rows", f(cap_logits), input)?,
+            read_logits: b("logits readback", f(cap_logits * c.vocab_size), read)?,
+            read_ids: b("ids readback", f(cap_logits), read)?,
+        })
+    }
+
+    /// Every buffer, for the allocation count when they are dropped.
+    pub fn all(&self) -> [&wgpu::Buffer; 15] {
+        [
+            &self.x,
+            &self.h,
+            &self.qkv,
+            &self.attn,
+            &self.gu,
+            &self.act,
+            &self.logits,
+            &self.ids,
+            &self.tokens,
+            &self.tok,
+            &self.tables,
+            &self.rope,
+            &self.lidx,
+            &self.read_logits,
+            &self.read_ids,
+        ]
+    }
+}
+
+/// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
+pub enum NoMoe {}
+
+/// One step's kernels, bound to its batch.
+pub struct Step<'a> {
+    pub gpu: &'a Gpu,
+    pub k: &'a Kernels,
+    pub cfg: &'a ModelConfig,
+    pub shape: HeadShape,
+    pub kv: KvCacheSpec,
+    pub bufs: &'a Bufs,
+    pub binder: &'a mut Binder,
+    pub list: &'a mut Vec<Dispatch>,
+    /// Per layer: the K and V cache, `[slots, kv_heads, head_dim]` f16.
+    pub cache: &'a [(wgpu::Buffer, wgpu::Buffer)],
+    pub embed: &'a DMatrix,
+    /// Bound where a kernel's optional input is absent.
+    pub dummy: &'a wgpu::Buffer,
+    /// Tokens of the step, and logits rows wanted.
+    pub n: usize,
+    pub nl: usize,
+}
+
+impl<'a> Step<'a> {
+    fn act(&self, a: Act) -> (&'a wgpu::Buffer, usize) {
+        let (c, b) = (self.cfg, self.bufs);
+        match a {
+            Act::X => (&b.x, c.hidden_size),
+            Act::H => (&b.h, c.hidden_size),
+            Act::Qkv => (&b.qkv, self.shape.stride()),
+            Act::Attn => (&b.attn, c.q_size()),
+            Act::Swiglu => (&b.act, c.intermediate_size),
+        }
+    }
+
+    fn push(
+        &mut self,
+        name: &'static str,
+        key: Key,
+        pipe: &wgpu::ComputePipeline,
+        buffers: &[(u32, &wgpu::Buffer)],
+        params: Params,
+        groups: [u32; 3],
+    ) -> Result<(), BackendError> {
+        let d = self
+            .binder
+            .dispatch(self.gpu, name, key, pipe, buffers, params, groups)?;
+        self.list.push(d);
+        Ok(())
+    }
+
+    /// `y` (+)= `x` · `w`ᵀ over `n` rows; `tag` tells apart two uses of one weight.
+    #[allow(clippy::too_many_arguments)]
+    fn mm(
+        &mut self,
+        w: &DMatrix,
+        x: (&wgpu::Buffer, usize),
+        y: (&wgpu::Buffer, usize),
+        n: usize,
+        add: bool,
+        tag: u8,
+        name: &'static str,
+    ) -> Result<(), BackendError> {
+        for part in &w.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols: w.cols,
+                n,
+                x_stride: x.1,
+                y_stride: y.1,
+                y_off: part.y_off,
+                add,
+                row_words: part.ty.row_words(w.cols),
+                row0: part.row0,
+            };
+            let pipe = self.k.matmul(part.ty);
+            let d = self.binder.dispatch(
+                self.gpu,
+                name,
+                Key::Matmul(part.id, tag),
+                pipe,
+                &[(1, &part.buf), (2, x.0), (3, y.0)],
+                s.params(),
+                s.matmul_groups(),
+            )?;
+            self.list.push(d);
+        }
+        Ok(())
+    }
+
+    /// Appends the device argmax of the step's logits rows.
+    pub fn argmax(&mut self) -> Result<(), BackendError> {
+        let b = self.bufs;
+        let p = kernels::argmax_params(self.nl, self.cfg.vocab_size);
+        let k = self.k;
+        let pipe = &k.argmax;
+        self.push(
+            "argmax",
+            Key::Argmax,
+            pipe,
+            &[(1, &b.logits), (2, &b.ids)],
+            p,
+            [self.nl as u32, 1, 1],
+        )
+    }
+}
+
+impl LayerOps for Step<'_> {
+    type M = DMatrix;
+    type V = DVec;
+    type E = NoMoe;
+
+    fn embed(&mut self) -> Result<(), BackendError> {
+        let hd = self.cfg.hidden_size;
+        for part in &self.embed.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols: hd,
+                n: self.n,
+                x_stride: 0,
+                y_stride: hd,
+                y_off: 0,
+                add: false,
+                row_words: part.ty.row_words(hd),
+                row0: part.row0,
+            };
+            let d = self.binder.dispatch(
+                self.gpu,
+                "embed",
+                Key::Embed(part.id),
+                self.k.embed(part.ty),
+                &[(1, &part.buf), (3, &self.bufs.x), (4, &self.bufs.tokens)],
+                s.params(),
+                s.embed_groups(),
+            )?;
+            self.list.push(d);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &mut self,
+        _layer: usize,
+        w: &DVec,
+        _next: Next<'_, DMatrix, NoMoe>,
+    ) -> Result<(), BackendError> {
+        let b = self.bufs;
+        let p = kernels::rms_params(w.len, self.n, self.cfg.rms_norm_eps, false);
+        let k = self.k;
+        let pipe = &k.rms_norm;
+        self.push(
+            "rms_norm",
+            Key::Norm(w.id, false),
+            pipe,
+            &[(1, &b.x), (2, &w.buf), (3, &b.h), (4, &b.lidx)],
+            p,
+            [self.n as u32, 1, 1],
+        )
+    }
+
+    fn matmul(
+        &mut self,
+        _layer: usize,
+        w: &DMatrix,
+        src: Act,
+        dst: Act,
+        add: bool,
+    ) -> Result<(), BackendError> {
+        let (x, y) = (self.act(src), self.act(dst));
+        let name = match (src, dst) {
+            (Act::H, Act::Qkv) => "matmul_qkv",
+            (Act::Attn, _) => "matmul_o",
+            (Act::Swiglu, _) => "matmul_down",
+            _ => "matmul",
+        };
+        self.mm(w, x, y, self.n, add, 0, name)
+    }
+
+    fn qkv_post(
+        &mut self,
+        layer: usize,
+        bias: Option<&DVec>,
+        q_norm: Option<&DVec>,
+        k_norm: Option<&DVec>,
+    ) -> Result<(), BackendError> {
+        let (c, b, d) = (self.cfg, self.bufs, self.dummy);
+        let norm = q_norm.is_some() && k_norm.is_some();
+        let p = kernels::qkv_params(
+            &self.shape,
+            self.n,
+            c.rope_dim / 2,
+            c.rope_style == quire_core::RopeStyle::Neox,
+            bias.is_some(),
+            norm,
+            c.rms_norm_eps,
+        );
+        let buffers = [
+            (1, &b.qkv),
+            (2, bias.map_or(d, |v| &v.buf)),
+            (3, q_norm.map_or(d, |v| &v.buf)),
+            (4, k_norm.map_or(d, |v| &v.buf)),
+            (5, &b.rope),
+        ];
+        let groups = kernels::qkv_groups(&self.shape, self.n);
+        let k = self.k;
+        let pipe = &k.qkv_post;
+        self.push("rope", Key::QkvPost(layer), pipe, &buffers, p, groups)
+    }
+
+    fn attention(&mut self, layer: usize) -> Result<(), BackendError> {
+        let b = self.bufs;
+        let (kc, vc) = &self.cache[layer];
+        let p = kernels::attn_params(
+            &self.shape,
+            self.n,
+            self.kv.block_size,
+            self.cfg.sliding_window.unwrap_or(0),
+        );
+        let buffers = [
+            (1, &b.qkv),
+            (2, kc),
+            (3, vc),
+            (4, &b.tok),
+            (5, &b.tables),
+            (6, &b.attn),
+        ];
+        let groups = kernels::attn_groups(&self.shape, self.n);
+        let k = self.k;
+        let pipe = &k.attention;
+        self.push(
+            "attention",
+            Key::Attention(layer),
+            pipe,
+            &buffers,
+            p,
+            groups,
+        )
+    }
+
+    fn gate_up(
+        &mut self,
+        _layer: usize,
+        gate_up: &DMatrix,
+        _down: &DMatrix,
+    ) -> Result<(), BackendError> {
+        let inter = self.cfg.intermediate_size;
+        let b = self.bufs;
+        self.mm(
+            gate_up,
+            (&b.h, self.cfg.hidden_size),
+            (&b.gu, 2 * inter),
+            self.n,
+            false,
+            0,
+            "matmul_gate_up",
+        )?;
+        let p = kernels::swiglu_params(self.n, inter);
+        let groups = kernels::swiglu_groups(self.n, inter);
+        let k = self.k;
+        let pipe = &k.swiglu;
+        let bufs = [(1, &b.gu), (2, &b.act)];
+        self.push("swiglu", Key::Swiglu, pipe, &bufs, p, groups)
+    }
+
+    fn moe(&mut self, _layer: usize, moe: &NoMoe) -> Result<(), BackendError> {
+        match *moe {}
+    }
+
+    fn output(&mut self, norm: &DVec, w: &DMatrix) -> Result<(), BackendError> {
+        let b = self.bufs;
+        let hd = self.cfg.hidden_size;
+        let p = kernels::rms_params(hd, self.nl, self.cfg.rms_norm_eps, true);
+        let k = self.k;
+        let pipe = &k.rms_norm;
+        self.push(
+            "rms_norm",
+            Key::Norm(norm.id, true),
+            pipe,
+            &[(1, &b.x), (2, &norm.buf), (3, &b.h), (4, &b.lidx)],
+            p,
+            [self.nl as u32, 1, 1],
+        )?;
+        self.mm(
+            w,
+            (&b.h, hd),
+            (&b.logits, self.cfg.vocab_size),
+            self.nl,
+            false,
+            1,
+            "output",
+        )
+    }
+}
