@@ -24,11 +24,11 @@ use quire_core::SamplingParams;
 use quire_engine::runner::forward_single;
 use quire_engine::sampler::log_sum_exp;
 use quire_engine::{Engine, EngineConfig};
-use quire_testkit::metric::{self, rel_l2};
+use quire_testkit::metric;
 use quire_testkit::Backend;
 
 mod common;
-use common::{ids, reference};
+use common::{distance, ids, reference};
 
 fn model() -> quire_model::LoadedModel {
     let path = std::env::var_os("QUIRE_PARITY_MODEL")
@@ -72,28 +72,6 @@ fn cpu_with(w: &ModelWeights, blocks: usize, attn_f16_accum: bool) -> Box<dyn Ex
         ..CpuOptions::default()
     };
     Box::new(CpuExecutor::new(w, kv, opts).unwrap())
-}
-
-/// Teacher-forced distance between two executors over the reference sequences: (mean, worst)
-/// relative error of the logit rows.
-fn distance(a: &mut dyn Executor, b: &mut dyn Executor, vocab: usize) -> (f64, f64) {
-    let (mut worst, mut sum, mut rows_total) = (0f64, 0f64, 0usize);
-    for r in reference() {
-        let seq: Vec<u32> = ids(&r["prompt_tokens"])
-            .into_iter()
-            .chain(ids(&r["completion_tokens"]))
-            .collect();
-        let rows: Vec<u32> = (0..seq.len() as u32).collect();
-        let want = forward_single(b, &seq, &rows).unwrap();
-        let got = forward_single(a, &seq, &rows).unwrap();
-        for (x, y) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
-            let e = rel_l2(x, y);
-            worst = worst.max(e);
-            sum += e;
-            rows_total += 1;
-        }
-    }
-    (sum / rows_total as f64, worst)
 }
 
 quire_testkit::gpu_test! {

@@ -18,11 +18,11 @@ use quire_backend::cpu::{CpuExecutor, CpuOptions};
 use quire_backend::{Executor, KvCacheSpec, ModelWeights};
 use quire_engine::runner::forward_single;
 use quire_engine::sampler::log_sum_exp;
-use quire_testkit::metric::{self, rel_l2};
+use quire_testkit::metric;
 use quire_testkit::Backend;
 
 mod common;
-use common::{ids, reference};
+use common::{distance, ids, reference};
 
 /// Stored weights against the CPU's 8-bit activations: the activation quantization's own error
 /// (~1e-2 relative per matmul input) carried through 30 layers.
@@ -48,28 +48,6 @@ fn cpu(w: &ModelWeights, blocks: usize) -> Box<dyn Executor> {
         ..CpuOptions::default()
     };
     Box::new(CpuExecutor::new(w, kv(blocks), opts).unwrap())
-}
-
-/// Teacher-forced (mean, worst) relative error of `a`'s logit rows against `b`'s over the
-/// reference sequences.
-fn distance(a: &mut dyn Executor, b: &mut dyn Executor, vocab: usize) -> (f64, f64) {
-    let (mut worst, mut sum, mut rows_total) = (0f64, 0f64, 0usize);
-    for r in reference() {
-        let seq: Vec<u32> = ids(&r["prompt_tokens"])
-            .into_iter()
-            .chain(ids(&r["completion_tokens"]))
-            .collect();
-        let rows: Vec<u32> = (0..seq.len() as u32).collect();
-        let want = forward_single(b, &seq, &rows).unwrap();
-        let got = forward_single(a, &seq, &rows).unwrap();
-        for (x, y) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
-            let e = rel_l2(x, y);
-            worst = worst.max(e);
-            sum += e;
-            rows_total += 1;
-        }
-    }
-    (sum / rows_total as f64, worst)
 }
 
 quire_testkit::wgpu_test! {

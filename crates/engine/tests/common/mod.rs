@@ -29,6 +29,32 @@ pub fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// Teacher-forced distance between two executors over the reference sequences: (mean, worst)
+/// relative L2 error of `a`'s logit rows against `b`'s.
+pub fn distance(
+    a: &mut dyn quire_backend::Executor,
+    b: &mut dyn quire_backend::Executor,
+    vocab: usize,
+) -> (f64, f64) {
+    let (mut worst, mut sum, mut rows_total) = (0f64, 0f64, 0usize);
+    for r in reference() {
+        let seq: Vec<u32> = ids(&r["prompt_tokens"])
+            .into_iter()
+            .chain(ids(&r["completion_tokens"]))
+            .collect();
+        let rows: Vec<u32> = (0..seq.len() as u32).collect();
+        let want = quire_engine::runner::forward_single(b, &seq, &rows).unwrap();
+        let got = quire_engine::runner::forward_single(a, &seq, &rows).unwrap();
+        for (x, y) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
+            let e = quire_testkit::metric::rel_l2(x, y);
+            worst = worst.max(e);
+            sum += e;
+            rows_total += 1;
+        }
+    }
+    (sum / rows_total as f64, worst)
+}
+
 /// How far a backend's log-probabilities of the likely tokens may lie from the [`Oracle`]'s, for
 /// the default model (stored Q4_1 weights): an 8-bit rounding step of the activations is worth
 /// this much here. Measured over the shared reference's 377 positions, each position's five
