@@ -39,8 +39,9 @@ setup)
     ;;
 llamacpp)
     if [ ! -x "$LV/llama-bench" ]; then
-        if [ -f .dev/llama-vk.tar.xz ]; then
-            mkdir -p "$LV" && tar -xJf .dev/llama-vk.tar.xz -C "$LV"
+        if [ -f .dev/llama-vk.tar.xz.aa ]; then
+            # Carried back from an earlier call (the files from $OUT come back in parts of < 16 MiB).
+            mkdir -p "$LV" && cat .dev/llama-vk.tar.xz.* | tar -xJf - -C "$LV"
         else
             mkdir -p /root/lc && [ -d /root/lc/llama.cpp ] || tar -xJf .dev/llamacpp-src.tar.xz -C /root/lc
             tar -xJf /root/vk/ggml-vulkan.tar.xz -C /root/lc/llama.cpp/ggml/src
@@ -53,8 +54,8 @@ llamacpp)
             cmake --build build-vk -j 16 --target llama-bench llama-batched-bench llama-quantize > "$OUT/build-vk.log" 2>&1 \
                 || { tail -30 "$OUT/build-vk.log"; exit 1; }
             cd - > /dev/null
-            tar -cJf "$OUT/llama-vk.tar.xz" -C "$LV" llama-bench llama-batched-bench llama-quantize
-            ls -la "$OUT/llama-vk.tar.xz"
+            tar -cJf - -C "$LV" llama-bench llama-batched-bench llama-quantize | split -b 15M - "$OUT/llama-vk.tar.xz."
+            ls -la "$OUT"/llama-vk.tar.xz.*
         fi
     fi
     "$LV/llama-bench" --list-devices 2>&1 | tail -5 || true
