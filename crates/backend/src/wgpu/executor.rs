@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use quire_core::ModelConfig;
 
-use super::gpu::Gpu;
+use super::gpu::{Gpu, Timer, Timestamps};
 use super::kernels::{self, HeadShape, Kernels};
 use super::step::{Binder, Bufs, NoMoe, Step};
 use super::weights::{DMatrix, DVec};
@@ -36,6 +36,8 @@ pub struct WgpuExecutor {
     logits: Vec<f32>,
     profiling: bool,
     profile: Vec<OpStat>,
+    /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
+    timer: Option<Timer>,
 }
 
 /// What a step hands back.
@@ -175,6 +177,7 @@ impl WgpuExecutor {
             logits: Vec::new(),
             profiling: false,
             profile: Vec::new(),
+            timer: None,
             k,
             gpu,
         })
@@ -215,8 +218,8 @@ impl WgpuExecutor {
     }
 
     /// Writes the step's inputs: token ids, the attention kernel's token table, block tables,
-    /// RoPE angles and the logits rows.
-    fn upload_step(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    /// RoPE angles and the logits rows. Returns the keys its tokens attend over, in all.
+    fn upload_step(&mut self, batch: &ForwardBatch) -> Result<usize, BackendError> {
         let n = batch.num_tokens();
         let mut tok = vec![0u32; n * kernels::TOK_WORDS];
         let mut tables = Vec::new();
@@ -257,7 +260,12 @@ impl WgpuExecutor {
             &rope.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
         );
         put(&b.lidx, batch.logits_indices);
-        Ok(())
+        let window = self.cfg.sliding_window.unwrap_or(usize::MAX);
+        Ok(batch
+            .positions
+            .iter()
+            .map(|&p| (p as usize + 1).min(window))
+            .sum())
     }
 
     /// Runs one step; reads back what `want` names into `self.logits` or the returned ids.
@@ -268,8 +276,7 @@ impl WgpuExecutor {
             self.logits.clear();
             return Ok(Vec::new());
         }
-        let t0 = Instant::now();
-        self.upload_step(batch)?;
+        let keys = self.upload_step(batch)?;
         self.list.clear();
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut st = Step {
@@ -286,6 +293,7 @@ impl WgpuExecutor {
             dummy: &self.dummy,
             n,
             nl,
+            keys,
         };
         let output = self.output.as_ref().unwrap_or(&self.embed);
         crate::forward::forward(&mut st, &self.layers, &self.output_norm, output)?;
@@ -295,12 +303,29 @@ impl WgpuExecutor {
         self.gpu
             .queue
             .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
-        if self.profiling {
+        let timed = self.profiling && self.gpu.caps.timestamps != Timestamps::None;
+        if self.profiling && !timed {
             self.time_each()?;
+        }
+        if timed {
+            let runs = self.list.iter().filter(|d| d.runs()).count();
+            if self.timer.as_ref().is_none_or(|t| t.cap < runs) {
+                self.timer = self.gpu.timer(runs)?;
+            }
         }
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        kernels::encode(&mut enc, &self.list);
+        let order = match (&self.timer, timed) {
+            (Some(t), true) => {
+                let order = kernels::encode_timed(&mut enc, &self.list, t);
+                t.resolve(&mut enc, order.len());
+                order
+            }
+            _ => {
+                kernels::encode(&mut enc, &self.list);
+                Vec::new()
+            }
+        };
         let (src, dst, bytes) = match want {
             Want::Logits => (
                 &bufs.logits,
@@ -318,8 +343,17 @@ impl WgpuExecutor {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        if self.profiling {
-            self.add_stat("step (one submission)", t0.elapsed().as_nanos() as u64);
+        if !order.is_empty() {
+            let ns = self
+                .timer
+                .as_ref()
+                .expect("timed")
+                .read(&self.gpu, order.len())?;
+            for (&i, ns) in order.iter().zip(ns) {
+                let d = &self.list[i];
+                let (name, bytes, flops) = (d.name, d.bytes, d.flops);
+                self.add_stat(name, ns.round() as u64, bytes, flops);
+            }
         }
         match want {
             Want::Logits => {
@@ -332,35 +366,50 @@ impl WgpuExecutor {
 }
 
 impl WgpuExecutor {
-    /// Profiling: runs the step's dispatches one submission each, timing each by the wall clock
-    /// around its submission (per-dispatch GPU timestamps come with the speed work), before the
-    /// step runs as usual. The KV write is idempotent, so running a step twice changes nothing.
+    /// Profiling on a device without timestamp queries: runs the step's dispatches one
+    /// submission each, timed by the wall clock around the submission (so each includes a
+    /// submission's overhead), before the step runs as usual. The KV write is idempotent, so
+    /// running a step's dispatches twice changes nothing.
     fn time_each(&mut self) -> Result<(), BackendError> {
         for i in 0..self.list.len() {
             let t = Instant::now();
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             kernels::encode(&mut enc, std::slice::from_ref(&self.list[i]));
             self.gpu.submit_wait(enc.finish())?;
-            let name = self.list[i].name;
-            self.add_stat(name, t.elapsed().as_nanos() as u64);
+            let d = &self.list[i];
+            let (name, bytes, flops) = (d.name, d.bytes, d.flops);
+            self.add_stat(name, t.elapsed().as_nanos() as u64, bytes, flops);
         }
         Ok(())
     }
 
-    fn add_stat(&mut self, name: &str, ns: u64) {
+    fn add_stat(&mut self, name: &str, ns: u64, bytes: u64, flops: u64) {
         match self.profile.iter_mut().find(|s| s.name == name) {
             Some(s) => {
                 s.calls += 1;
                 s.total_ns += ns;
+                s.bytes += bytes;
+                s.flops += flops;
             }
             None => self.profile.push(OpStat {
                 name: name.to_string(),
                 layer: None,
                 calls: 1,
                 total_ns: ns,
-                bytes: 0,
-                flops: 0,
+                bytes,
+                flops,
             }),
+        }
+    }
+
+    /// How profiled steps are timed on this device, in words (for tools to print).
+    pub fn timing(&self) -> &'static str {
+        match self.gpu.caps.timestamps {
+            Timestamps::InsidePasses => "GPU timestamps around each dispatch",
+            Timestamps::PassBoundaries => "GPU timestamps, one compute pass per dispatch",
+            Timestamps::None => {
+                "no timestamp queries on this adapter: wall clock around one submission per dispatch"
+            }
         }
     }
 }

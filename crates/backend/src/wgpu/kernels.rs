@@ -339,6 +339,71 @@ pub struct Dispatch {
     pub pipe: wgpu::ComputePipeline,
     pub bind: wgpu::BindGroup,
     pub groups: [u32; 3],
+    /// Bytes it reads and writes, and its arithmetic, for profiles (0: not counted).
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl Dispatch {
+    /// Whether it runs at all (a dispatch of zero workgroups is skipped).
+    pub fn runs(&self) -> bool {
+        !self.groups.contains(&0)
+    }
+}
+
+fn record(pass: &mut wgpu::ComputePass<'_>, d: &Dispatch) {
+    pass.set_pipeline(&d.pipe);
+    pass.set_bind_group(0, &d.bind, &[]);
+    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+}
+
+/// Encodes the dispatches of `list` that run (at most `timer.cap` of them) with a timestamp
+/// pair around each: one pass with timestamps inside it where the device allows that, else one
+/// pass per dispatch timed at its boundaries; dispatches past the timer's capacity run untimed
+/// after them. Returns the indices into `list` of the timed dispatches, in the timer's order;
+/// `timer.resolve` then reads them out.
+pub fn encode_timed(
+    enc: &mut wgpu::CommandEncoder,
+    list: &[Dispatch],
+    timer: &super::gpu::Timer,
+) -> Vec<usize> {
+    use super::gpu::Timestamps;
+    let timed: Vec<usize> = (0..list.len())
+        .filter(|&i| list[i].runs())
+        .take(timer.cap)
+        .collect();
+    // Past the timer's capacity, the rest run untimed after the timed ones.
+    let rest = timed.last().map_or(0, |&i| i + 1);
+    match timer.mode {
+        Timestamps::InsidePasses => {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("quire step (timed)"),
+                timestamp_writes: None,
+            });
+            for (k, &i) in timed.iter().enumerate() {
+                pass.write_timestamp(&timer.set, 2 * k as u32);
+                record(&mut pass, &list[i]);
+                pass.write_timestamp(&timer.set, 2 * k as u32 + 1);
+            }
+        }
+        Timestamps::PassBoundaries | Timestamps::None => {
+            for (k, &i) in timed.iter().enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(list[i].name),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &timer.set,
+                        beginning_of_pass_write_index: Some(2 * k as u32),
+                        end_of_pass_write_index: Some(2 * k as u32 + 1),
+                    }),
+                });
+                record(&mut pass, &list[i]);
+            }
+        }
+    }
+    if rest < list.len() {
+        encode(enc, &list[rest..]);
+    }
+    timed
 }
 
 /// Encodes `list` into one compute pass of `enc` (wgpu orders the dispatches' buffer accesses).
@@ -347,12 +412,7 @@ pub fn encode(enc: &mut wgpu::CommandEncoder, list: &[Dispatch]) {
         label: Some("quire step"),
         timestamp_writes: None,
     });
-    for d in list {
-        if d.groups.contains(&0) {
-            continue;
-        }
-        pass.set_pipeline(&d.pipe);
-        pass.set_bind_group(0, &d.bind, &[]);
-        pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+    for d in list.iter().filter(|d| d.runs()) {
+        record(&mut pass, d);
     }
 }

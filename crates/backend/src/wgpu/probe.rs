@@ -103,6 +103,8 @@ impl Probe {
                 pipe: pipe.clone(),
                 bind,
                 groups,
+                bytes: 0,
+                flops: 0,
             }],
         );
         self.gpu.submit_wait(enc.finish())
