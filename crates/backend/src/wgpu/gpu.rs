@@ -219,14 +219,25 @@ impl Timer {
 
     /// The nanoseconds of the first `n` pairs, once the submission that resolved them finished.
     pub fn read(&self, gpu: &Gpu, n: usize) -> Result<Vec<f64>, BackendError> {
+        Ok(self
+            .read_spans(gpu, n)?
+            .into_iter()
+            .map(|(a, b)| (b - a).max(0.0))
+            .collect())
+    }
+
+    /// The first `n` pairs as (start, end) in nanoseconds from the first pair's start.
+    pub fn read_spans(&self, gpu: &Gpu, n: usize) -> Result<Vec<(f64, f64)>, BackendError> {
         let raw = gpu.read(&self.read, (16 * n) as u64)?;
         let ticks: Vec<u64> = raw
             .chunks_exact(8)
             .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
             .collect();
+        let t0 = ticks.first().copied().unwrap_or(0);
+        let ns = |t: u64| t.wrapping_sub(t0) as i64 as f64 * self.period_ns;
         Ok(ticks
             .chunks_exact(2)
-            .map(|p| p[1].saturating_sub(p[0]) as f64 * self.period_ns)
+            .map(|p| (ns(p[0]), ns(p[1])))
             .collect())
     }
 }
