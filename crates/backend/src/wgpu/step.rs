@@ -24,6 +24,8 @@ pub enum Key {
     Matmul(u32, u8),
     QkvPost(usize),
     Attention(usize),
+    AttnSplit(usize),
+    AttnMerge,
     Swiglu,
     Argmax,
 }
@@ -221,6 +223,9 @@ pub struct Step<'a> {
     pub nl: usize,
     /// Keys attended over the step, summed over its tokens (for the profile's bytes).
     pub keys: usize,
+    /// Decode rows only: the split of the decode attention kernels and their scratch buffers
+    /// (partial V sums, partial maxima and sums).
+    pub split: Option<(kernels::SplitPlan, &'a wgpu::Buffer, &'a wgpu::Buffer)>,
 }
 
 impl<'a> Step<'a> {
@@ -432,6 +437,39 @@ impl LayerOps for Step<'_> {
     fn attention(&mut self, layer: usize) -> Result<(), BackendError> {
         let b = self.bufs;
         let (kc, vc) = &self.cache[layer];
+        if let Some((plan, part, ml)) = self.split {
+            let (s, n) = (self.shape, self.n);
+            let window = self.cfg.sliding_window.unwrap_or(0);
+            let p = kernels::split_params(&s, n, self.kv.block_size, window, plan);
+            let k = self.k;
+            let buffers = [
+                (1, &b.qkv),
+                (2, kc),
+                (3, vc),
+                (4, &b.tok),
+                (5, &b.tables),
+                (6, part),
+                (7, ml),
+            ];
+            let groups = kernels::split_groups(&s, n, plan);
+            let key = Key::AttnSplit(layer);
+            self.push("attn_split", key, &k.attn_split, &buffers, p, groups)?;
+            let (bytes, flops) = attn_cost(&s, n, self.keys);
+            self.cost(bytes, flops);
+            let buffers = [(6, part), (7, ml), (8, &b.attn)];
+            let groups = kernels::merge_groups(&s, n);
+            self.push(
+                "attn_merge",
+                Key::AttnMerge,
+                &k.attn_merge,
+                &buffers,
+                p,
+                groups,
+            )?;
+            let (pw, mw) = plan.scratch_words(&s, n);
+            self.cost((pw + mw + n * s.q_size()) * 4, 0);
+            return Ok(());
+        }
         let p = kernels::attn_params(
             &self.shape,
             self.n,
