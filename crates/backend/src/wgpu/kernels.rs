@@ -55,6 +55,7 @@ pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
 pub const QKV_POST: &str = include_str!("shaders/qkv_post.wgsl");
 pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 pub const ATTN_DECODE: &str = include_str!("shaders/attn_decode.wgsl");
+pub const READ_BW: &str = include_str!("shaders/read_bw.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
@@ -88,6 +89,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
         ("attention", ATTENTION),
         ("swiglu", SWIGLU),
         ("argmax", ARGMAX),
+        ("read_bw", READ_BW),
     ] {
         v.push((name.to_string(), src.to_string(), vec!["main"]));
     }

@@ -430,6 +430,45 @@ impl Probe {
         Ok((out, true))
     }
 
+    /// The adapter's read bandwidth: a buffer of up to `bytes` (at most one binding) read
+    /// `reps` times by 16-byte loads. Returns (bytes read per run, seconds per run, GPU timed).
+    pub fn read_bandwidth(
+        &mut self,
+        bytes: u64,
+        reps: usize,
+    ) -> Result<(u64, Vec<f64>, bool), BackendError> {
+        let size = bytes.min(self.gpu.max_binding()) / 16 * 16;
+        let words = (size / 16) as u32;
+        let src = self
+            .gpu
+            .buffer("bandwidth source", size, wgpu::BufferUsages::STORAGE)?;
+        let per_group = 4096u32;
+        let groups = words.div_ceil(per_group);
+        let sums = self.output("bandwidth sums", groups as usize)?;
+        let pipe = self.gpu.pipeline("read_bw", kernels::READ_BW, "main")?;
+        let pbuf = self.gpu.buffer(
+            "probe parameters",
+            64,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let mut p = [0u32; 16];
+        p[0] = words;
+        p[1] = per_group;
+        self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
+        let b = bind(&self.gpu, &pipe, (&pbuf, 0), &[(1, &src), (2, &sums)]);
+        let d = Dispatch {
+            name: "read_bw",
+            pipe,
+            bind: b,
+            groups: [groups, 1, 1],
+            bytes: size,
+            flops: 0,
+        };
+        self.time(std::slice::from_ref(&d), 2)?; // warm-up
+        let (ns, gpu) = self.time(std::slice::from_ref(&d), reps)?;
+        Ok((size, ns.iter().map(|t| t / 1e9).collect(), gpu))
+    }
+
     /// silu(gate) · up of each row of `gu` (`[n, 2 inter]`, `[gate | up]`).
     pub fn swiglu(&mut self, gu: &[f32], inter: usize) -> Result<Vec<f32>, BackendError> {
         let n = gu.len() / (2 * inter);
