@@ -262,13 +262,98 @@ fn reference(b: &PagedBatch<f16>, q: &[f32], s: HeadShape, window: usize) -> Vec
     out
 }
 
+/// One attention case: (shape, block size, window, (cached, new) per sequence).
+#[cfg(feature = "wgpu")]
+type AttnCase = (HeadShape, usize, Option<usize>, Vec<(usize, usize)>);
+
+/// Runs `case` through the probe (the kernel the executor would pick for it) against the f64
+/// reference, checks the fused KV write bit for bit, and returns what ran.
+#[cfg(feature = "wgpu")]
+fn check_attention(
+    p: &mut Probe,
+    rng: &mut StdRng,
+    case: &AttnCase,
+) -> Option<quire_backend::wgpu::kernels::SplitPlan> {
+    let (shape, bs, window, seqs) = case;
+    let (shape, bs, window) = (*shape, *bs, *window);
+    let case = PagedCase {
+        window,
+        ..PagedCase::new(bs, shape.kv_size(), seqs)
+    };
+    let b: PagedBatch<f16> = case.generate(rng);
+    let n = b.tokens();
+    let q = rnd(rng, n * shape.q_size(), 1.0);
+    // QKV rows: [q | k | v] of each new token.
+    let mut qkv = Vec::with_capacity(n * shape.stride());
+    for t in 0..n {
+        qkv.extend_from_slice(&q[t * shape.q_size()..][..shape.q_size()]);
+        qkv.extend_from_slice(&b.k_new[t * shape.kv_size()..][..shape.kv_size()]);
+        qkv.extend_from_slice(&b.v_new[t * shape.kv_size()..][..shape.kv_size()]);
+    }
+    let mut tables = Vec::new();
+    let mut tokens = Vec::new();
+    for s in &b.seqs {
+        let off = tables.len() as u32;
+        tables.extend(s.block_table.iter().map(|x| x.0));
+        for i in 0..s.query_len {
+            let t = s.query_start + i;
+            tokens.push([
+                b.positions[t],
+                b.slot_mapping[t],
+                (s.seq_len - s.query_len) as u32,
+                s.query_start as u32,
+                off,
+            ]);
+        }
+    }
+    let input = AttnInput {
+        shape,
+        block_size: bs,
+        window: window.unwrap_or(0),
+        qkv: &qkv,
+        k_cache: &b.k_cache,
+        v_cache: &b.v_cache,
+        tokens: &tokens,
+        tables: &tables,
+    };
+    let run = p.attention_run(&input).unwrap();
+    let plan = run.plan;
+    let out = p.attention(&input).unwrap();
+    let want = reference(&b, &q, shape, window.unwrap_or(0));
+    let mut e = RelL2::default();
+    e.add(&out.out, &want);
+    assert!(
+        e.value() < metric::ATTENTION_F32,
+        "{shape:?} block {bs} window {window:?} split {plan:?}: {:e}",
+        e.value()
+    );
+    // The cache: each new token's slot holds its K/V, every other slot is untouched.
+    let mut k_want = b.k_cache.clone();
+    let mut v_want = b.v_cache.clone();
+    let row = shape.kv_size();
+    for (t, &slot) in b.slot_mapping.iter().enumerate() {
+        for i in 0..row {
+            k_want[slot as usize * row + i] = f16::from_f32(b.k_new[t * row + i]);
+            v_want[slot as usize * row + i] = f16::from_f32(b.v_new[t * row + i]);
+        }
+    }
+    let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&out.k_cache) == bits(&k_want),
+        "K cache after the write"
+    );
+    assert!(
+        bits(&out.v_cache) == bits(&v_want),
+        "V cache after the write"
+    );
+    plan
+}
+
 quire_testkit::wgpu_test! {
     fn paged_attention_writes_the_cache_and_matches_dense_attention() {
         let mut p = probe();
         let mut rng = StdRng::seed_from_u64(6);
-        // (shape, block size, window, (cached, new) per sequence)
-        type Case = (HeadShape, usize, Option<usize>, Vec<(usize, usize)>);
-        let cases: [Case; 4] = [
+        let cases: [AttnCase; 4] = [
             // Decodes and a prompt chunk on top of a cached context, GQA 3.
             (HeadShape { q_heads: 6, kv_heads: 2, head_dim: 64 }, 16, None,
              vec![(100, 1), (0, 37), (63, 13), (5, 1)]),
@@ -282,67 +367,78 @@ quire_testkit::wgpu_test! {
             (HeadShape { q_heads: 16, kv_heads: 1, head_dim: 128 }, 16, None,
              vec![(70, 3), (0, 1)]),
         ];
-        for (shape, bs, window, seqs) in cases {
-            let case = PagedCase { window, ..PagedCase::new(bs, shape.kv_size(), &seqs) };
-            let b: PagedBatch<f16> = case.generate(&mut rng);
-            let n = b.tokens();
-            let q = rnd(&mut rng, n * shape.q_size(), 1.0);
-            // QKV rows: [q | k | v] of each new token.
-            let mut qkv = Vec::with_capacity(n * shape.stride());
-            for t in 0..n {
-                qkv.extend_from_slice(&q[t * shape.q_size()..][..shape.q_size()]);
-                qkv.extend_from_slice(&b.k_new[t * shape.kv_size()..][..shape.kv_size()]);
-                qkv.extend_from_slice(&b.v_new[t * shape.kv_size()..][..shape.kv_size()]);
-            }
-            let mut tables = Vec::new();
-            let mut tokens = Vec::new();
-            for s in &b.seqs {
-                let off = tables.len() as u32;
-                tables.extend(s.block_table.iter().map(|x| x.0));
-                for i in 0..s.query_len {
-                    let t = s.query_start + i;
-                    tokens.push([
-                        b.positions[t],
-                        b.slot_mapping[t],
-                        (s.seq_len - s.query_len) as u32,
-                        s.query_start as u32,
-                        off,
-                    ]);
-                }
-            }
-            let out = p
-                .attention(&AttnInput {
-                    shape,
-                    block_size: bs,
-                    window: window.unwrap_or(0),
-                    qkv: &qkv,
-                    k_cache: &b.k_cache,
-                    v_cache: &b.v_cache,
-                    tokens: &tokens,
-                    tables: &tables,
-                })
-                .unwrap();
-            let want = reference(&b, &q, shape, window.unwrap_or(0));
-            let mut e = RelL2::default();
-            e.add(&out.out, &want);
-            assert!(
-                e.value() < metric::ATTENTION_F32,
-                "{shape:?} block {bs} window {window:?}: {:e}",
-                e.value()
-            );
-            // The cache: each new token's slot holds its K/V, every other slot is untouched.
-            let mut k_want = b.k_cache.clone();
-            let mut v_want = b.v_cache.clone();
-            let row = shape.kv_size();
-            for (t, &slot) in b.slot_mapping.iter().enumerate() {
-                for i in 0..row {
-                    k_want[slot as usize * row + i] = f16::from_f32(b.k_new[t * row + i]);
-                    v_want[slot as usize * row + i] = f16::from_f32(b.v_new[t * row + i]);
-                }
-            }
-            let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert!(bits(&out.k_cache) == bits(&k_want), "K cache after the write");
-            assert!(bits(&out.v_cache) == bits(&v_want), "V cache after the write");
+        for case in &cases {
+            assert_eq!(check_attention(&mut p, &mut rng, case), None, "general kernel");
         }
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn split_decode_attention_matches_dense_attention() {
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(7);
+        // Decode rows only (the split kernels): contexts of several tiles, odd lengths, rows
+        // far shorter than the longest (their later ranges are empty), one-key rows.
+        let cases: [AttnCase; 5] = [
+            // GQA 3 (reductions over 32 lanes of the 42 a head could have), block 16.
+            (HeadShape { q_heads: 6, kv_heads: 2, head_dim: 64 }, 16, None,
+             vec![(700, 1), (0, 1), (129, 1), (255, 1)]),
+            // The seed shape's heads, block 32, head dim 128 (one key lane per V pair … two).
+            (HeadShape { q_heads: 16, kv_heads: 8, head_dim: 128 }, 32, None,
+             vec![(1023, 1), (517, 1), (31, 1)]),
+            // Sliding window 300 over 900 keys: the NaN keys before it are never read.
+            (HeadShape { q_heads: 8, kv_heads: 2, head_dim: 32 }, 16, Some(300),
+             vec![(900, 1), (130, 1)]),
+            // GQA 16 (the largest group), head dim 96: 48 pairs, two key lanes.
+            (HeadShape { q_heads: 16, kv_heads: 1, head_dim: 96 }, 64, None,
+             vec![(333, 1), (2, 1)]),
+            // Head dim 256: one key lane, 128 pairs.
+            (HeadShape { q_heads: 2, kv_heads: 2, head_dim: 256 }, 128, None,
+             vec![(1500, 1)]),
+        ];
+        for case in &cases {
+            let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
+            eprintln!("{:?}: {plan:?}", case.0);
+        }
+        // The first case splits its longest row over several ranges.
+        let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
+        assert!(plan.splits > 1, "{plan:?}");
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn timed_attention_runs_give_positive_times_and_the_same_output() {
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(8);
+        let shape = HeadShape { q_heads: 4, kv_heads: 2, head_dim: 64 };
+        let case = PagedCase::new(16, shape.kv_size(), &[(200, 1), (50, 1)]);
+        let b: PagedBatch<f16> = case.generate(&mut rng);
+        let n = b.tokens();
+        let mut qkv = Vec::new();
+        for t in 0..n {
+            qkv.extend(rnd(&mut rng, shape.q_size(), 1.0));
+            qkv.extend_from_slice(&b.k_new[t * shape.kv_size()..][..shape.kv_size()]);
+            qkv.extend_from_slice(&b.v_new[t * shape.kv_size()..][..shape.kv_size()]);
+        }
+        let mut tables = Vec::new();
+        let mut tokens = Vec::new();
+        for s in &b.seqs {
+            let off = tables.len() as u32;
+            tables.extend(s.block_table.iter().map(|x| x.0));
+            let t = s.query_start;
+            tokens.push([b.positions[t], b.slot_mapping[t], b.positions[t], t as u32, off]);
+        }
+        let input = AttnInput {
+            shape, block_size: 16, window: 0, qkv: &qkv, k_cache: &b.k_cache,
+            v_cache: &b.v_cache, tokens: &tokens, tables: &tables,
+        };
+        let run = p.attention_run(&input).unwrap();
+        let (ns, gpu) = p.time(&run.list, 5).unwrap();
+        assert_eq!(ns.len(), 5);
+        assert!(ns.iter().all(|&t| t > 0.0 && t < 60e9), "{ns:?} (GPU timestamps: {gpu})");
+        let once = p.attention_read(&run).unwrap();
+        let fresh = p.attention(&input).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(bits(&once.out) == bits(&fresh.out), "five timed runs = one run");
     }
 }

@@ -64,8 +64,11 @@ pub struct AttnBenchArgs {
     #[arg(long, default_value_t = 32)]
     pub query_len: usize,
     /// Compute backend
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "wgpu"])]
     pub backend: String,
+    /// wgpu: the adapter, by its index in `quire adapters` or a substring of its name
+    #[arg(long)]
+    pub adapter: Option<String>,
     /// Threads [default: all cores]
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
@@ -239,6 +242,12 @@ pub(crate) fn dispatch_csv(
 }
 
 pub fn run(a: AttnBenchArgs) -> Result<()> {
+    if a.backend == "wgpu" {
+        #[cfg(feature = "wgpu")]
+        return crate::attn_bench_wgpu::run(&a);
+        #[cfg(not(feature = "wgpu"))]
+        bail!("backend wgpu was not built into this binary (build with `cargo build --release --features wgpu`)");
+    }
     if a.backend == "cuda" {
         #[cfg(feature = "cuda")]
         return crate::attn_bench_cuda::run(&a);

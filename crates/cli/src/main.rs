@@ -5,6 +5,8 @@ mod adapters;
 mod attn_bench;
 #[cfg(feature = "cuda")]
 mod attn_bench_cuda;
+#[cfg(feature = "wgpu")]
+mod attn_bench_wgpu;
 mod bench;
 mod common;
 mod compare;
@@ -21,6 +23,8 @@ mod roofs;
 mod serve;
 mod serve_bench;
 mod stepper;
+#[cfg(feature = "wgpu")]
+mod wgpu_ceilings;
 
 use clap::{Parser, Subcommand};
 

@@ -126,6 +126,25 @@ impl OpRoofs {
         }
     }
 
+    /// The wgpu adapter's (`wgpu_ceilings`): measured read bandwidth; no compute peak, so every
+    /// op is placed against memory.
+    #[cfg(feature = "wgpu")]
+    fn wgpu(g: &crate::wgpu_ceilings::WgpuCeilings) -> OpRoofs {
+        OpRoofs {
+            mem_bw_gbps: g.read_gbps,
+            matmul: None,
+            output: None,
+            other: None,
+            line: g.line(),
+            json: json!({
+                "device": g.adapter,
+                "driver": g.driver,
+                "mem_bw_gbps": g.read_gbps,
+                "gpu_timestamps": g.gpu_timestamps,
+            }),
+        }
+    }
+
     fn peak_for(&self, op: &str) -> Option<f64> {
         if op == "output" {
             self.output
@@ -339,6 +358,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     let ceil = match a.model.backend.as_str() {
         #[cfg(feature = "cuda")]
         "cuda" => OpRoofs::gpu(&crate::gpu_ceilings::GpuCeilings::measure()?),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            let mut p = quire_backend::wgpu::probe::Probe::new(a.model.adapter.as_deref())?;
+            OpRoofs::wgpu(&crate::wgpu_ceilings::WgpuCeilings::measure(&mut p)?)
+        }
         _ => OpRoofs::cpu(&crate::roofline::ceilings_for(threads)?, &wt, threads),
     };
     let need = a.n_prompt.max(a.depth + 1);

@@ -39,8 +39,12 @@ pub struct RooflineArgs {
     pub json: bool,
     /// Whose ceilings: the CPU's, or the GPU's (copy bandwidth measured, f16 tensor-core peak
     /// from the datasheet of a known chip)
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    /// wgpu: the adapter's read bandwidth measured by a 16-byte-load read of up to 1 GiB
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "wgpu"])]
     pub backend: String,
+    /// wgpu: the adapter, by its index in `quire adapters` or a substring of its name
+    #[arg(long)]
+    pub adapter: Option<String>,
 }
 
 /// `~/.cache/quire/ceilings-v2.json` (under `$XDG_CACHE_HOME` when set).
@@ -344,9 +348,33 @@ fn run_cuda(_: &RooflineArgs) -> Result<()> {
     bail!("backend cuda was not built into this binary (build with `cargo build --release --features cuda`)")
 }
 
+#[cfg(feature = "wgpu")]
+fn run_wgpu(a: &RooflineArgs) -> Result<()> {
+    let mut p = quire_backend::wgpu::probe::Probe::new(a.adapter.as_deref())?;
+    let g = crate::wgpu_ceilings::WgpuCeilings::measure(&mut p)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        println!("{}", g.line());
+        println!("{}", RunStamp::collect().line());
+    }
+    if !a.results.is_empty() {
+        bail!("--backend wgpu: no compute peak measured yet, so no chart (the read roof is above)");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn run_wgpu(_: &RooflineArgs) -> Result<()> {
+    bail!("backend wgpu was not built into this binary (build with `cargo build --release --features wgpu`)")
+}
+
 pub fn run(a: RooflineArgs) -> Result<()> {
     if a.backend == "cuda" {
         return run_cuda(&a);
+    }
+    if a.backend == "wgpu" {
+        return run_wgpu(&a);
     }
     let threads = a.threads.unwrap_or_else(all_cores).max(1);
     let stamp = RunStamp::collect();

@@ -97,3 +97,57 @@ quire_testkit::wgpu_test! {
         assert!(failures.is_empty(), "{failures:#?}");
     }
 }
+
+quire_testkit::wgpu_test! {
+    /// Chain decode (K greedy steps in one submission, each step's argmax copied into the next
+    /// step's token ids on the device) gives the tokens of K single greedy steps, for two rows
+    /// of different lengths (K small: lavapipe runs about one step a second).
+    fn chain_decode_matches_step_by_step() {
+        use quire_backend::{chain, ForwardBatch, SeqBatch};
+        use quire_core::BlockId;
+        const STEPS: usize = 4;
+        let m = model();
+        let vocab = m.weights.config.vocab_size as u32;
+        let per = 4usize; // blocks of 16 per sequence: 64 tokens
+        let tables: Vec<Vec<BlockId>> = (0..2)
+            .map(|i| (0..per).map(|b| BlockId((b * 2 + i) as u32)).collect())
+            .collect();
+        let prompts: Vec<Vec<u32>> = (0..2u32)
+            .map(|i| (0..9 + 14 * i).map(|j| (j * 131 + 17 * i + 5) % vocab).collect())
+            .collect();
+        let slot = |t: &[BlockId], q: u32| t[q as usize / 16].0 * 16 + q % 16;
+        let mut got = Vec::new();
+        for use_chain in [true, false] {
+            let mut e = Backend::Wgpu.executor(&m.weights, kv(2 * per));
+            let mut first = Vec::new();
+            for (p, t) in prompts.iter().zip(&tables) {
+                let pos: Vec<u32> = (0..p.len() as u32).collect();
+                let slots: Vec<u32> = pos.iter().map(|&q| slot(t, q)).collect();
+                let seqs = [SeqBatch { query_start: 0, query_len: p.len(), seq_len: p.len(), block_table: t }];
+                let batch = ForwardBatch {
+                    token_ids: p, positions: &pos, slot_mapping: &slots, seqs: &seqs,
+                    logits_indices: &[p.len() as u32 - 1],
+                };
+                first.push(e.forward_greedy(&batch).unwrap()[0]);
+            }
+            let pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+            let slots: Vec<u32> = pos.iter().zip(&tables).map(|(&q, t)| slot(t, q)).collect();
+            let seqs: Vec<SeqBatch> = (0..2)
+                .map(|i| SeqBatch { query_start: i, query_len: 1, seq_len: pos[i] as usize + 1, block_table: &tables[i] })
+                .collect();
+            let batch = ForwardBatch {
+                token_ids: &first, positions: &pos, slot_mapping: &slots, seqs: &seqs,
+                logits_indices: &[0, 1],
+            };
+            let toks = if use_chain {
+                e.forward_greedy_chain(&batch, STEPS).unwrap()
+            } else {
+                chain::by_steps(e.as_mut(), &batch, STEPS).unwrap()
+            };
+            assert_eq!(toks.len(), STEPS * 2);
+            got.push(toks);
+        }
+        assert_eq!(got[0], got[1], "chain vs step by step");
+        eprintln!("chain decode: {STEPS} steps of 2 rows equal: {:?}", got[0]);
+    }
+}

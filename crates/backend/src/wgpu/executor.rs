@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use quire_core::ModelConfig;
 
-use super::gpu::Gpu;
+use super::gpu::{Gpu, Timer, Timestamps};
 use super::kernels::{self, HeadShape, Kernels};
 use super::step::{Binder, Bufs, NoMoe, Step};
 use super::weights::{DMatrix, DVec};
@@ -36,6 +36,11 @@ pub struct WgpuExecutor {
     logits: Vec<f32>,
     profiling: bool,
     profile: Vec<OpStat>,
+    /// The split decode attention's scratch (partial V sums, partial maxima and sums), grown to
+    /// the largest decode step seen.
+    scratch: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
+    timer: Option<Timer>,
 }
 
 /// What a step hands back.
@@ -149,7 +154,7 @@ impl WgpuExecutor {
             .sum();
         let slots = 16
             + parts
-            + 6 * c.num_layers
+            + 8 * c.num_layers
             + 2 * embed.parts.len()
             + output.as_ref().map_or(0, |o| o.parts.len());
         let binder = Binder::new(&mut gpu, slots)?;
@@ -175,6 +180,8 @@ impl WgpuExecutor {
             logits: Vec::new(),
             profiling: false,
             profile: Vec::new(),
+            timer: None,
+            scratch: None,
             k,
             gpu,
         })
@@ -214,9 +221,76 @@ impl WgpuExecutor {
         Ok(())
     }
 
+    /// The split of decode attention for a step of decode rows only (`None` for other steps),
+    /// with its scratch buffers grown to fit.
+    fn plan_split(
+        &mut self,
+        batch: &ForwardBatch,
+        max_keys: usize,
+    ) -> Result<Option<kernels::SplitPlan>, BackendError> {
+        if batch.seqs.iter().any(|s| s.query_len != 1) {
+            return Ok(None);
+        }
+        let n = batch.num_tokens();
+        let plan = kernels::SplitPlan::new(&self.shape, n, max_keys);
+        let (pw, mw) = plan.scratch_words(&self.shape, n);
+        let fits = self
+            .scratch
+            .as_ref()
+            .is_some_and(|(p, m)| p.size() >= (pw * 4) as u64 && m.size() >= (mw * 4) as u64);
+        if !fits {
+            if let Some((p, m)) = self.scratch.take() {
+                self.gpu.release(&p);
+                self.gpu.release(&m);
+            }
+            // Room for the whole split of twice these rows, so growing stays rare.
+            let rows = (2 * n).max(16);
+            let most = kernels::SplitPlan {
+                splits: kernels::MAX_SPLITS,
+                split_keys: 0,
+            };
+            let (pw, mw) = most.scratch_words(&self.shape, rows);
+            let usage = wgpu::BufferUsages::STORAGE;
+            let p = self
+                .gpu
+                .buffer("attention partial sums", (pw * 4) as u64, usage)?;
+            let m = self
+                .gpu
+                .buffer("attention partial maxima", (mw * 4) as u64, usage)?;
+            self.scratch = Some((p, m));
+            self.binder.clear();
+        }
+        Ok(Some(plan))
+    }
+
     /// Writes the step's inputs: token ids, the attention kernel's token table, block tables,
-    /// RoPE angles and the logits rows.
-    fn upload_step(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+    /// RoPE angles and the logits rows. Returns the keys its tokens attend over, in all.
+    fn upload_step(&mut self, batch: &ForwardBatch) -> Result<usize, BackendError> {
+        let (tok, tables, rope) = self.inputs(batch);
+        self.ensure(batch.num_tokens(), batch.logits_indices.len(), tables.len())?;
+        let b = self.bufs.as_ref().expect("ensured");
+        let q = &self.gpu.queue;
+        let put = |buf: &wgpu::Buffer, words: &[u32]| {
+            if !words.is_empty() {
+                q.write_buffer(buf, 0, &words_bytes(words));
+            }
+        };
+        put(&b.tokens, batch.token_ids);
+        put(&b.tok, &tok);
+        put(&b.tables, &tables);
+        put(&b.rope, &rope);
+        put(&b.lidx, batch.logits_indices);
+        let window = self.cfg.sliding_window.unwrap_or(usize::MAX);
+        Ok(batch
+            .positions
+            .iter()
+            .map(|&p| (p as usize + 1).min(window))
+            .sum())
+    }
+
+    /// The attention kernels' token table, the block tables and the RoPE angles (f32 bits) of
+    /// `batch`.
+    fn inputs(&self, batch: &ForwardBatch) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
         let n = batch.num_tokens();
         let mut tok = vec![0u32; n * kernels::TOK_WORDS];
         let mut tables = Vec::new();
@@ -239,37 +313,29 @@ impl WgpuExecutor {
         let mut cs = Vec::new();
         for &pos in batch.positions {
             self.rope.angles(pos, &mut cs);
-            rope.extend(cs.iter().flat_map(|&(c, s)| [c, s]));
+            rope.extend(cs.iter().flat_map(|&(c, s)| [c.to_bits(), s.to_bits()]));
         }
-        self.ensure(n, batch.logits_indices.len(), tables.len())?;
-        let b = self.bufs.as_ref().expect("ensured");
-        let q = &self.gpu.queue;
-        let put = |buf: &wgpu::Buffer, words: &[u32]| {
-            if !words.is_empty() {
-                q.write_buffer(buf, 0, &words_bytes(words));
-            }
-        };
-        put(&b.tokens, batch.token_ids);
-        put(&b.tok, &tok);
-        put(&b.tables, &tables);
-        put(
-            &b.rope,
-            &rope.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-        );
-        put(&b.lidx, batch.logits_indices);
-        Ok(())
+        (tok, tables, rope)
     }
 
-    /// Runs one step; reads back what `want` names into `self.logits` or the returned ids.
-    fn step(&mut self, batch: &ForwardBatch, want: Want) -> Result<Vec<u32>, BackendError> {
-        batch.check(self.kv, self.cfg.vocab_size)?;
+    /// Records the step's dispatches for `batch` (its inputs uploaded; `keys` attended in all)
+    /// into `self.list`, with the argmax when `argmax`, and writes their parameters. `ahead`:
+    /// steps a chain runs past this one (the decode attention's split covers their keys too).
+    fn record(
+        &mut self,
+        batch: &ForwardBatch,
+        keys: usize,
+        ahead: usize,
+        argmax: bool,
+    ) -> Result<(), BackendError> {
         let (n, nl) = (batch.num_tokens(), batch.logits_indices.len());
-        if n == 0 {
-            self.logits.clear();
-            return Ok(Vec::new());
-        }
-        let t0 = Instant::now();
-        self.upload_step(batch)?;
+        let window = self.cfg.sliding_window.unwrap_or(usize::MAX);
+        let max_keys = batch
+            .positions
+            .iter()
+            .map(|&p| (p as usize + 1 + ahead).min(window))
+            .max();
+        let plan = self.plan_split(batch, max_keys.unwrap_or(1))?;
         self.list.clear();
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut st = Step {
@@ -286,21 +352,56 @@ impl WgpuExecutor {
             dummy: &self.dummy,
             n,
             nl,
+            keys,
+            split: plan.map(|p| {
+                let (part, ml) = self.scratch.as_ref().expect("planned");
+                (p, part, ml)
+            }),
         };
         let output = self.output.as_ref().unwrap_or(&self.embed);
         crate::forward::forward(&mut st, &self.layers, &self.output_norm, output)?;
-        if matches!(want, Want::Ids) {
+        if argmax {
             st.argmax()?;
         }
         self.gpu
             .queue
             .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
-        if self.profiling {
+        Ok(())
+    }
+
+    /// Runs one step; reads back what `want` names into `self.logits` or the returned ids.
+    fn step(&mut self, batch: &ForwardBatch, want: Want) -> Result<Vec<u32>, BackendError> {
+        batch.check(self.kv, self.cfg.vocab_size)?;
+        let (n, nl) = (batch.num_tokens(), batch.logits_indices.len());
+        if n == 0 {
+            self.logits.clear();
+            return Ok(Vec::new());
+        }
+        let keys = self.upload_step(batch)?;
+        self.record(batch, keys, 0, matches!(want, Want::Ids))?;
+        let timed = self.profiling && self.gpu.caps.timestamps != Timestamps::None;
+        if self.profiling && !timed {
             self.time_each()?;
+        }
+        if timed {
+            let runs = self.list.iter().filter(|d| d.runs()).count();
+            if self.timer.as_ref().is_none_or(|t| t.cap < runs) {
+                self.timer = self.gpu.timer(runs)?;
+            }
         }
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        kernels::encode(&mut enc, &self.list);
+        let order = match (&self.timer, timed) {
+            (Some(t), true) => {
+                let order = kernels::encode_timed(&mut enc, &self.list, t);
+                t.resolve(&mut enc, order.len());
+                order
+            }
+            _ => {
+                kernels::encode(&mut enc, &self.list);
+                Vec::new()
+            }
+        };
         let (src, dst, bytes) = match want {
             Want::Logits => (
                 &bufs.logits,
@@ -318,8 +419,17 @@ impl WgpuExecutor {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        if self.profiling {
-            self.add_stat("step (one submission)", t0.elapsed().as_nanos() as u64);
+        if !order.is_empty() {
+            let ns = self
+                .timer
+                .as_ref()
+                .expect("timed")
+                .read(&self.gpu, order.len())?;
+            for (&i, ns) in order.iter().zip(ns) {
+                let d = &self.list[i];
+                let (name, bytes, flops) = (d.name, d.bytes, d.flops);
+                self.add_stat(name, ns.round() as u64, bytes, flops);
+            }
         }
         match want {
             Want::Logits => {
@@ -332,35 +442,120 @@ impl WgpuExecutor {
 }
 
 impl WgpuExecutor {
-    /// Profiling: runs the step's dispatches one submission each, timing each by the wall clock
-    /// around its submission (per-dispatch GPU timestamps come with the speed work), before the
-    /// step runs as usual. The KV write is idempotent, so running a step twice changes nothing.
+    /// Chain decode in one submission: step 0's inputs are uploaded as for any step; the token
+    /// tables and RoPE angles of steps 1..K are uploaded together up front and copied into
+    /// place between the steps; each step's argmax is copied into the next step's token ids on
+    /// the device, and into the output that comes back once, at the end. The dispatches are
+    /// recorded once (their parameters do not change along a chain: the decode attention's
+    /// split is planned for the chain's last position).
+    fn chain(&mut self, batch: &ForwardBatch, steps: usize) -> Result<Vec<u32>, BackendError> {
+        let bs = self.kv.block_size;
+        crate::chain::check(batch, steps, bs)?;
+        batch.check(self.kv, self.cfg.vocab_size)?;
+        let n = batch.num_tokens();
+        let keys = self.upload_step(batch)?;
+        self.record(batch, keys, steps - 1, true)?;
+        // Steps 1..K: [token table | RoPE angles] each.
+        let mut cur = crate::chain::Stepped::new(batch);
+        let mut ahead: Vec<u32> = Vec::new();
+        let mut per = 0;
+        for _ in 1..steps {
+            let toks = cur.tokens.clone();
+            cur.advance(bs, &toks);
+            let (tok, _, rope) = self.inputs(&cur.batch());
+            per = tok.len() + rope.len();
+            ahead.extend(tok);
+            ahead.extend(rope);
+        }
+        use wgpu::BufferUsages as U;
+        let src = self.gpu.buffer(
+            "chain inputs",
+            (ahead.len() * 4) as u64,
+            U::COPY_SRC | U::COPY_DST,
+        )?;
+        if !ahead.is_empty() {
+            self.gpu.queue.write_buffer(&src, 0, &words_bytes(&ahead));
+        }
+        let out_bytes = (steps * n * 4) as u64;
+        let out = self
+            .gpu
+            .buffer("chain tokens", out_bytes, U::COPY_SRC | U::COPY_DST)?;
+        let read = self
+            .gpu
+            .buffer("chain readback", out_bytes, U::MAP_READ | U::COPY_DST)?;
+        let b = self.bufs.as_ref().expect("ensured");
+        let tok_bytes = (n * kernels::TOK_WORDS * 4) as u64;
+        let row = (n * 4) as u64;
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        for k in 0..steps {
+            if k > 0 {
+                let at = ((k - 1) * per * 4) as u64;
+                enc.copy_buffer_to_buffer(&src, at, &b.tok, 0, tok_bytes);
+                let rope_bytes = (per * 4) as u64 - tok_bytes;
+                if rope_bytes > 0 {
+                    enc.copy_buffer_to_buffer(&src, at + tok_bytes, &b.rope, 0, rope_bytes);
+                }
+                enc.copy_buffer_to_buffer(&b.ids, 0, &b.tokens, 0, row);
+            }
+            kernels::encode(&mut enc, &self.list);
+            enc.copy_buffer_to_buffer(&b.ids, 0, &out, k as u64 * row, row);
+        }
+        enc.copy_buffer_to_buffer(&out, 0, &read, 0, out_bytes);
+        let done = self.gpu.submit_wait(enc.finish());
+        let raw = done.and_then(|_| self.gpu.read(&read, out_bytes));
+        for buf in [&src, &out, &read] {
+            self.gpu.release(buf);
+        }
+        Ok(raw?
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// Profiling on a device without timestamp queries: runs the step's dispatches one
+    /// submission each, timed by the wall clock around the submission (so each includes a
+    /// submission's overhead), before the step runs as usual. The KV write is idempotent, so
+    /// running a step's dispatches twice changes nothing.
     fn time_each(&mut self) -> Result<(), BackendError> {
         for i in 0..self.list.len() {
             let t = Instant::now();
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
             kernels::encode(&mut enc, std::slice::from_ref(&self.list[i]));
             self.gpu.submit_wait(enc.finish())?;
-            let name = self.list[i].name;
-            self.add_stat(name, t.elapsed().as_nanos() as u64);
+            let d = &self.list[i];
+            let (name, bytes, flops) = (d.name, d.bytes, d.flops);
+            self.add_stat(name, t.elapsed().as_nanos() as u64, bytes, flops);
         }
         Ok(())
     }
 
-    fn add_stat(&mut self, name: &str, ns: u64) {
+    fn add_stat(&mut self, name: &str, ns: u64, bytes: u64, flops: u64) {
         match self.profile.iter_mut().find(|s| s.name == name) {
             Some(s) => {
                 s.calls += 1;
                 s.total_ns += ns;
+                s.bytes += bytes;
+                s.flops += flops;
             }
             None => self.profile.push(OpStat {
                 name: name.to_string(),
                 layer: None,
                 calls: 1,
                 total_ns: ns,
-                bytes: 0,
-                flops: 0,
+                bytes,
+                flops,
             }),
+        }
+    }
+
+    /// How profiled steps are timed on this device, in words (for tools to print).
+    pub fn timing(&self) -> &'static str {
+        match self.gpu.caps.timestamps {
+            Timestamps::InsidePasses => "GPU timestamps around each dispatch",
+            Timestamps::PassBoundaries => "GPU timestamps, one compute pass per dispatch",
+            Timestamps::None => {
+                "no timestamp queries on this adapter: wall clock around one submission per dispatch"
+            }
         }
     }
 }
@@ -389,6 +584,18 @@ impl Executor for WgpuExecutor {
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
         self.step(batch, Want::Ids)
+    }
+
+    fn forward_greedy_chain(
+        &mut self,
+        batch: &ForwardBatch,
+        steps: usize,
+    ) -> Result<Vec<u32>, BackendError> {
+        // A profiled chain runs step by step, so each step's dispatches are timed.
+        if self.profiling || steps == 1 {
+            return crate::chain::by_steps(self, batch, steps);
+        }
+        self.chain(batch, steps)
     }
 
     fn device_memory_peak(&self) -> Option<u64> {

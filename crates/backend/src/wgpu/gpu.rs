@@ -136,11 +136,118 @@ fn pick(adapters: Vec<wgpu::Adapter>, choice: Option<&str>) -> Result<wgpu::Adap
 /// Errors wgpu reported through its callbacks since the last check.
 type Sink = Arc<Mutex<Vec<String>>>;
 
+/// How this device can time GPU work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timestamps {
+    /// No timestamp queries: timing falls back to the wall clock around a submission.
+    None,
+    /// Timestamps only at compute-pass boundaries (Apple GPUs): one pass per timed dispatch.
+    PassBoundaries,
+    /// Timestamps anywhere in a pass (NVIDIA and Mesa on Vulkan): one pass, a pair around each
+    /// dispatch.
+    InsidePasses,
+}
+
+/// The optional features this device was opened with (each requested only where the adapter
+/// has it), for kernels and tools to pick a variant or a fallback.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// SHADER_F16: f16 arithmetic and storage in shaders.
+    pub f16: bool,
+    /// SUBGROUP, with the adapter's (min, max) subgroup size; kernels must not assume either.
+    pub subgroup: Option<(u32, u32)>,
+    pub timestamps: Timestamps,
+    /// Nanoseconds per timestamp tick.
+    pub timestamp_period_ns: f64,
+}
+
+impl Caps {
+    fn of(adapter: &wgpu::Adapter) -> (Caps, wgpu::Features) {
+        use wgpu::Features as F;
+        let have = adapter.features();
+        let info = adapter.get_info();
+        let mut want = F::empty();
+        for f in [F::SHADER_F16, F::SUBGROUP, F::TIMESTAMP_QUERY] {
+            if have.contains(f) {
+                want |= f;
+            }
+        }
+        let timestamps = if !have.contains(F::TIMESTAMP_QUERY) {
+            Timestamps::None
+        } else if have.contains(F::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            want |= F::TIMESTAMP_QUERY_INSIDE_PASSES;
+            Timestamps::InsidePasses
+        } else {
+            Timestamps::PassBoundaries
+        };
+        let caps = Caps {
+            f16: want.contains(F::SHADER_F16),
+            subgroup: want
+                .contains(F::SUBGROUP)
+                .then_some((info.subgroup_min_size, info.subgroup_max_size)),
+            timestamps,
+            timestamp_period_ns: 1.0,
+        };
+        (caps, want)
+    }
+}
+
+/// Most timestamp pairs one [`Timer`] holds (wgpu allows 4,096 queries per set).
+pub const MAX_TIMED: usize = 2048;
+
+/// A timestamp query set with its resolve and readback buffers: times up to `cap` dispatches of
+/// one submission. Made only when profiling, so untimed steps pay nothing.
+pub struct Timer {
+    pub set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    pub cap: usize,
+    pub mode: Timestamps,
+    period_ns: f64,
+}
+
+impl Timer {
+    /// Copies the first `n` pairs' ticks to the readback buffer (after the timed work in `enc`).
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let q = (2 * n) as u32;
+        enc.resolve_query_set(&self.set, 0..q, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, q as u64 * 8);
+    }
+
+    /// The nanoseconds of the first `n` pairs, once the submission that resolved them finished.
+    pub fn read(&self, gpu: &Gpu, n: usize) -> Result<Vec<f64>, BackendError> {
+        Ok(self
+            .read_spans(gpu, n)?
+            .into_iter()
+            .map(|(a, b)| (b - a).max(0.0))
+            .collect())
+    }
+
+    /// The first `n` pairs as (start, end) in nanoseconds from the first pair's start.
+    pub fn read_spans(&self, gpu: &Gpu, n: usize) -> Result<Vec<(f64, f64)>, BackendError> {
+        let raw = gpu.read(&self.read, (16 * n) as u64)?;
+        let ticks: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        let t0 = ticks.first().copied().unwrap_or(0);
+        let ns = |t: u64| t.wrapping_sub(t0) as i64 as f64 * self.period_ns;
+        Ok(ticks
+            .chunks_exact(2)
+            .map(|p| (ns(p[0]), ns(p[1])))
+            .collect())
+    }
+}
+
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub limits: wgpu::Limits,
     pub info: AdapterSummary,
+    pub caps: Caps,
     errors: Sink,
     timeout: Duration,
     /// Bytes of buffers created (weights, cache, work buffers), and the most at once.
@@ -163,9 +270,10 @@ impl Gpu {
             )));
         }
         let limits = adapter.limits();
+        let (mut caps, features) = Caps::of(&adapter);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quire"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -189,16 +297,52 @@ impl Gpu {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(600u64);
+        caps.timestamp_period_ns = queue.get_timestamp_period() as f64;
         Ok(Gpu {
             device,
             queue,
             limits,
             info,
+            caps,
             errors,
             timeout: Duration::from_secs(secs),
             allocated: 0,
             peak: 0,
         })
+    }
+
+    /// A timer for up to `pairs` dispatches (at most [`MAX_TIMED`]), or `None` when this device
+    /// has no timestamp queries.
+    pub fn timer(&mut self, pairs: usize) -> Result<Option<Timer>, BackendError> {
+        if self.caps.timestamps == Timestamps::None {
+            return Ok(None);
+        }
+        let cap = pairs.clamp(1, MAX_TIMED);
+        let set = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("dispatch timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: (2 * cap) as u32,
+        });
+        let bytes = (16 * cap) as u64;
+        let resolve = self.buffer(
+            "timestamps",
+            bytes,
+            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        let read = self.buffer(
+            "timestamps readback",
+            bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        self.check()?;
+        Ok(Some(Timer {
+            set,
+            resolve,
+            read,
+            cap,
+            mode: self.caps.timestamps,
+            period_ns: self.caps.timestamp_period_ns,
+        }))
     }
 
     /// The errors wgpu reported since the last call, as one error.

@@ -54,6 +54,8 @@ pub const TYPES: &str = include_str!("shaders/types.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
 pub const QKV_POST: &str = include_str!("shaders/qkv_post.wgsl");
 pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+pub const ATTN_DECODE: &str = include_str!("shaders/attn_decode.wgsl");
+pub const READ_BW: &str = include_str!("shaders/read_bw.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
@@ -87,9 +89,15 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
         ("attention", ATTENTION),
         ("swiglu", SWIGLU),
         ("argmax", ARGMAX),
+        ("read_bw", READ_BW),
     ] {
         v.push((name.to_string(), src.to_string(), vec!["main"]));
     }
+    v.push((
+        "attn_decode".to_string(),
+        ATTN_DECODE.to_string(),
+        vec!["split", "merge"],
+    ));
     v
 }
 
@@ -108,6 +116,8 @@ pub struct Kernels {
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
     pub attention: wgpu::ComputePipeline,
+    pub attn_split: wgpu::ComputePipeline,
+    pub attn_merge: wgpu::ComputePipeline,
     pub swiglu: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
 }
@@ -128,6 +138,8 @@ impl Kernels {
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
             attention: gpu.pipeline("attention", ATTENTION, "main")?,
+            attn_split: gpu.pipeline("attn_decode", ATTN_DECODE, "split")?,
+            attn_merge: gpu.pipeline("attn_decode", ATTN_DECODE, "merge")?,
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
         })
@@ -287,6 +299,66 @@ pub fn attn_groups(s: &HeadShape, n: usize) -> [u32; 3] {
     [s.kv_heads as u32, n as u32, 1]
 }
 
+/// Keys per tile of the split decode kernel (its workgroup size too), and the most key ranges
+/// one row is split into.
+pub const SPLIT_TILE: usize = 128;
+pub const MAX_SPLITS: usize = 32;
+/// Workgroups the split decode kernel aims for (enough to fill a large GPU several times over).
+const SPLIT_TARGET_GROUPS: usize = 2048;
+
+/// How the split decode kernel divides the keys of `rows` decode rows of at most `max_keys` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    pub splits: usize,
+    pub split_keys: usize,
+}
+
+impl SplitPlan {
+    /// Ranges of whole tiles, as many as fill about [`SPLIT_TARGET_GROUPS`] workgroups over the
+    /// rows and KV heads, at most [`MAX_SPLITS`] and no more than the longest row has tiles.
+    pub fn new(s: &HeadShape, rows: usize, max_keys: usize) -> SplitPlan {
+        let tiles = max_keys.div_ceil(SPLIT_TILE).max(1);
+        let want = SPLIT_TARGET_GROUPS.div_ceil((rows * s.kv_heads).max(1));
+        let splits = want.clamp(1, MAX_SPLITS).min(tiles);
+        let split_keys = tiles.div_ceil(splits) * SPLIT_TILE;
+        SplitPlan {
+            splits: max_keys.div_ceil(split_keys).max(1),
+            split_keys,
+        }
+    }
+
+    /// f32 words of the partial V sums, and of the (max, sum) pairs, for `rows` rows.
+    pub fn scratch_words(&self, s: &HeadShape, rows: usize) -> (usize, usize) {
+        let parts = rows * s.q_heads * self.splits;
+        (parts * s.head_dim, parts * 2)
+    }
+}
+
+/// The split decode kernels' parameters (both entry points read the same block).
+pub fn split_params(
+    s: &HeadShape,
+    n: usize,
+    block_size: usize,
+    window: usize,
+    plan: SplitPlan,
+) -> Params {
+    let mut p = attn_params(s, n, block_size, window);
+    let group = s.q_heads / s.kv_heads;
+    let lanes = 1u32 << (SPLIT_TILE / group).ilog2();
+    p[12] = plan.splits as u32;
+    p[13] = plan.split_keys as u32;
+    p[14] = lanes;
+    p
+}
+
+pub fn split_groups(s: &HeadShape, n: usize, plan: SplitPlan) -> [u32; 3] {
+    [s.kv_heads as u32, n as u32, plan.splits as u32]
+}
+
+pub fn merge_groups(s: &HeadShape, n: usize) -> [u32; 3] {
+    [s.q_heads as u32, n as u32, 1]
+}
+
 /// Words per token of the attention kernel's token table.
 pub const TOK_WORDS: usize = 8;
 
@@ -339,6 +411,71 @@ pub struct Dispatch {
     pub pipe: wgpu::ComputePipeline,
     pub bind: wgpu::BindGroup,
     pub groups: [u32; 3],
+    /// Bytes it reads and writes, and its arithmetic, for profiles (0: not counted).
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl Dispatch {
+    /// Whether it runs at all (a dispatch of zero workgroups is skipped).
+    pub fn runs(&self) -> bool {
+        !self.groups.contains(&0)
+    }
+}
+
+fn record(pass: &mut wgpu::ComputePass<'_>, d: &Dispatch) {
+    pass.set_pipeline(&d.pipe);
+    pass.set_bind_group(0, &d.bind, &[]);
+    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+}
+
+/// Encodes the dispatches of `list` that run (at most `timer.cap` of them) with a timestamp
+/// pair around each: one pass with timestamps inside it where the device allows that, else one
+/// pass per dispatch timed at its boundaries; dispatches past the timer's capacity run untimed
+/// after them. Returns the indices into `list` of the timed dispatches, in the timer's order;
+/// `timer.resolve` then reads them out.
+pub fn encode_timed(
+    enc: &mut wgpu::CommandEncoder,
+    list: &[Dispatch],
+    timer: &super::gpu::Timer,
+) -> Vec<usize> {
+    use super::gpu::Timestamps;
+    let timed: Vec<usize> = (0..list.len())
+        .filter(|&i| list[i].runs())
+        .take(timer.cap)
+        .collect();
+    // Past the timer's capacity, the rest run untimed after the timed ones.
+    let rest = timed.last().map_or(0, |&i| i + 1);
+    match timer.mode {
+        Timestamps::InsidePasses => {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("quire step (timed)"),
+                timestamp_writes: None,
+            });
+            for (k, &i) in timed.iter().enumerate() {
+                pass.write_timestamp(&timer.set, 2 * k as u32);
+                record(&mut pass, &list[i]);
+                pass.write_timestamp(&timer.set, 2 * k as u32 + 1);
+            }
+        }
+        Timestamps::PassBoundaries | Timestamps::None => {
+            for (k, &i) in timed.iter().enumerate() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(list[i].name),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &timer.set,
+                        beginning_of_pass_write_index: Some(2 * k as u32),
+                        end_of_pass_write_index: Some(2 * k as u32 + 1),
+                    }),
+                });
+                record(&mut pass, &list[i]);
+            }
+        }
+    }
+    if rest < list.len() {
+        encode(enc, &list[rest..]);
+    }
+    timed
 }
 
 /// Encodes `list` into one compute pass of `enc` (wgpu orders the dispatches' buffer accesses).
@@ -347,12 +484,7 @@ pub fn encode(enc: &mut wgpu::CommandEncoder, list: &[Dispatch]) {
         label: Some("quire step"),
         timestamp_writes: None,
     });
-    for d in list {
-        if d.groups.contains(&0) {
-            continue;
-        }
-        pass.set_pipeline(&d.pipe);
-        pass.set_bind_group(0, &d.bind, &[]);
-        pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+    for d in list.iter().filter(|d| d.runs()) {
+        record(&mut pass, d);
     }
 }

@@ -51,6 +51,22 @@ pub struct AttnInput<'a> {
     pub tables: &'a [u32],
 }
 
+/// The attention kernels of one step on the device, ready to run.
+pub struct AttnRun {
+    pub list: Vec<Dispatch>,
+    /// The split of the decode kernels, or `None` for the general kernel.
+    pub plan: Option<kernels::SplitPlan>,
+    kc: wgpu::Buffer,
+    vc: wgpu::Buffer,
+    out: wgpu::Buffer,
+    out_words: usize,
+    cache_halves: usize,
+    /// Bytes moved and FLOPs of one run (as the profile counts them).
+    pub bytes: u64,
+    pub flops: u64,
+    _keep: [wgpu::Buffer; 4],
+}
+
 /// The attention kernel's outputs: `[n, q]` f32, and the caches after its KV write.
 pub struct AttnOutput {
     pub out: Vec<f32>,
@@ -103,6 +119,8 @@ impl Probe {
                 pipe: pipe.clone(),
                 bind,
                 groups,
+                bytes: 0,
+                flops: 0,
             }],
         );
         self.gpu.submit_wait(enc.finish())
@@ -216,8 +234,19 @@ impl Probe {
         Ok(to_f32(&self.gpu.download(&qb, (qkv.len() * 4) as u64)?))
     }
 
-    /// The fused KV write and paged attention of one step.
+    /// The fused KV write and paged attention of one step (the split decode kernels when every
+    /// token is its sequence's only new one, as the executor picks them).
     pub fn attention(&mut self, a: &AttnInput) -> Result<AttnOutput, BackendError> {
+        let run = self.attention_run(a)?;
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        kernels::encode(&mut enc, &run.list);
+        self.gpu.submit_wait(enc.finish())?;
+        self.attention_read(&run)
+    }
+
+    /// The attention kernels' buffers and dispatches for `a`, ready to run (and time) again and
+    /// again: the KV write is idempotent.
+    pub fn attention_run(&mut self, a: &AttnInput) -> Result<AttnRun, BackendError> {
         let n = a.tokens.len();
         let f16_words = |c: &[f16]| -> Vec<u8> { c.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let usage = wgpu::BufferUsages::STORAGE
@@ -238,20 +267,206 @@ impl Probe {
         let tb = self.input("tokens", &bytes_u32(&tok))?;
         let tab = self.input("tables", &bytes_u32(a.tables))?;
         let out = self.output("out", n * a.shape.q_size())?;
-        let p = kernels::attn_params(&a.shape, n, a.block_size, a.window);
-        let pipe = self.k.attention.clone();
-        let bufs = [(1, &qb), (2, &kc), (3, &vc), (4, &tb), (5, &tab), (6, &out)];
-        self.run(&pipe, p, &bufs, kernels::attn_groups(&a.shape, n))?;
+        let pbuf = self.gpu.buffer(
+            "probe parameters",
+            64,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        // Decode rows only: each token's first new position is its own, and it is its own row.
+        let decode = a
+            .tokens
+            .iter()
+            .enumerate()
+            .all(|(i, t)| t[2] == t[0] && t[3] as usize == i);
+        let window = a.window;
+        let keys = |t: &[u32; 5]| {
+            let k = t[0] as usize + 1;
+            if window > 0 {
+                k.min(window)
+            } else {
+                k
+            }
+        };
+        let total: usize = a.tokens.iter().map(keys).sum();
+        let (bytes, flops) = super::step::attn_cost(&a.shape, n, total);
+        let dispatch = |name, pipe: &wgpu::ComputePipeline, bind, groups, bytes, flops| Dispatch {
+            name,
+            pipe: pipe.clone(),
+            bind,
+            groups,
+            bytes,
+            flops,
+        };
+        let (list, plan) = if decode && n > 0 {
+            let plan =
+                kernels::SplitPlan::new(&a.shape, n, a.tokens.iter().map(keys).max().unwrap_or(1));
+            let (pw, mw) = plan.scratch_words(&a.shape, n);
+            let part = self.output("partial sums", pw)?;
+            let ml = self.output("partial maxima", mw)?;
+            let p = kernels::split_params(&a.shape, n, a.block_size, window, plan);
+            self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
+            let k = &self.k;
+            let sb = bind(
+                &self.gpu,
+                &k.attn_split,
+                (&pbuf, 0),
+                &[
+                    (1, &qb),
+                    (2, &kc),
+                    (3, &vc),
+                    (4, &tb),
+                    (5, &tab),
+                    (6, &part),
+                    (7, &ml),
+                ],
+            );
+            let mb = bind(
+                &self.gpu,
+                &k.attn_merge,
+                (&pbuf, 0),
+                &[(6, &part), (7, &ml), (8, &out)],
+            );
+            let merge_bytes = (pw + mw + n * a.shape.q_size()) * 4;
+            let list = vec![
+                dispatch(
+                    "attn_split",
+                    &k.attn_split,
+                    sb,
+                    kernels::split_groups(&a.shape, n, plan),
+                    bytes as u64,
+                    flops as u64,
+                ),
+                dispatch(
+                    "attn_merge",
+                    &k.attn_merge,
+                    mb,
+                    kernels::merge_groups(&a.shape, n),
+                    merge_bytes as u64,
+                    0,
+                ),
+            ];
+            (list, Some(plan))
+        } else {
+            let p = kernels::attn_params(&a.shape, n, a.block_size, window);
+            self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
+            let k = &self.k;
+            let b = bind(
+                &self.gpu,
+                &k.attention,
+                (&pbuf, 0),
+                &[(1, &qb), (2, &kc), (3, &vc), (4, &tb), (5, &tab), (6, &out)],
+            );
+            let list = vec![dispatch(
+                "attention",
+                &k.attention,
+                b,
+                kernels::attn_groups(&a.shape, n),
+                bytes as u64,
+                flops as u64,
+            )];
+            (list, None)
+        };
+        Ok(AttnRun {
+            list,
+            plan,
+            kc,
+            vc,
+            out,
+            out_words: n * a.shape.q_size(),
+            cache_halves: a.k_cache.len(),
+            bytes: bytes as u64,
+            flops: flops as u64,
+            _keep: [qb, tb, tab, pbuf],
+        })
+    }
+
+    /// The output and the caches of `run` after it ran.
+    pub fn attention_read(&mut self, run: &AttnRun) -> Result<AttnOutput, BackendError> {
         let halves = |b: Vec<u8>| -> Vec<f16> {
             b.chunks_exact(2)
                 .map(|c| f16::from_le_bytes([c[0], c[1]]))
                 .collect()
         };
+        let ch = (run.cache_halves * 2) as u64;
         Ok(AttnOutput {
-            out: to_f32(&self.gpu.download(&out, (n * a.shape.q_size() * 4) as u64)?),
-            k_cache: halves(self.gpu.download(&kc, (a.k_cache.len() * 2) as u64)?),
-            v_cache: halves(self.gpu.download(&vc, (a.v_cache.len() * 2) as u64)?),
+            out: to_f32(&self.gpu.download(&run.out, (run.out_words * 4) as u64)?),
+            k_cache: halves(self.gpu.download(&run.kc, ch)?),
+            v_cache: halves(self.gpu.download(&run.vc, ch)?),
         })
+    }
+
+    /// Runs `list` `reps` times and returns each run's nanoseconds: by GPU timestamps (from the
+    /// first dispatch's start to the last one's end) where the device has them, else by the wall
+    /// clock around one submission per run. The bool says which.
+    pub fn time(
+        &mut self,
+        list: &[Dispatch],
+        reps: usize,
+    ) -> Result<(Vec<f64>, bool), BackendError> {
+        let k = list.iter().filter(|d| d.runs()).count().max(1);
+        let per = (super::gpu::MAX_TIMED / k).max(1);
+        let Some(timer) = self.gpu.timer(per * k)? else {
+            let mut out = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                let t = std::time::Instant::now();
+                let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+                kernels::encode(&mut enc, list);
+                self.gpu.submit_wait(enc.finish())?;
+                out.push(t.elapsed().as_nanos() as f64);
+            }
+            return Ok((out, false));
+        };
+        let mut out = Vec::with_capacity(reps);
+        while out.len() < reps {
+            let m = per.min(reps - out.len());
+            let all: Vec<Dispatch> = (0..m).flat_map(|_| list.iter().cloned()).collect();
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            let order = kernels::encode_timed(&mut enc, &all, &timer);
+            timer.resolve(&mut enc, order.len());
+            self.gpu.submit_wait(enc.finish())?;
+            let spans = timer.read_spans(&self.gpu, order.len())?;
+            out.extend(spans.chunks_exact(k).map(|c| c[k - 1].1 - c[0].0));
+        }
+        Ok((out, true))
+    }
+
+    /// The adapter's read bandwidth: a buffer of up to `bytes` (at most one binding) read
+    /// `reps` times by 16-byte loads. Returns (bytes read per run, seconds per run, GPU timed).
+    pub fn read_bandwidth(
+        &mut self,
+        bytes: u64,
+        reps: usize,
+    ) -> Result<(u64, Vec<f64>, bool), BackendError> {
+        let size = bytes.min(self.gpu.max_binding()) / 16 * 16;
+        let words = (size / 16) as u32;
+        let src = self
+            .gpu
+            .buffer("bandwidth source", size, wgpu::BufferUsages::STORAGE)?;
+        let per_group = 4096u32;
+        let groups = words.div_ceil(per_group);
+        let sums = self.output("bandwidth sums", groups as usize)?;
+        let pipe = self.gpu.pipeline("read_bw", kernels::READ_BW, "main")?;
+        let pbuf = self.gpu.buffer(
+            "probe parameters",
+            64,
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let mut p = [0u32; 16];
+        p[0] = words;
+        p[1] = per_group;
+        self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
+        let b = bind(&self.gpu, &pipe, (&pbuf, 0), &[(1, &src), (2, &sums)]);
+        let d = Dispatch {
+            name: "read_bw",
+            pipe,
+            bind: b,
+            groups: [groups, 1, 1],
+            bytes: size,
+            flops: 0,
+        };
+        self.time(std::slice::from_ref(&d), 2)?; // warm-up
+        let (ns, gpu) = self.time(std::slice::from_ref(&d), reps)?;
+        Ok((size, ns.iter().map(|t| t / 1e9).collect(), gpu))
     }
 
     /// silu(gate) · up of each row of `gu` (`[n, 2 inter]`, `[gate | up]`).

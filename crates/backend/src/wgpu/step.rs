@@ -24,6 +24,8 @@ pub enum Key {
     Matmul(u32, u8),
     QkvPost(usize),
     Attention(usize),
+    AttnSplit(usize),
+    AttnMerge,
     Swiglu,
     Argmax,
 }
@@ -100,6 +102,8 @@ impl Binder {
             pipe: pipe.clone(),
             bind: bg,
             groups,
+            bytes: 0,
+            flops: 0,
         })
     }
 }
@@ -187,6 +191,15 @@ impl Bufs {
     }
 }
 
+/// Bytes and FLOPs of one step's attention over `keys` keys in all (summed over its `n`
+/// tokens): the f16 K and V read per key (a workgroup serves every query head of its KV head),
+/// each token's QKV row read, its K/V written to the cache and its output written.
+pub fn attn_cost(s: &HeadShape, n: usize, keys: usize) -> (usize, usize) {
+    let bytes =
+        keys * s.kv_size() * 2 * 2 + n * (s.stride() * 4 + s.kv_size() * 2 * 2 + s.q_size() * 4);
+    (bytes, 4 * keys * s.q_size())
+}
+
 /// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
 pub enum NoMoe {}
 
@@ -208,6 +221,11 @@ pub struct Step<'a> {
     /// Tokens of the step, and logits rows wanted.
     pub n: usize,
     pub nl: usize,
+    /// Keys attended over the step, summed over its tokens (for the profile's bytes).
+    pub keys: usize,
+    /// Decode rows only: the split of the decode attention kernels and their scratch buffers
+    /// (partial V sums, partial maxima and sums).
+    pub split: Option<(kernels::SplitPlan, &'a wgpu::Buffer, &'a wgpu::Buffer)>,
 }
 
 impl<'a> Step<'a> {
@@ -219,6 +237,14 @@ impl<'a> Step<'a> {
             Act::Qkv => (&b.qkv, self.shape.stride()),
             Act::Attn => (&b.attn, c.q_size()),
             Act::Swiglu => (&b.act, c.intermediate_size),
+        }
+    }
+
+    /// Records the bytes moved and the arithmetic of the last dispatch (for profiles).
+    fn cost(&mut self, bytes: usize, flops: usize) {
+        if let Some(d) = self.list.last_mut() {
+            d.bytes = bytes as u64;
+            d.flops = flops as u64;
         }
     }
 
@@ -273,6 +299,9 @@ impl<'a> Step<'a> {
                 s.matmul_groups(),
             )?;
             self.list.push(d);
+            let (r, c) = (part.rows, w.cols);
+            let io = n * (c + r * (1 + add as usize)) * 4;
+            self.cost(r * s.row_words * 4 + io, 2 * r * c * n);
         }
         Ok(())
     }
@@ -290,7 +319,9 @@ impl<'a> Step<'a> {
             &[(1, &b.logits), (2, &b.ids)],
             p,
             [self.nl as u32, 1, 1],
-        )
+        )?;
+        self.cost(self.nl * (self.cfg.vocab_size + 1) * 4, 0);
+        Ok(())
     }
 }
 
@@ -323,6 +354,7 @@ impl LayerOps for Step<'_> {
                 s.embed_groups(),
             )?;
             self.list.push(d);
+            self.cost(self.n * (s.row_words * 4 + hd * 4), 0);
         }
         Ok(())
     }
@@ -344,7 +376,9 @@ impl LayerOps for Step<'_> {
             &[(1, &b.x), (2, &w.buf), (3, &b.h), (4, &b.lidx)],
             p,
             [self.n as u32, 1, 1],
-        )
+        )?;
+        self.cost((2 * self.n + 1) * w.len * 4, 4 * self.n * w.len);
+        Ok(())
     }
 
     fn matmul(
@@ -393,12 +427,49 @@ impl LayerOps for Step<'_> {
         let groups = kernels::qkv_groups(&self.shape, self.n);
         let k = self.k;
         let pipe = &k.qkv_post;
-        self.push("rope", Key::QkvPost(layer), pipe, &buffers, p, groups)
+        self.push("rope", Key::QkvPost(layer), pipe, &buffers, p, groups)?;
+        let s = self.shape;
+        let rot = self.n * (s.q_heads + s.kv_heads) * c.rope_dim;
+        self.cost(self.n * (2 * s.stride() + c.rope_dim) * 4, 3 * rot);
+        Ok(())
     }
 
     fn attention(&mut self, layer: usize) -> Result<(), BackendError> {
         let b = self.bufs;
         let (kc, vc) = &self.cache[layer];
+        if let Some((plan, part, ml)) = self.split {
+            let (s, n) = (self.shape, self.n);
+            let window = self.cfg.sliding_window.unwrap_or(0);
+            let p = kernels::split_params(&s, n, self.kv.block_size, window, plan);
+            let k = self.k;
+            let buffers = [
+                (1, &b.qkv),
+                (2, kc),
+                (3, vc),
+                (4, &b.tok),
+                (5, &b.tables),
+                (6, part),
+                (7, ml),
+            ];
+            let groups = kernels::split_groups(&s, n, plan);
+            let key = Key::AttnSplit(layer);
+            self.push("attn_split", key, &k.attn_split, &buffers, p, groups)?;
+            let (bytes, flops) = attn_cost(&s, n, self.keys);
+            self.cost(bytes, flops);
+            let buffers = [(6, part), (7, ml), (8, &b.attn)];
+            let groups = kernels::merge_groups(&s, n);
+            self.push(
+                "attn_merge",
+                Key::AttnMerge,
+                &k.attn_merge,
+                &buffers,
+                p,
+                groups,
+            )?;
+            let (pw, mw) = plan.scratch_words(&s, n);
+            self.cost((pw + mw + n * s.q_size()) * 4, 0);
+            return Ok(());
+        }
         let p = kernels::attn_params(
             &self.shape,
             self.n,
@@ -423,7 +494,10 @@ impl LayerOps for Step<'_> {
             &buffers,
             p,
             groups,
-        )
+        )?;
+        let (bytes, flops) = attn_cost(&self.shape, self.n, self.keys);
+        self.cost(bytes, flops);
+        Ok(())
     }
 
     fn gate_up(
@@ -448,7 +522,9 @@ impl LayerOps for Step<'_> {
         let k = self.k;
         let pipe = &k.swiglu;
         let bufs = [(1, &b.gu), (2, &b.act)];
-        self.push("swiglu", Key::Swiglu, pipe, &bufs, p, groups)
+        self.push("swiglu", Key::Swiglu, pipe, &bufs, p, groups)?;
+        self.cost(self.n * inter * 3 * 4, 6 * self.n * inter);
+        Ok(())
     }
 
     fn moe(&mut self, _layer: usize, moe: &NoMoe) -> Result<(), BackendError> {
@@ -469,6 +545,7 @@ impl LayerOps for Step<'_> {
             p,
             [self.nl as u32, 1, 1],
         )?;
+        self.cost((2 * self.nl + 1) * hd * 4, 4 * self.nl * hd);
         self.mm(
             w,
             (&b.h, hd),
