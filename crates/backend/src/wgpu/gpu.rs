@@ -133,6 +133,18 @@ fn pick(adapters: Vec<wgpu::Adapter>, choice: Option<&str>) -> Result<wgpu::Adap
     Ok(adapters.into_iter().nth(idx).expect("index checked"))
 }
 
+/// The optional features the device was opened with (requested only where the adapter has
+/// them), for the code that picks a kernel variant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caps {
+    /// Subgroup operations (`subgroupAdd`, …) in compute shaders.
+    pub subgroup: bool,
+    /// The adapter's subgroup sizes, smallest and largest (only meaningful with `subgroup`).
+    pub subgroup_sizes: (u32, u32),
+    /// Timestamp queries at pass boundaries.
+    pub timestamps: bool,
+}
+
 /// Errors wgpu reported through its callbacks since the last check.
 type Sink = Arc<Mutex<Vec<String>>>;
 
@@ -141,6 +153,7 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub limits: wgpu::Limits,
     pub info: AdapterSummary,
+    pub caps: Caps,
     errors: Sink,
     timeout: Duration,
     /// Bytes of buffers created (weights, cache, work buffers), and the most at once.
@@ -163,9 +176,22 @@ impl Gpu {
             )));
         }
         let limits = adapter.limits();
+        // QUIRE_WGPU_NO_SUBGROUP=1 leaves subgroups off (to measure or test the fallback).
+        let no_sub = std::env::var("QUIRE_WGPU_NO_SUBGROUP").is_ok_and(|v| v == "1");
+        let mut want = wgpu::Features::TIMESTAMP_QUERY;
+        if !no_sub {
+            want |= wgpu::Features::SUBGROUP;
+        }
+        let features = adapter.features() & want;
+        let ainfo = adapter.get_info();
+        let caps = Caps {
+            subgroup: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_sizes: (ainfo.subgroup_min_size, ainfo.subgroup_max_size),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quire"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -194,6 +220,7 @@ impl Gpu {
             queue,
             limits,
             info,
+            caps,
             errors,
             timeout: Duration::from_secs(secs),
             allocated: 0,
