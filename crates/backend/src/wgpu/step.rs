@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use quire_core::ModelConfig;
 
 use super::gpu::Gpu;
-use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params};
+use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params, WType};
 use super::weights::{DMatrix, DVec};
 use crate::forward::{Act, LayerOps, Next};
 use crate::{BackendError, KvCacheSpec};
@@ -200,6 +200,17 @@ pub fn attn_cost(s: &HeadShape, n: usize, keys: usize) -> (usize, usize) {
     (bytes, 4 * keys * s.q_size())
 }
 
+/// The kernel that multiplies one part of a weight matrix of type `t` for the shape `s`, and its
+/// grid: the GEMV for every token count today (it reads the weights once per
+/// `kernels::MM_TOKENS` tokens); a prompt GEMM takes the larger counts here when it exists.
+pub fn mm_kernel<'k>(
+    k: &'k Kernels,
+    t: WType,
+    s: &MmShape,
+) -> (&'k wgpu::ComputePipeline, [u32; 3]) {
+    (k.matmul(t), s.matmul_groups())
+}
+
 /// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
 pub enum NoMoe {}
 
@@ -288,7 +299,7 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let pipe = self.k.matmul(part.ty);
+            let (pipe, groups) = mm_kernel(self.k, part.ty, &s);
             let d = self.binder.dispatch(
                 self.gpu,
                 name,
@@ -296,7 +307,7 @@ impl<'a> Step<'a> {
                 pipe,
                 &[(1, &part.buf), (2, x.0), (3, y.0)],
                 s.params(),
-                s.matmul_groups(),
+                groups,
             )?;
             self.list.push(d);
             let (r, c) = (part.rows, w.cols);
@@ -351,7 +362,7 @@ impl LayerOps for Step<'_> {
                 self.k.embed(part.ty),
                 &[(1, &part.buf), (3, &self.bufs.x), (4, &self.bufs.tokens)],
                 s.params(),
-                s.embed_groups(),
+                s.embed_groups(part.ty),
             )?;
             self.list.push(d);
             self.cost(self.n * (s.row_words * 4 + hd * 4), 0);

@@ -1,0 +1,405 @@
+//! Times the wgpu decode GEMV per weight type and shape against the adapter's measured read
+//! bandwidth: the number that says whether decoding runs at memory speed.
+//!
+//! For each shape (rows × cols) and type it uploads a matrix of random bytes (values do not
+//! change the time of a stream of loads), runs the GEMV for `--tokens` tokens `--warmup` times,
+//! then `--iters` times, and prints the median time, the spread (min–max), GB/s of weights read
+//! and that as a % of the ceiling: a plain kernel that reads a large buffer with 16-byte loads.
+//! Times come from GPU timestamp queries at the boundaries of a pass holding only the timed
+//! dispatches when the adapter has TIMESTAMP_QUERY, else from the wall clock around one
+//! submission (the output says which).
+//!
+//! ```text
+//! cargo run --release -p quire-backend --features wgpu --example wgpu_gemv_bench -- [--adapter N]
+//! ```
+//! Defaults are Llama-3-8B's decode shapes; on a CPU driver (lavapipe) pass small ones, e.g.
+//! `--shapes 256x512,37x1024 --iters 3`. `--no-subgroup` times the fallback without subgroup
+//! operations.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use quire_backend::wgpu::gpu::{Gpu, Timestamps};
+use quire_backend::wgpu::kernels::{bind, Dispatch, Kernels, MmShape};
+use quire_backend::wgpu::probe::Probe;
+use quire_backend::wgpu::weights::DMatrix;
+use quire_backend::{HostTensor, TensorBytes};
+use quire_gguf::GgmlType;
+
+const HELP: &str = "\
+wgpu_gemv_bench: time the wgpu decode GEMV against the adapter's read bandwidth
+
+USAGE: wgpu_gemv_bench [OPTIONS]
+
+OPTIONS:
+  --adapter N|NAME   adapter index or name substring (see `quire adapters`); default: the first
+                     discrete GPU
+  --types LIST       comma-separated: f16,q8_0,q4_0,q4_1,q4_k,q5_k,q6_k (default: all)
+  --shapes LIST      comma-separated ROWSxCOLS (default: 4096x4096,14336x4096,4096x14336,
+                     128256x4096, Llama-3-8B's decode matmuls and lm_head)
+  --tokens N         tokens per GEMV (default 1; up to 8 share one read of the weights)
+  --iters N          timed runs per case (default 20)
+  --warmup N         untimed runs first (default 3)
+  --ceiling-mib N    size of the read-bandwidth buffer (default 1024, capped at one binding)
+  --no-subgroup      time the GEMV's fallback (workgroup-memory sums) instead of subgroupAdd
+  -h, --help         this text
+
+ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched.";
+
+struct Args {
+    adapter: Option<String>,
+    types: Vec<GgmlType>,
+    shapes: Vec<(usize, usize)>,
+    tokens: usize,
+    iters: usize,
+    warmup: usize,
+    ceiling_mib: u64,
+    no_subgroup: bool,
+}
+
+fn parse_type(s: &str) -> Result<GgmlType> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "f16" => GgmlType::F16,
+        "q8_0" => GgmlType::Q8_0,
+        "q4_0" => GgmlType::Q4_0,
+        "q4_1" => GgmlType::Q4_1,
+        "q4_k" => GgmlType::Q4_K,
+        "q5_k" => GgmlType::Q5_K,
+        "q6_k" => GgmlType::Q6_K,
+        _ => bail!("unknown type {s:?} (f16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)"),
+    })
+}
+
+fn parse_args() -> Result<Args> {
+    let mut a = Args {
+        adapter: None,
+        types: ["f16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k"]
+            .iter()
+            .map(|t| parse_type(t))
+            .collect::<Result<_>>()?,
+        shapes: vec![(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)],
+        tokens: 1,
+        iters: 20,
+        warmup: 3,
+        ceiling_mib: 1024,
+        no_subgroup: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            println!("{HELP}");
+            std::process::exit(0);
+        }
+        if flag == "--no-subgroup" {
+            a.no_subgroup = true;
+            continue;
+        }
+        let v = it
+            .next()
+            .with_context(|| format!("{flag} needs a value (see --help)"))?;
+        let num = |v: &str| -> Result<usize> {
+            v.parse()
+                .with_context(|| format!("{flag}: {v:?} is not a number"))
+        };
+        match flag.as_str() {
+            "--adapter" => a.adapter = Some(v),
+            "--types" => a.types = v.split(',').map(parse_type).collect::<Result<_>>()?,
+            "--shapes" => {
+                a.shapes = v
+                    .split(',')
+                    .map(|s| {
+                        let (r, c) = s
+                            .split_once('x')
+                            .with_context(|| format!("shape {s:?} is not ROWSxCOLS"))?;
+                        Ok((num(r)?, num(c)?))
+                    })
+                    .collect::<Result<_>>()?
+            }
+            "--tokens" => a.tokens = num(&v)?,
+            "--iters" => a.iters = num(&v)?,
+            "--warmup" => a.warmup = num(&v)?,
+            "--ceiling-mib" => a.ceiling_mib = num(&v)? as u64,
+            _ => bail!("unknown option {flag} (see --help)"),
+        }
+    }
+    if a.iters == 0 || a.tokens == 0 {
+        bail!("--iters and --tokens must be at least 1");
+    }
+    Ok(a)
+}
+
+/// Times `list` (one pass) `warmup + iters` times; returns the timed runs in seconds, and
+/// whether they are GPU timestamps.
+fn time(gpu: &Gpu, list: &[Dispatch], warmup: usize, iters: usize) -> Result<(Vec<f64>, bool)> {
+    let ts = gpu.caps.timestamps != Timestamps::None;
+    let qs = ts.then(|| {
+        gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("bench"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        })
+    });
+    let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+    let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("timestamps"),
+        size: 16,
+        usage,
+        mapped_at_creation: false,
+    });
+    let read = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("timestamps readback"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let period = gpu.queue.get_timestamp_period() as f64 * 1e-9;
+    let mut out = Vec::new();
+    for i in 0..warmup + iters {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let tw = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                query_set: q,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("bench"),
+                timestamp_writes: tw,
+            });
+            for d in list {
+                pass.set_pipeline(&d.pipe);
+                pass.set_bind_group(0, &d.bind, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        if let Some(q) = &qs {
+            enc.resolve_query_set(q, 0..2, &resolve, 0);
+            enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
+        }
+        let t = Instant::now();
+        gpu.submit_wait(enc.finish())?;
+        let wall = t.elapsed().as_secs_f64();
+        let secs = if ts {
+            let b = gpu.read(&read, 16)?;
+            let t0 = u64::from_le_bytes(b[..8].try_into()?);
+            let t1 = u64::from_le_bytes(b[8..].try_into()?);
+            t1.saturating_sub(t0) as f64 * period
+        } else {
+            wall
+        };
+        if i >= warmup {
+            out.push(secs);
+        }
+    }
+    Ok((out, ts))
+}
+
+/// Median, min and max.
+fn stats(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+const READ: &str = "
+@group(0) @binding(0) var<uniform> p: vec4<u32>;
+@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+var<workgroup> acc: array<u32, 256>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(num_workgroups) nw: vec3<u32>) {
+    var s = vec4<u32>(0u);
+    for (var i = wg.x * 256u + li; i < p.x; i += nw.x * 256u) {
+        s ^= src[i];
+    }
+    acc[li] = s.x ^ s.y ^ s.z ^ s.w;
+    workgroupBarrier();
+    if li == 0u {
+        var t = 0u;
+        for (var j = 0u; j < 256u; j++) {
+            t ^= acc[j];
+        }
+        dst[wg.x] = t;
+    }
+}
+";
+
+/// A buffer of `bytes` of pseudo-random bytes (xorshift; the values do not matter).
+fn random_bytes(bytes: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut v = Vec::with_capacity(bytes + 8);
+    while v.len() < bytes {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.extend_from_slice(&s.to_le_bytes());
+    }
+    v.truncate(bytes);
+    v
+}
+
+/// GB/s of the read kernel over a buffer of up to `mib` MiB.
+fn ceiling(p: &mut Probe, mib: u64, a: &Args) -> Result<(f64, f64, f64, bool)> {
+    let bytes = (mib << 20).min(p.gpu.max_binding() / 16 * 16);
+    let src = p.gpu.buffer(
+        "read ceiling",
+        bytes,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+    )?;
+    // Zero-filled is fine: the time of a load does not depend on its value.
+    let groups = 16384u32;
+    let dst = p
+        .gpu
+        .buffer("read sink", groups as u64 * 4, wgpu::BufferUsages::STORAGE)?;
+    let pbuf = p.gpu.buffer(
+        "read params",
+        64,
+        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    )?;
+    let words = [(bytes / 16) as u32, 0, 0, 0];
+    let pb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    p.gpu.queue.write_buffer(&pbuf, 0, &pb);
+    let pipe = p.gpu.pipeline("read ceiling", READ, "main")?;
+    let bg = bind(&p.gpu, &pipe, (&pbuf, 0), &[(1, &src), (2, &dst)]);
+    let list = [Dispatch {
+        name: "read",
+        pipe,
+        bind: bg,
+        groups: [groups, 1, 1],
+        bytes,
+        flops: 0,
+    }];
+    let (mut t, ts) = time(&p.gpu, &list, a.warmup, a.iters)?;
+    let (med, lo, hi) = stats(&mut t);
+    let gbs = |s: f64| bytes as f64 / s / 1e9;
+    println!(
+        "read ceiling: {} MiB, {:.1} us median ({:.1}-{:.1}), {:.2} GB/s",
+        bytes >> 20,
+        med * 1e6,
+        lo * 1e6,
+        hi * 1e6,
+        gbs(med)
+    );
+    Ok((gbs(med), gbs(hi), gbs(lo), ts))
+}
+
+fn main() -> Result<()> {
+    let a = parse_args()?;
+    let mut p = Probe::new(a.adapter.as_deref())?;
+    if a.no_subgroup {
+        p.k = Kernels::with_subgroups(&p.gpu, false)?;
+    }
+    let caps = p.gpu.caps;
+    println!(
+        "adapter: {} ({}, {}); GEMV sums: {}; timing: {}",
+        p.gpu.info.name,
+        p.gpu.info.backend,
+        p.gpu.info.driver,
+        if let (true, Some((lo, hi))) = (p.k.subgroup, caps.subgroup) {
+            format!("subgroupAdd (subgroup size {lo}-{hi})")
+        } else {
+            "workgroup memory".to_string()
+        },
+        if caps.timestamps != Timestamps::None {
+            "GPU timestamps at pass boundaries"
+        } else {
+            "wall clock around one submission (no TIMESTAMP_QUERY)"
+        }
+    );
+    let (ceil, _, _, _) = ceiling(&mut p, a.ceiling_mib, &a)?;
+    println!(
+        "{:<6} {:>7} {:>6} {:>3} {:>10} {:>21} {:>9} {:>7}",
+        "type", "rows", "cols", "n", "us", "min-max us", "GB/s", "% ceil"
+    );
+    for &(rows, cols) in &a.shapes {
+        for &t in &a.types {
+            let block = t.block_size().max(8);
+            if cols % block != 0 {
+                println!(
+                    "{:<6} {rows:>7} {cols:>6}: cols not a multiple of {block}, skipped",
+                    t.name()
+                );
+                continue;
+            }
+            let Some(row_bytes) = t.row_size(cols as u64).map(|b| b as usize) else {
+                continue;
+            };
+            let w = HostTensor {
+                name: format!("{}_{rows}x{cols}", t.name()),
+                dtype: t,
+                dims: vec![cols, rows],
+                bytes: TensorBytes::owned(random_bytes(rows * row_bytes, rows as u64 ^ 0x9e37)),
+            };
+            let m = DMatrix::stack(&mut p.gpu, &w.name, &[&w], cols)?;
+            drop(w);
+            let n = a.tokens;
+            let usage = wgpu::BufferUsages::STORAGE;
+            let x = p.gpu.upload("x", &random_x(n * cols))?;
+            let y = p.gpu.buffer("y", (n * rows * 4) as u64, usage)?;
+            let mut list = Vec::new();
+            let mut pbufs = Vec::new();
+            for part in &m.parts {
+                let s = MmShape {
+                    rows: part.rows,
+                    cols,
+                    n,
+                    x_stride: cols,
+                    y_stride: rows,
+                    y_off: part.y_off,
+                    add: false,
+                    row_words: part.ty.row_words(cols),
+                    row0: part.row0,
+                };
+                let pbuf = p.gpu.buffer(
+                    "params",
+                    64,
+                    wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                )?;
+                let pb: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
+                p.gpu.queue.write_buffer(&pbuf, 0, &pb);
+                let pipe = p.k.matmul(part.ty).clone();
+                let bg = bind(
+                    &p.gpu,
+                    &pipe,
+                    (&pbuf, 0),
+                    &[(1, &part.buf), (2, &x), (3, &y)],
+                );
+                list.push(Dispatch {
+                    name: "gemv",
+                    pipe,
+                    bind: bg,
+                    groups: s.matmul_groups(),
+                    bytes: 0,
+                    flops: 0,
+                });
+                pbufs.push(pbuf);
+            }
+            let (mut ts, _) = time(&p.gpu, &list, a.warmup, a.iters)?;
+            let (med, lo, hi) = stats(&mut ts);
+            let gbs = m.bytes() as f64 / med / 1e9;
+            println!(
+                "{:<6} {rows:>7} {cols:>6} {n:>3} {:>10.1} {:>10.1}-{:<10.1} {gbs:>9.2} {:>6.1}%",
+                t.name(),
+                med * 1e6,
+                lo * 1e6,
+                hi * 1e6,
+                100.0 * gbs / ceil
+            );
+            for b in m.parts.iter().map(|p| &p.buf).chain([&x, &y]) {
+                p.gpu.release(b);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `len` activations in [-1, 1).
+fn random_x(len: usize) -> Vec<u8> {
+    random_bytes(len * 4, 7)
+        .chunks_exact(4)
+        .flat_map(|c| {
+            let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32 / u32::MAX as f32;
+            (2.0 * v - 1.0).to_le_bytes()
+        })
+        .collect()
+}
