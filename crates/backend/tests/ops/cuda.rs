@@ -4,10 +4,11 @@
 //! embedding gather and the quantized one, RMSNorm and SwiGLU into f16, `rope_qkv`, the split
 //! argmax, and paged attention with its fused K/V write (`HostRun`).
 
+use cudarc::driver::{CudaFunction, DeviceRepr};
 use half::f16;
 use quire_backend::cuda::attention::{HostRun, PagedAttention};
 use quire_backend::cuda::gemv::{Gemv, GemvInput};
-use quire_backend::cuda::gpu::{CudaFunction, DBuf, Gpu, KArg};
+use quire_backend::cuda::gpu::{DBuf, Gpu, KArg};
 use quire_backend::cuda::nvrtc;
 use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
 use quire_backend::cuda::sample::{argmax_ctas, ARGMAX_MAX_CTAS};
@@ -51,7 +52,7 @@ impl CudaOps {
         }
     }
 
-    fn read<T: cudarc::driver::DeviceRepr + Default + Clone>(&self, b: &DBuf<T>) -> Vec<T> {
+    fn read<T: DeviceRepr + Default + Clone>(&self, b: &DBuf<T>) -> Vec<T> {
         let mut v = vec![T::default(); b.len];
         ok(self.g.dtoh(b, &mut v));
         v
