@@ -1,11 +1,12 @@
-//! CUDA paged attention against the f64 dense reference on random paged batches: every block size,
-//! GQA ratios 1 to 8, head dims 64, 128 and 256, decode rows, prompt chunks on top of a cache and
-//! fresh prompts in one launch, non-contiguous block tables, unused cache slots NaN-poisoned, long
-//! contexts that split the keys, f16 and f32 output rows. Sequences with chunks of 16+ rows run
-//! `paged_prefill` (tensor cores), other rows of mixed batches `paged_attention`, all-decode
-//! batches `paged_decode` (checked per case), which also applies bias, QK-norm and RoPE to
-//! un-roped rows (checked against the CPU backend's routines) and merges its own splits. Needs a
-//! GPU: ignored without one (see quire-testkit).
+//! The CUDA paged-attention kernels' own choices against the f64 dense reference on random
+//! paged batches: which kernel a batch takes (sequences with chunks of 16+ rows run
+//! `paged_prefill` on tensor cores, other rows of mixed batches `paged_attention`, all-decode
+//! batches `paged_decode`; checked per case), tile boundaries of every kernel over every block
+//! size, GQA ratios 1 to 8 and head dims 64, 128 and 256, key splits of long contexts and their
+//! merge, and the decode kernel's own bias, QK-norm and RoPE on un-roped rows (checked against
+//! the CPU backend's routines), with f16 and f32 output rows. The general mixed-batch and
+//! sliding-window cases every backend runs are in backend_ops.rs. Needs a GPU: ignored without
+//! one (see quire-testkit).
 
 // The GPU-only parts compile with the `cuda` feature only; without it every test here fails
 // when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
@@ -381,30 +382,6 @@ fn case_with(
 }
 
 quire_testkit::gpu_test! {
-    fn paged_attention_matches_the_dense_reference() {
-        let g = gpu();
-        let mut rng = StdRng::seed_from_u64(7);
-        let mut worst = 0f64;
-        for &(nh, nkv) in &[(8, 8), (9, 3), (32, 8), (16, 2), (12, 6)] {
-            for d in [64, 128] {
-                for bs in [16, 32, 64, 128] {
-                    let decode_len = rng.random_range(1..400);
-                    let chunk_ctx = rng.random_range(1..200);
-                    let seqs = [(1, decode_len), (37, 37 + chunk_ctx), (13, 13), (1, 1)];
-                    let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, None);
-                    assert!(
-                        err < metric::ATTENTION_GPU,
-                        "Hq {nh} Hkv {nkv} D {d} block {bs}: rel err {err:.2e}"
-                    );
-                    worst = worst.max(err);
-                }
-            }
-        }
-        eprintln!("paged attention: worst relative error {worst:.2e}");
-    }
-}
-
-quire_testkit::gpu_test! {
     fn long_contexts_split_the_keys_and_still_match() {
         let g = gpu();
         let mut rng = StdRng::seed_from_u64(11);
@@ -428,31 +405,6 @@ quire_testkit::gpu_test! {
             );
             let err = case(&g, &mut rng, 32, 8, 128, bs, seqs, None);
             assert!(err < metric::ATTENTION_GPU, "{seqs:?}: rel err {err:.2e}");
-        }
-    }
-}
-
-quire_testkit::gpu_test! {
-    fn sliding_windows_match_the_windowed_dense_reference() {
-        let g = gpu();
-        let mut rng = StdRng::seed_from_u64(17);
-        // Windows shorter and longer than the contexts, a split long context, prompt chunks.
-        for &(window, bs) in &[
-            (1usize, 16usize),
-            (5, 16),
-            (8, 32),
-            (17, 64),
-            (40, 128),
-            (1000, 16),
-        ] {
-            let seqs = [(1, 300), (37, 80), (13, 13), (1, 2500)];
-            let err = case(&g, &mut rng, 32, 8, 128, bs, &seqs, Some(window));
-            assert!(err < metric::ATTENTION_GPU, "window {window} block {bs}: rel err {err:.2e}");
-            let err = case(&g, &mut rng, 9, 3, 64, bs, &seqs[..3], Some(window));
-            assert!(
-                err < metric::ATTENTION_GPU,
-                "window {window} block {bs} (GQA 3, D 64): rel err {err:.2e}"
-            );
         }
     }
 }

@@ -1,7 +1,11 @@
-//! The small CUDA kernels against the CPU backend's ops on random inputs: RMSNorm (with a row
-//! gather), the embedding gather, RoPE with QKV bias and QK-norm (both rotation styles), SwiGLU
-//! and the argmax. Outputs are poisoned with NaN first so an unwritten element fails. Needs a GPU:
-//! ignored without one (see quire-testkit). Per-op timings: `quire profile --backend cuda`.
+//! The CUDA kernels whose forms have no counterpart in the other backends: the split argmax's
+//! arrival counters launch after launch (and the one-CTA `argmax_rows`), the embedding gather
+//! that reads the step's ids from mapped host memory, and quire's GEMV in all its forms (fused
+//! RMSNorm and SwiGLU inputs, the GLU output, the EARLY and host-output forms) against f64 dot
+//! products and cuBLAS. The ops every backend has (RMSNorm, embedding, RoPE, SwiGLU, argmax,
+//! matmul) are tested in backend_ops.rs, one body for every backend. Outputs are poisoned with
+//! NaN first. Needs a GPU: ignored without one (see quire-testkit). Per-op timings: `quire
+//! profile --backend cuda`.
 
 // The GPU-only parts compile with the `cuda` feature only; without it every test here fails
 // when run (and is ignored unless QUIRE_REQUIRE_GPU is set: see quire-testkit).
@@ -11,7 +15,6 @@ use {
     quire_backend::cpu::ops,
     quire_backend::cuda::gpu::{Gpu, KArg},
     quire_backend::cuda::nvrtc,
-    quire_core::RopeStyle,
     quire_testkit::metric::{self, rel_l2 as rel},
     rand::{rngs::StdRng, Rng, SeedableRng},
 };
@@ -34,171 +37,6 @@ fn read_f16(g: &Gpu, b: &quire_backend::cuda::gpu::DBuf<f16>) -> Vec<f32> {
 }
 
 quire_testkit::gpu_test! {
-    fn rms_norm_embed_swiglu_and_argmax_match_the_cpu() {
-        let g = gpu();
-        let mut rng = StdRng::seed_from_u64(3);
-        let norm = g.module(&nvrtc::NORM, &[]).unwrap();
-        let embed = g.module(&nvrtc::EMBED, &[]).unwrap();
-        let act = g.module(&nvrtc::ACTIVATION, &[]).unwrap();
-        let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
-        for dim in [576usize, 2048, 4096, 100, 8200] {
-            let rows = 7;
-            let x = rnd(&mut rng, rows * dim, 3.0);
-            let w = rnd(&mut rng, dim, 2.0);
-            let idx = [5i32, 0, 3];
-            let (dx, dw, di) = (
-                g.upload(&x).unwrap(),
-                g.upload(&w).unwrap(),
-                g.upload(&idx).unwrap(),
-            );
-            let out = g
-                .upload(&vec![f16::from_f32(f32::NAN); idx.len() * dim])
-                .unwrap();
-            let f = Gpu::function(&norm, "rms_norm_f16").unwrap();
-            let threads = (dim.div_ceil(32) * 32).min(1024) as u32;
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-            unsafe { g.launch(
-                &f,
-                (idx.len() as u32, 1, 1),
-                (threads, 1, 1),
-                &[
-                    KArg::P(dx.ptr),
-                    KArg::P(di.ptr),
-                    KArg::P(dw.ptr),
-                    KArg::P(out.ptr),
-                    KArg::I(dim as i32),
-                    KArg::F(1e-5),
-                ],
-            ) }
-            .unwrap();
-            let mut want = vec![0f32; idx.len() * dim];
-            let picked: Vec<f32> = idx
-                .iter()
-                .flat_map(|&r| x[r as usize * dim..(r as usize + 1) * dim].to_vec())
-                .collect();
-            ops::rms_norm(&picked, &w, 1e-5, &mut want);
-            let e = rel(&read_f16(&g, &out), &want);
-            assert!(e < metric::F16_OUTPUT, "rms_norm dim {dim}: {e:.2e}");
-
-            // Embedding gather of f16 rows into f32.
-            let table: Vec<f16> = rnd(&mut rng, 50 * dim, 1.0)
-                .into_iter()
-                .map(f16::from_f32)
-                .collect();
-            let ids = [49i32, 0, 17, 17];
-            let (dt, dids) = (g.upload(&table).unwrap(), g.upload(&ids).unwrap());
-            let dxe = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-            unsafe { g.launch(
-                &Gpu::function(&embed, "embed_f16").unwrap(),
-                (ids.len() as u32, 1, 1),
-                (256, 1, 1),
-                &[
-                    KArg::P(dids.ptr),
-                    KArg::P(dt.ptr),
-                    KArg::P(dxe.ptr),
-                    KArg::I(dim as i32),
-                ],
-            ) }
-            .unwrap();
-            let mut got = vec![0f32; ids.len() * dim];
-            g.dtoh(&dxe, &mut got).unwrap();
-            let want: Vec<f32> = ids
-                .iter()
-                .flat_map(|&t| {
-                    table[t as usize * dim..(t as usize + 1) * dim]
-                        .iter()
-                        .map(|v| v.to_f32())
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            assert_eq!(got, want, "embedding rows");
-            // The same rows with the step's metadata read from mapped host memory: the kernel
-            // copies its 64 words to the device buffer (poisoned first) and takes the ids there.
-            let (mut host, src) = quire_backend::cuda::gpu::HostBuf::<i32>::mapped(64).unwrap();
-            let words = host.slice_mut(64).unwrap();
-            for (i, v) in words.iter_mut().enumerate() {
-                *v = 1000 + i as i32;
-            }
-            words[8..8 + ids.len()].copy_from_slice(&ids);
-            let words = words.to_vec();
-            let dmeta = g.upload(&vec![-1i32; 64]).unwrap();
-            let dxm = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-            unsafe { g.launch(
-                &Gpu::function(&embed, "embed_f16_meta").unwrap(),
-                (ids.len() as u32, 1, 1),
-                (256, 1, 1),
-                &[
-                    KArg::P(src),
-                    KArg::P(dmeta.ptr),
-                    KArg::I(64),
-                    KArg::I(8),
-                    KArg::P(dt.ptr),
-                    KArg::P(dxm.ptr),
-                    KArg::I(dim as i32),
-                ],
-            ) }
-            .unwrap();
-            let mut meta_got = vec![0i32; 64];
-            g.dtoh(&dmeta, &mut meta_got).unwrap();
-            assert_eq!(meta_got, words, "metadata copied from mapped memory");
-            g.dtoh(&dxm, &mut got).unwrap();
-            assert_eq!(got, want, "embedding rows, ids from mapped memory");
-
-            // SwiGLU on [gate | up] rows.
-            let inter = dim;
-            let gu = rnd(&mut rng, rows * 2 * inter, 6.0);
-            let dgu = g.upload(&gu).unwrap();
-            let dact = g
-                .upload(&vec![f16::from_f32(f32::NAN); rows * inter])
-                .unwrap();
-            let total = rows * inter;
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-            unsafe { g.launch(
-                &Gpu::function(&act, "swiglu_f16").unwrap(),
-                (total.div_ceil(256) as u32, 1, 1),
-                (256, 1, 1),
-                &[
-                    KArg::P(dgu.ptr),
-                    KArg::P(dact.ptr),
-                    KArg::I(inter as i32),
-                    KArg::L(total as i64),
-                ],
-            ) }
-            .unwrap();
-            let mut want = vec![0f32; total];
-            ops::swiglu(&gu, inter, &mut want);
-            let e = rel(&read_f16(&g, &dact), &want);
-            assert!(e < metric::F16_OUTPUT, "swiglu inter {inter}: {e:.2e}");
-
-            // Argmax per row, ties to the lowest index, as the host argmax.
-            let mut logits = rnd(&mut rng, rows * dim, 10.0);
-            logits[dim + 7] = 50.0;
-            logits[dim + 9] = 50.0;
-            let dl = g.upload(&logits).unwrap();
-            let dout = g.upload(&vec![-1i32; rows]).unwrap();
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-            unsafe { g.launch(
-                &Gpu::function(&sample, "argmax_rows").unwrap(),
-                (rows as u32, 1, 1),
-                (1024, 1, 1),
-                &[KArg::P(dl.ptr), KArg::I(dim as i32), KArg::P(dout.ptr)],
-            ) }
-            .unwrap();
-            let mut got = vec![0i32; rows];
-            g.dtoh(&dout, &mut got).unwrap();
-            let want: Vec<i32> = logits
-                .chunks_exact(dim)
-                .map(|r| quire_backend::argmax(r) as i32)
-                .collect();
-            assert_eq!(got, want, "argmax dim {dim}");
-            assert_eq!(got[1], 7);
-        }
-    }
-}
-
-quire_testkit::gpu_test! {
     /// `argmax_split` (several CTAs per row, the last to arrive reduces) picks what the host argmax
     /// picks, ties to the lowest index across slices and NaN never winning, and leaves its arrival
     /// counters at 0, so launch after launch on the same buffers stays right.
@@ -208,6 +46,7 @@ quire_testkit::gpu_test! {
         let mut rng = StdRng::seed_from_u64(37);
         let sample = g.module(&nvrtc::SAMPLE, &[]).unwrap();
         let f = Gpu::function(&sample, "argmax_split").unwrap();
+        let rows_f = Gpu::function(&sample, "argmax_rows").unwrap();
         for dim in [128256usize, 49152, 4097, 100, 1] {
             let rows = 5;
             let ctas = argmax_ctas(dim);
@@ -258,97 +97,73 @@ quire_testkit::gpu_test! {
                 let mut c = vec![1i32; rows];
                 g.dtoh(&counters, &mut c).unwrap();
                 assert!(c.iter().all(|&v| v == 0), "counters left at {c:?}");
+                // The one-CTA form picks the same.
+                let dout = g.upload(&vec![-1i32; rows]).unwrap();
+                // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+                unsafe { g.launch(
+                    &rows_f,
+                    (rows as u32, 1, 1),
+                    (1024, 1, 1),
+                    &[KArg::P(dl.ptr), KArg::I(dim as i32), KArg::P(dout.ptr)],
+                ) }
+                .unwrap();
+                g.dtoh(&dout, &mut got).unwrap();
+                assert_eq!(got, want, "argmax_rows dim {dim}, launch {rep}");
             }
         }
     }
 }
 
 quire_testkit::gpu_test! {
-    fn rope_with_bias_and_qk_norm_matches_the_cpu() {
+    /// `embed_f16_meta`: the step's metadata (64 words) copied from mapped host memory into the
+    /// device buffer (poisoned first) by the kernel, and the ids taken from there: the same rows
+    /// as the table's.
+    fn embedding_ids_from_mapped_host_memory_are_the_table_rows() {
         let g = gpu();
-        let mut rng = StdRng::seed_from_u64(5);
-        let rope = g.module(&nvrtc::ROPE, &[]).unwrap();
-        let f = Gpu::function(&rope, "rope_qkv").unwrap();
-        for &(nh, nkv, hd, rope_dim, style, bias, qk) in &[
-            (
-                9usize,
-                3usize,
-                64usize,
-                64usize,
-                RopeStyle::Normal,
-                false,
-                false,
-            ),
-            (32, 8, 128, 128, RopeStyle::Neox, true, false),
-            (16, 4, 128, 64, RopeStyle::Neox, false, true),
-            (4, 2, 256, 256, RopeStyle::Normal, true, true),
-        ] {
-            let n = 5;
-            let stride = (nh + 2 * nkv) * hd;
-            let qkv = rnd(&mut rng, n * stride, 2.0);
-            let b = bias.then(|| rnd(&mut rng, stride, 0.5));
-            let qn = qk.then(|| rnd(&mut rng, hd, 1.5));
-            let kn = qk.then(|| rnd(&mut rng, hd, 1.5));
-            let positions: Vec<i32> = vec![0, 1, 17, 300, 4095];
-            let table = ops::RopeTable::new(rope_dim, 10000.0, None);
-            let pairs = rope_dim / 2;
-            let mut cs = vec![];
-            let mut tmp = vec![];
-            for p in 0..4096u32 {
-                table.angles(p, &mut tmp);
-                cs.extend(tmp.iter().flat_map(|&(c, s)| [c, s]));
+        let mut rng = StdRng::seed_from_u64(3);
+        let embed = g.module(&nvrtc::EMBED, &[]).unwrap();
+        for dim in [576usize, 2048, 100] {
+            let table: Vec<f16> = rnd(&mut rng, 50 * dim, 1.0)
+                .into_iter()
+                .map(f16::from_f32)
+                .collect();
+            let ids = [49i32, 0, 17, 17];
+            let dt = g.upload(&table).unwrap();
+            let want: Vec<f32> = ids
+                .iter()
+                .flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].iter().map(|v| v.to_f32()))
+                .collect();
+            let (mut host, src) = quire_backend::cuda::gpu::HostBuf::<i32>::mapped(64).unwrap();
+            let words = host.slice_mut(64).unwrap();
+            for (i, v) in words.iter_mut().enumerate() {
+                *v = 1000 + i as i32;
             }
-            let d = g.upload(&qkv).unwrap();
-            let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|v| g.upload(v).unwrap());
-            let (db, dqn, dkn) = (opt(&b), opt(&qn), opt(&kn));
-            let p = |x: &Option<quire_backend::cuda::gpu::DBuf<f32>>| {
-                KArg::P(x.as_ref().map_or(0, |b| b.ptr))
-            };
-            let (dcs, dpos) = (g.upload(&cs).unwrap(), g.upload(&positions).unwrap());
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
+            words[8..8 + ids.len()].copy_from_slice(&ids);
+            let words = words.to_vec();
+            let dmeta = g.upload(&vec![-1i32; 64]).unwrap();
+            let dxm = g.upload(&vec![f32::NAN; ids.len() * dim]).unwrap();
+            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc / the mapped buffer), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
             unsafe { g.launch(
-                &f,
-                (n as u32, (nh + 2 * nkv) as u32, 1),
-                (128, 1, 1),
+                &Gpu::function(&embed, "embed_f16_meta").unwrap(),
+                (ids.len() as u32, 1, 1),
+                (256, 1, 1),
                 &[
-                    KArg::P(d.ptr),
-                    p(&db),
-                    p(&dqn),
-                    p(&dkn),
-                    KArg::P(dcs.ptr),
-                    KArg::P(dpos.ptr),
-                    KArg::I(stride as i32),
-                    KArg::I(nh as i32),
-                    KArg::I(nkv as i32),
-                    KArg::I(hd as i32),
-                    KArg::I(pairs as i32),
-                    KArg::I(matches!(style, RopeStyle::Neox) as i32),
-                    KArg::F(1e-6),
+                    KArg::P(src),
+                    KArg::P(dmeta.ptr),
+                    KArg::I(64),
+                    KArg::I(8),
+                    KArg::P(dt.ptr),
+                    KArg::P(dxm.ptr),
+                    KArg::I(dim as i32),
                 ],
             ) }
             .unwrap();
-            let mut got = vec![0f32; qkv.len()];
-            g.dtoh(&d, &mut got).unwrap();
-            let mut want = qkv.clone();
-            for (t, row) in want.chunks_exact_mut(stride).enumerate() {
-                if let Some(b) = &b {
-                    ops::add_in_place(row, b);
-                }
-                let (q, rest) = row.split_at_mut(nh * hd);
-                let k = &mut rest[..nkv * hd];
-                if let (Some(qn), Some(kn)) = (&qn, &kn) {
-                    ops::rms_norm_heads(q, qn, 1e-6);
-                    ops::rms_norm_heads(k, kn, 1e-6);
-                }
-                table.angles(positions[t] as u32, &mut tmp);
-                ops::rope(q, hd, &tmp, style);
-                ops::rope(k, hd, &tmp, style);
-            }
-            let e = rel(&got, &want);
-            assert!(
-                e < metric::F32_ELEMENTWISE,
-                "rope Hq {nh} Hkv {nkv} D {hd} rot {rope_dim} {style:?} bias {bias} qk {qk}: {e:.2e}"
-            );
+            let mut meta_got = vec![0i32; 64];
+            g.dtoh(&dmeta, &mut meta_got).unwrap();
+            assert_eq!(meta_got, words, "metadata copied from mapped memory");
+            let mut got = vec![0f32; ids.len() * dim];
+            g.dtoh(&dxm, &mut got).unwrap();
+            assert_eq!(got, want, "embedding rows, ids from mapped memory");
         }
     }
 }

@@ -1,9 +1,8 @@
 //! The quantized-weight kernels of `kernels/quant.cu` against the CPU backend: activation
 //! quantization (bit for bit, from f16 and f32 rows), RMSNorm and SwiGLU straight into 8-bit
-//! blocks, the Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K matmuls (one-token and many-token kernels, odd row
-//! counts, beta 0 and 1), the quantized embedding gather and the whole-matrix dequantization to
-//! f16 (both bit for bit). Outputs are poisoned with NaN first. Needs a GPU: ignored without one
-//! (see quire-testkit). Timing: `cargo run --release -p quire-backend --features cuda
+//! blocks, and the whole-matrix dequantization to f16 (bit for bit). The quantized matmuls and
+//! the quantized embedding gather are tested in backend_ops.rs, one body for every backend.
+//! Outputs are poisoned with NaN first. Needs a GPU: ignored without one (see quire-testkit). Timing: `cargo run --release -p quire-backend --features cuda
 //! --example cuda_matmul_bench`.
 
 // The GPU-only parts compile with the `cuda` feature only; without it every test here fails
@@ -11,13 +10,12 @@
 #[cfg(feature = "cuda")]
 use {
     half::f16,
-    quire_backend::cpu::kquant::{self, is_kquant},
+    quire_backend::cpu::kquant::is_kquant,
     quire_backend::cpu::ops,
-    quire_backend::cpu::quant::{dot_row, quantize_row_q8a_scalar, BlockQ8A, QK},
+    quire_backend::cpu::quant::{quantize_row_q8a_scalar, BlockQ8A, QK},
     quire_backend::cuda::gpu::{Gpu, KArg},
     quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES},
     quire_gguf::GgmlType,
-    quire_testkit::metric::{self, rel_l2},
     rand::{rngs::StdRng, Rng, SeedableRng},
 };
 
@@ -211,71 +209,10 @@ quire_testkit::gpu_test! {
 }
 
 quire_testkit::gpu_test! {
-    fn quantized_matmuls_match_the_cpu_dot_products() {
-        let g = gpu();
-        let q = QuantKernels::new(&g).unwrap();
-        let mut rng = StdRng::seed_from_u64(13);
-        for dtype in ALL {
-            let shapes: &[(usize, usize)] = if is_kquant(dtype) {
-                &[(37, 256), (203, 768), (64, 4096)]
-            } else {
-                &[(37, 96), (203, 576), (64, 4096)]
-            };
-            for &(rows, k) in shapes {
-                let wf = rnd(&mut rng, rows * k, 1.0);
-                let mut wb = vec![];
-                quire_gguf::quantize_row(dtype, &wf, &mut wb).unwrap();
-                let row_bytes = wb.len() / rows;
-                let dw = g.upload(&wb).unwrap();
-                for n in [1usize, 3, 8, 13] {
-                    let x = rnd(&mut rng, n * k, 2.0);
-                    let xq = cpu_q8(&x);
-                    let dx = g.upload(&q8_bytes(&xq)).unwrap();
-                    for beta in [0.0f32, 1.0] {
-                        let y0: Vec<f32> = if beta == 0.0 {
-                            vec![f32::NAN; n * rows]
-                        } else {
-                            rnd(&mut rng, n * rows, 1.0)
-                        };
-                        let dy = g.upload(&y0).unwrap();
-                        // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-                        unsafe { q.matmul(&g, dtype, dw.ptr, dx.ptr, dy.ptr, n, k, rows, beta) }
-                            .unwrap();
-                        let mut got = vec![0f32; n * rows];
-                        g.dtoh(&dy, &mut got).unwrap();
-                        let nb = k / QK;
-                        let mut want_all = Vec::with_capacity(n * rows);
-                        for t in 0..n {
-                            for r in 0..rows {
-                                let w_row = &wb[r * row_bytes..(r + 1) * row_bytes];
-                                let xt = &x[t * k..(t + 1) * k];
-                                let xqt = &xq[t * nb..(t + 1) * nb];
-                                let mut want = if is_kquant(dtype) {
-                                    kquant::dot_row(dtype, w_row, xqt)
-                                } else {
-                                    dot_row(dtype, w_row, xt, xqt)
-                                };
-                                if beta != 0.0 {
-                                    want += beta * y0[t * rows + r];
-                                }
-                                want_all.push(want);
-                            }
-                        }
-                        let e = rel_l2(&got, &want_all);
-                        assert!(
-                            e < metric::DOT_F32,
-                            "{} rows={rows} k={k} n={n} beta={beta}: relative error {e:.2e}",
-                            dtype.name()
-                        );
-                    }
-                }
-            }
-        }
-    }
-}
-
-quire_testkit::gpu_test! {
-    fn quantized_embedding_is_the_dequantized_row() {
+    /// The whole-matrix dequantization (the many-token matmuls' f16 weights): each value the
+    /// format's dequantized one rounded to f16, bit for bit. (The quantized embedding gather and
+    /// matmuls are in backend_ops.rs, one body for every backend.)
+    fn whole_matrix_dequantization_is_the_rounded_rows() {
         let g = gpu();
         let q = QuantKernels::new(&g).unwrap();
         let mut rng = StdRng::seed_from_u64(14);
@@ -284,28 +221,7 @@ quire_testkit::gpu_test! {
             let table = rnd(&mut rng, vocab * hidden, 1.0);
             let mut tb = vec![];
             quire_gguf::quantize_row(dtype, &table, &mut tb).unwrap();
-            let ids = [7i32, 0, 49, 7];
-            let (dt, di) = (g.upload(&tb).unwrap(), g.upload(&ids).unwrap());
-            let dx = g.upload(&vec![f32::NAN; ids.len() * hidden]).unwrap();
-            // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-            unsafe { q.embed(&g, dtype, di.ptr, dt.ptr, dx.ptr, ids.len(), hidden) }
-                .unwrap();
-            let mut got = vec![0f32; ids.len() * hidden];
-            g.dtoh(&dx, &mut got).unwrap();
-            let row_bytes = tb.len() / vocab;
-            for (t, &id) in ids.iter().enumerate() {
-                let mut want = vec![0f32; hidden];
-                let id = id as usize;
-                quire_gguf::dequantize_row(dtype, &tb[id * row_bytes..(id + 1) * row_bytes], &mut want)
-                    .unwrap();
-                let got_bits: Vec<u32> = got[t * hidden..(t + 1) * hidden]
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect();
-                let want_bits: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
-                assert_eq!(got_bits, want_bits, "{} token {id}", dtype.name());
-            }
-            // The whole-matrix dequantization (many-token matmuls): the same values rounded to f16.
+            let dt = g.upload(&tb).unwrap();
             let out = g.upload(&vec![f16::NAN; vocab * hidden]).unwrap();
             // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
             unsafe { q.dequantize(&g, dtype, dt.ptr, out.ptr, vocab * hidden) }

@@ -1,20 +1,17 @@
-//! The wgpu kernels against plain CPU references on random inputs, with the testkit's metric:
-//! the GEMV for every weight type, K-quants included, with subgroup sums and with the
-//! workgroup-memory fallback (odd row counts, one token and several), the embedding
-//! gather, RMSNorm, bias + QK-norm + RoPE (both styles, partial rotation), SwiGLU, the argmax,
-//! and the fused KV write + paged attention on testkit's random paged batches (scattered block
-//! tables, odd lengths, NaN-poisoned unused slots, prompt chunks with decodes, sliding window).
-//! Outputs are poisoned with NaN before each kernel runs. Needs an adapter (lavapipe will do):
+//! The wgpu backend's own kernel variants, beyond what the per-executor op suite
+//! (`backend_ops.rs`) runs on every backend: the GEMV's workgroup-memory fallback for adapters
+//! without subgroups (every weight type, odd row counts, one token and several), the decode
+//! attention split over key ranges then merged (long, odd and windowed contexts on testkit's
+//! random paged batches: scattered block tables, NaN-poisoned unused slots), and timed runs.
+//! Plain CPU references, the testkit's metric; outputs are poisoned with NaN before each run. Needs an adapter (lavapipe will do):
 //! ignored unless QUIRE_REQUIRE_WGPU is set at build time (see quire-testkit).
 
 #[cfg(feature = "wgpu")]
 use {
     half::f16,
-    quire_backend::cpu::ops,
     quire_backend::wgpu::kernels::{HeadShape, Kernels},
     quire_backend::wgpu::probe::{AttnInput, Probe},
     quire_backend::{HostTensor, TensorBytes},
-    quire_core::RopeStyle,
     quire_gguf::GgmlType,
     quire_testkit::metric::{self, rel_l2, RelL2},
     quire_testkit::paged::{PagedBatch, PagedCase},
@@ -125,161 +122,11 @@ fn check_matmul(p: &mut Probe, seed: u64) {
 }
 
 quire_testkit::wgpu_test! {
-    fn matmul_matches_the_dequantized_product_for_every_weight_type() {
-        let mut p = probe();
-        check_matmul(&mut p, 1);
-    }
-}
-
-quire_testkit::wgpu_test! {
     fn matmul_without_subgroups_matches_the_dequantized_product() {
         // The workgroup-memory reduction, for adapters without SUBGROUP.
         let mut p = probe();
         p.k = Kernels::with_subgroups(&p.gpu, false).unwrap();
         check_matmul(&mut p, 7);
-    }
-}
-
-quire_testkit::wgpu_test! {
-    fn embedding_rows_are_the_dequantized_rows() {
-        let mut p = probe();
-        let mut rng = StdRng::seed_from_u64(2);
-        let types = [
-            GgmlType::F16,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ];
-        for t in types {
-            let (rows, cols) = (23, 3 * t.block_size().max(32));
-            let w = tensor(&mut rng, t, rows, cols);
-            let wf = w.to_f32().unwrap();
-            let tokens = [5u32, 0, 22, 5, 17];
-            let got = p.embed(&w, &tokens).unwrap();
-            // Scale-only types round once, as the CPU does: equal bits. The affine ones
-            // (d * q - m) may be one fused multiply-add on a GPU: within an f32 rounding of the
-            // row's largest value.
-            let affine = matches!(t, GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K);
-            for (i, &tok) in tokens.iter().enumerate() {
-                let row = &wf[tok as usize * cols..][..cols];
-                let g = &got[i * cols..][..cols];
-                if affine {
-                    let top = row.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    for (a, b) in g.iter().zip(row) {
-                        assert!((a - b).abs() <= top * 2.0 * f32::EPSILON, "{} token {tok}: {a} vs {b}", t.name());
-                    }
-                } else {
-                    assert_eq!(g, row, "{} token {tok}", t.name());
-                }
-            }
-        }
-    }
-}
-
-quire_testkit::wgpu_test! {
-    fn rms_norm_matches_the_cpu() {
-        let mut p = probe();
-        let mut rng = StdRng::seed_from_u64(3);
-        for (n, dim) in [(1, 576), (7, 100), (3, 2048)] {
-            let x = rnd(&mut rng, n * dim, 3.0);
-            let w = rnd(&mut rng, dim, 1.0);
-            let mut want = vec![0f32; n * dim];
-            ops::rms_norm(&x, &w, 1e-5, &mut want);
-            let got = p.rms_norm(&x, &w, 1e-5).unwrap();
-            let e = rel_l2(&got, &want);
-            assert!(e < metric::F32_ELEMENTWISE, "n={n} dim={dim}: {e:e}");
-        }
-    }
-}
-
-quire_testkit::wgpu_test! {
-    fn bias_qk_norm_and_rope_match_the_cpu() {
-        let mut p = probe();
-        let mut rng = StdRng::seed_from_u64(4);
-        let shape = HeadShape { q_heads: 6, kv_heads: 2, head_dim: 64 };
-        let (qs, kvs) = (shape.q_size(), shape.kv_size());
-        let n = 5;
-        for style in [RopeStyle::Normal, RopeStyle::Neox] {
-            for (rope_dim, bias, norm) in [(64, false, false), (64, true, true), (32, true, false)] {
-                let qkv = rnd(&mut rng, n * shape.stride(), 2.0);
-                let b = rnd(&mut rng, shape.stride(), 0.5);
-                let (qn, kn) = (rnd(&mut rng, 64, 1.0), rnd(&mut rng, 64, 1.0));
-                let table = ops::RopeTable::new(rope_dim, 10000.0, None);
-                let positions = [0u32, 1, 17, 300, 4095];
-                let mut cs = Vec::new();
-                let mut tmp = Vec::new();
-                for &pos in &positions {
-                    table.angles(pos, &mut tmp);
-                    cs.extend_from_slice(&tmp);
-                }
-                let mut want = qkv.clone();
-                for (t, row) in want.chunks_exact_mut(shape.stride()).enumerate() {
-                    if bias {
-                        ops::add_in_place(row, &b);
-                    }
-                    let (q, rest) = row.split_at_mut(qs);
-                    let k = &mut rest[..kvs];
-                    if norm {
-                        ops::rms_norm_heads(q, &qn, 1e-6);
-                        ops::rms_norm_heads(k, &kn, 1e-6);
-                    }
-                    let c = &cs[t * rope_dim / 2..(t + 1) * rope_dim / 2];
-                    ops::rope(q, 64, c, style);
-                    ops::rope(k, 64, c, style);
-                }
-                let got = p
-                    .qkv_post(
-                        shape,
-                        &qkv,
-                        bias.then_some(&b[..]),
-                        norm.then_some((&qn[..], &kn[..])),
-                        &cs,
-                        style == RopeStyle::Neox,
-                        1e-6,
-                    )
-                    .unwrap();
-                let e = rel_l2(&got, &want);
-                assert!(
-                    e < metric::F32_ELEMENTWISE,
-                    "{style:?} rope_dim {rope_dim} bias {bias} norm {norm}: {e:e}"
-                );
-            }
-        }
-    }
-}
-
-quire_testkit::wgpu_test! {
-    fn swiglu_and_argmax_match_the_host() {
-        let mut p = probe();
-        let mut rng = StdRng::seed_from_u64(5);
-        let (n, inter) = (3, 300);
-        let gu = rnd(&mut rng, n * 2 * inter, 6.0);
-        let want: Vec<f32> = (0..n * inter)
-            .map(|i| {
-                let (t, j) = (i / inter, i % inter);
-                let (g, u) = (gu[t * 2 * inter + j], gu[t * 2 * inter + inter + j]);
-                g / (1.0 + (-g).exp()) * u
-            })
-            .collect();
-        let got = p.swiglu(&gu, inter).unwrap();
-        let e = rel_l2(&got, &want);
-        assert!(e < metric::F32_ELEMENTWISE, "swiglu: {e:e}");
-
-        let vocab = 1000;
-        let mut logits = rnd(&mut rng, 4 * vocab, 10.0);
-        logits[3] = 50.0; // row 0: a tie, the first wins
-        logits[700] = 50.0;
-        logits[vocab] = f32::NAN; // row 1: NaN never wins
-        logits[vocab + 999] = 60.0;
-        for l in &mut logits[2 * vocab..3 * vocab] {
-            *l = f32::NAN; // row 2: all NaN gives 0
-        }
-        let want: Vec<u32> = logits.chunks_exact(vocab).map(quire_backend::argmax).collect();
-        assert_eq!(want[..3], [3, 999, 0]);
-        assert_eq!(p.argmax(&logits, vocab).unwrap(), want);
     }
 }
 
@@ -408,30 +255,6 @@ fn check_attention(
         "V cache after the write"
     );
     plan
-}
-
-quire_testkit::wgpu_test! {
-    fn paged_attention_writes_the_cache_and_matches_dense_attention() {
-        let mut p = probe();
-        let mut rng = StdRng::seed_from_u64(6);
-        let cases: [AttnCase; 4] = [
-            // Decodes and a prompt chunk on top of a cached context, GQA 3.
-            (HeadShape { q_heads: 6, kv_heads: 2, head_dim: 64 }, 16, None,
-             vec![(100, 1), (0, 37), (63, 13), (5, 1)]),
-            // Head dim 128 (two pairs per invocation), block 32, a fresh odd prompt.
-            (HeadShape { q_heads: 4, kv_heads: 4, head_dim: 128 }, 32, None,
-             vec![(0, 71), (200, 1)]),
-            // Sliding window 40: keys before it are NaN in the cache.
-            (HeadShape { q_heads: 8, kv_heads: 2, head_dim: 32 }, 16, Some(40),
-             vec![(100, 1), (63, 13), (0, 50)]),
-            // GQA 16, head dim 128: the kernel's largest group.
-            (HeadShape { q_heads: 16, kv_heads: 1, head_dim: 128 }, 16, None,
-             vec![(70, 3), (0, 1)]),
-        ];
-        for case in &cases {
-            assert_eq!(check_attention(&mut p, &mut rng, case), None, "general kernel");
-        }
-    }
 }
 
 quire_testkit::wgpu_test! {

@@ -7,8 +7,7 @@ use std::path::Path;
 use quire_model::hf_fixture::{self, Dtype, ManifestTensor};
 use serde_json::{json, Value};
 
-mod common;
-use common::TempDir;
+use quire_testkit::TempDir;
 
 fn config() -> Value {
     json!({

@@ -9,8 +9,7 @@ use std::time::Duration;
 use quire_model::hf_fixture::{self, Dtype, ManifestTensor};
 use serde_json::{json, Value};
 
-mod common;
-use common::TempDir;
+use quire_testkit::TempDir;
 
 fn config() -> Value {
     json!({

@@ -21,6 +21,7 @@
 //!   `‖got − want‖₂ / ‖want‖₂`, summed in f64 over all compared elements; a non-finite `got`
 //!   fails the test (outputs are poisoned with NaN first, so an unwritten element shows). The
 //!   per-op bounds are the named constants of [`metric`], each with its reason.
+//! - **One temporary folder** ([`TempDir`]) for tests that write files, removed on drop.
 //! - **One random paged batch generator** ([`paged::PagedCase`]): seeded, random non-contiguous
 //!   block tables, lengths chosen by the caller (odd ones by the tests), every cache slot that
 //!   holds no key or value poisoned with NaN.
@@ -38,6 +39,9 @@
 
 pub mod metric;
 pub mod paged;
+mod tempdir;
+
+pub use tempdir::TempDir;
 
 use quire_backend::cpu::{CpuExecutor, CpuOptions};
 use quire_backend::cuda::{CudaExecutor, CudaOptions};

@@ -134,10 +134,25 @@ impl Probe {
         x: &[f32],
         n: usize,
     ) -> Result<Vec<f32>, BackendError> {
+        self.matmul_add(w, x, n, None)
+    }
+
+    /// [`Probe::matmul`] in its residual form when `add` (`[n, rows]`) is given: the product
+    /// added into those values, as the layer's output projections do.
+    pub fn matmul_add(
+        &mut self,
+        w: &HostTensor,
+        x: &[f32],
+        n: usize,
+        add: Option<&[f32]>,
+    ) -> Result<Vec<f32>, BackendError> {
         let (cols, rows) = (w.row_len(), w.rows());
         let m = DMatrix::stack(&mut self.gpu, &w.name, &[w], cols)?;
         let xb = self.input("x", &bytes_f32(x))?;
         let y = self.output("y", n * rows)?;
+        if let Some(a) = add {
+            self.gpu.queue.write_buffer(&y, 0, &bytes_f32(a));
+        }
         for part in &m.parts {
             let s = MmShape {
                 rows: part.rows,
@@ -146,7 +161,7 @@ impl Probe {
                 x_stride: cols,
                 y_stride: rows,
                 y_off: part.y_off,
-                add: false,
+                add: add.is_some(),
                 row_words: part.ty.row_words(cols),
                 row0: part.row0,
             };
