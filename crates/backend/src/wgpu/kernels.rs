@@ -81,6 +81,15 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             )
         })
         .collect();
+    // The prompt GEMM's tiled fallback (its coop variant needs features this list's checks do
+    // not grant: gemm::coop_sources).
+    for &t in &WType::ALL {
+        v.push((
+            format!("gemm_{}", t.name()),
+            super::gemm::gemm_source(t),
+            vec!["gemm"],
+        ));
+    }
     for (name, src) in [
         ("rms_norm", RMS_NORM),
         ("qkv_post", QKV_POST),
@@ -110,6 +119,8 @@ pub struct Kernels {
     pub attention: wgpu::ComputePipeline,
     pub swiglu: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
+    /// The prompt GEMM (gemm.rs).
+    pub gemm: super::gemm::GemmKernels,
 }
 
 impl Kernels {
@@ -130,6 +141,7 @@ impl Kernels {
             attention: gpu.pipeline("attention", ATTENTION, "main")?,
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
+            gemm: super::gemm::GemmKernels::new(gpu)?,
         })
     }
 

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use quire_core::ModelConfig;
 
 use super::gpu::Gpu;
-use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params};
+use super::gemm;
+use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params, WType};
 use super::weights::{DMatrix, DVec};
 use crate::forward::{Act, LayerOps, Next};
 use crate::{BackendError, KvCacheSpec};
@@ -262,7 +263,7 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let pipe = self.k.matmul(part.ty);
+            let (pipe, groups) = self.matmul_kernel(part.ty, &s);
             let d = self.binder.dispatch(
                 self.gpu,
                 name,
@@ -270,11 +271,25 @@ impl<'a> Step<'a> {
                 pipe,
                 &[(1, &part.buf), (2, x.0), (3, y.0)],
                 s.params(),
-                s.matmul_groups(),
+                groups,
             )?;
             self.list.push(d);
         }
         Ok(())
+    }
+
+    /// The kernel of one matmul dispatch over `s`: the prompt GEMM (on matrix units where the
+    /// device has them) for chunks of `gemm::GEMM_MIN_TOKENS` tokens or more, the per-row matmul
+    /// below that. Both read the same parameters and bindings, so the bind group serves either.
+    fn matmul_kernel(&self, t: WType, s: &MmShape) -> (&'a wgpu::ComputePipeline, [u32; 3]) {
+        let k = self.k;
+        if s.n >= gemm::GEMM_MIN_TOKENS {
+            let path = k.gemm.best();
+            if let Some(pipe) = k.gemm.pipe(path, t) {
+                return (pipe, path.groups(s));
+            }
+        }
+        (k.matmul(t), s.matmul_groups())
     }
 
     /// Appends the device argmax of the step's logits rows.
