@@ -327,7 +327,9 @@ mod tests {
             );
             assert_eq!(src.matches("coopMultiplyAdd(").count(), accs);
             assert_eq!(src.matches("coopStoreT(").count(), accs);
-            assert!(!src.contains("//@"), "a placeholder left");
+            for left in ["//@acc", "//@mma", "//@store", "SG_SIZE", "WG_SIZE", "FRAG"] {
+                assert!(!src.contains(left), "placeholder {left} left");
+            }
             assert!(src.contains(&format!("@workgroup_size({})", 4 * tile.subgroup)));
         }
     }

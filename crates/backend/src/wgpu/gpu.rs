@@ -196,7 +196,9 @@ impl Gpu {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quire"),
-            required_features: coop_features,
+            // Timestamps where the adapter has them (the GEMM benchmark's timer).
+            required_features: coop_features
+                | (adapter.features() & wgpu::Features::TIMESTAMP_QUERY),
             required_limits: limits.clone(),
             experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
