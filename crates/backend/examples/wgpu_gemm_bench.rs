@@ -300,7 +300,7 @@ fn run(a: &Args) -> Result<(), BackendError> {
                 let med = ns[ns.len() / 2];
                 let flop = 2.0 * (n * rows * cols) as f64;
                 println!(
-                    "{:<44} {:<5} {:<20} {:>10.1} {:>10.1}-{:<10.1} {:>8.2} {:>10.0}",
+                    "{:<44} {:<5} {:<20} {:>10.1} {:>10.1}-{:<10.1} {:>8.3} {:>10.0}",
                     path.name(),
                     t.name(),
                     format!("{n}x{rows}x{cols}"),

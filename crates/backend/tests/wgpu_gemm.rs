@@ -162,7 +162,11 @@ fn coop_gemm_validates_and_translates_to_spirv_and_msl() {
         use naga::valid::{ValidationFlags, Validator};
         let mut failures = Vec::new();
         let sources = gemm::coop_sources();
-        assert_eq!(sources.len(), 2 * 4, "two configurations, four weight types");
+        assert_eq!(
+            sources.len(),
+            2 * 4,
+            "two configurations, four weight types"
+        );
         for (name, src, entries) in sources {
             let module = match naga::front::wgsl::parse_str(&src) {
                 Ok(m) => m,

@@ -286,10 +286,7 @@ mod tests {
             })
         );
         // Apple: 8x8 only.
-        let apple = [
-            prop(8, 8, 8, S::F32, S::F32),
-            prop(8, 8, 8, S::F16, S::F32),
-        ];
+        let apple = [prop(8, 8, 8, S::F32, S::F32), prop(8, 8, 8, S::F16, S::F32)];
         assert_eq!(
             pick_coop(&apple, true, sg32),
             Some(CoopTile {
@@ -299,9 +296,18 @@ mod tests {
         );
         // No f16 -> f32 square fragment, no f16, no subgroups, a varying subgroup size, or a
         // subgroup wider than an 8x8 fragment: the fallback.
-        assert_eq!(pick_coop(&[prop(8, 8, 8, S::F32, S::F32)], true, sg32), None);
-        assert_eq!(pick_coop(&[prop(16, 16, 16, S::F16, S::F16)], true, sg32), None);
-        assert_eq!(pick_coop(&[prop(16, 8, 16, S::F16, S::F32)], true, sg32), None);
+        assert_eq!(
+            pick_coop(&[prop(8, 8, 8, S::F32, S::F32)], true, sg32),
+            None
+        );
+        assert_eq!(
+            pick_coop(&[prop(16, 16, 16, S::F16, S::F16)], true, sg32),
+            None
+        );
+        assert_eq!(
+            pick_coop(&[prop(16, 8, 16, S::F16, S::F32)], true, sg32),
+            None
+        );
         assert_eq!(pick_coop(&h100, false, sg32), None);
         assert_eq!(pick_coop(&h100, true, None), None);
         assert_eq!(pick_coop(&h100, true, Some((32, 64))), None);

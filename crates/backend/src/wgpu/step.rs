@@ -10,8 +10,8 @@ use std::collections::HashMap;
 
 use quire_core::ModelConfig;
 
-use super::gpu::Gpu;
 use super::gemm;
+use super::gpu::Gpu;
 use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params, WType};
 use super::weights::{DMatrix, DVec};
 use crate::forward::{Act, LayerOps, Next};
@@ -23,6 +23,9 @@ pub enum Key {
     Embed(u32),
     Norm(u32, bool),
     Matmul(u32, u8),
+    /// The prompt GEMM of a weight part: a bind group of its own, since each pipeline's layout
+    /// is derived from its shader and a group made for one does not fit another.
+    Gemm(u32, u8),
     QkvPost(usize),
     Attention(usize),
     Swiglu,
@@ -263,11 +266,16 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let (pipe, groups) = self.matmul_kernel(part.ty, &s);
+            let (pipe, groups, gemm) = self.matmul_kernel(part.ty, &s);
+            let key = if gemm {
+                Key::Gemm(part.id, tag)
+            } else {
+                Key::Matmul(part.id, tag)
+            };
             let d = self.binder.dispatch(
                 self.gpu,
                 name,
-                Key::Matmul(part.id, tag),
+                key,
                 pipe,
                 &[(1, &part.buf), (2, x.0), (3, y.0)],
                 s.params(),
@@ -280,16 +288,16 @@ impl<'a> Step<'a> {
 
     /// The kernel of one matmul dispatch over `s`: the prompt GEMM (on matrix units where the
     /// device has them) for chunks of `gemm::GEMM_MIN_TOKENS` tokens or more, the per-row matmul
-    /// below that. Both read the same parameters and bindings, so the bind group serves either.
-    fn matmul_kernel(&self, t: WType, s: &MmShape) -> (&'a wgpu::ComputePipeline, [u32; 3]) {
+    /// below that (true: the GEMM). Both read the same parameters and bindings.
+    fn matmul_kernel(&self, t: WType, s: &MmShape) -> (&'a wgpu::ComputePipeline, [u32; 3], bool) {
         let k = self.k;
         if s.n >= gemm::GEMM_MIN_TOKENS {
             let path = k.gemm.best();
             if let Some(pipe) = k.gemm.pipe(path, t) {
-                return (pipe, path.groups(s));
+                return (pipe, path.groups(s), true);
             }
         }
-        (k.matmul(t), s.matmul_groups())
+        (k.matmul(t), s.matmul_groups(), false)
     }
 
     /// Appends the device argmax of the step's logits rows.
