@@ -1,6 +1,6 @@
 //! Microbenchmark of the wgpu prompt GEMM on Llama-3-8B's matmul shapes: every GEMM path the
 //! adapter has (the tiled fallback; the cooperative-matrix kernel where the adapter has matrix
-//! units) and, for reference, the per-row matmul that short chunks use. Per path, type and shape:
+//! units) and, for reference, the GEMV that short chunks use. Per path, type and shape:
 //! the median time of the repetitions after a warm-up, the fastest and slowest, TFLOP/s
 //! (2·tokens·rows·cols per product), and tokens per second of that one product; then, per path
 //! and type, the tokens per second of an 8B prompt's matmuls alone (32 layers of QKV, O, gate+up
@@ -28,9 +28,10 @@ options:
   --adapter N|NAME  the adapter (index or name substring; default: the first discrete GPU)
   --tokens N        tokens per product (default 512)
   --reps N          timed repetitions after 3 warm-up runs (default 10)
-  --types LIST      weight types, comma-separated: f16, q8_0, q4_0, q4_1 (default f16)
+  --types LIST      weight types, comma-separated: f16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k
+                    (default f16)
   --shapes small    divide every dimension by 8 (for CPU drivers such as lavapipe)
-  --no-matmul       skip the per-row matmul (the path of chunks under 17 tokens)
+  --no-matmul       skip the GEMV (the path of chunks of up to 8 tokens)
 env: QUIRE_WGPU_COOP=0 opens the device without cooperative matrices (the tiled path only)";
 
 /// (name, rows, cols) of Llama-3-8B's matmuls; `layer` marks those of one layer.
@@ -76,7 +77,12 @@ fn parse() -> Result<Args, String> {
                         "q8_0" => Ok(GgmlType::Q8_0),
                         "q4_0" => Ok(GgmlType::Q4_0),
                         "q4_1" => Ok(GgmlType::Q4_1),
-                        _ => Err(format!("unknown type {t:?} (f16, q8_0, q4_0, q4_1)")),
+                        "q4_k" => Ok(GgmlType::Q4_K),
+                        "q5_k" => Ok(GgmlType::Q5_K),
+                        "q6_k" => Ok(GgmlType::Q6_K),
+                        _ => Err(format!(
+                            "unknown type {t:?} (f16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)"
+                        )),
                     })
                     .collect::<Result<_, _>>()?
             }
@@ -125,7 +131,7 @@ impl Path {
     fn name(self) -> String {
         match self {
             Path::Gemm(p) => p.name(),
-            Path::Matmul => "per-row matmul (chunks < 17 tokens)".into(),
+            Path::Matmul => "GEMV (chunks of up to 8 tokens)".into(),
         }
     }
 }

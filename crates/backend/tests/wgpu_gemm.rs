@@ -85,17 +85,26 @@ quire_testkit::wgpu_test! {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
         ];
         for path in paths {
             for t in types {
-                let half_row = matches!(t, GgmlType::F16 | GgmlType::F32 | GgmlType::BF16);
+                // Row lengths per format: f16 rows that are not whole 32-column steps, blocks of
+                // 32, superblocks of 256.
+                let cols = match t {
+                    GgmlType::F16 | GgmlType::F32 | GgmlType::BF16 => [136, 320, 40, 64],
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => [256, 512, 256, 256],
+                    _ => [160, 320, 32, 64],
+                };
                 // (rows, cols, tokens, residual add): one tile and a part, several tiles each
                 // way, a single token, a thin matrix.
                 let shapes = [
-                    (67, if half_row { 136 } else { 160 }, 17, false),
-                    (130, 320, 70, true),
-                    (5, if half_row { 40 } else { 32 }, 1, false),
-                    (200, 64, 129, true),
+                    (67, cols[0], 17, false),
+                    (130, cols[1], 70, true),
+                    (5, cols[2], 1, false),
+                    (200, cols[3], 129, true),
                 ];
                 for (rows, cols, n, add) in shapes {
                     let (w, wf) = tensor(&mut rng, t, rows, cols);
@@ -164,8 +173,8 @@ fn coop_gemm_validates_and_translates_to_spirv_and_msl() {
         let sources = gemm::coop_sources();
         assert_eq!(
             sources.len(),
-            2 * 4,
-            "two configurations, four weight types"
+            2 * quire_backend::wgpu::kernels::WType::ALL.len(),
+            "two configurations, every weight type"
         );
         for (name, src, entries) in sources {
             let module = match naga::front::wgsl::parse_str(&src) {

@@ -1,5 +1,6 @@
 //! The wgpu kernels against plain CPU references on random inputs, with the testkit's metric:
-//! the matmul for every weight type (odd row counts, one token and several), the embedding
+//! the GEMV for every weight type, K-quants included, with subgroup sums and with the
+//! workgroup-memory fallback (odd row counts, one token and several), the embedding
 //! gather, RMSNorm, bias + QK-norm + RoPE (both styles, partial rotation), SwiGLU, the argmax,
 //! and the fused KV write + paged attention on testkit's random paged batches (scattered block
 //! tables, odd lengths, NaN-poisoned unused slots, prompt chunks with decodes, sliding window).
@@ -10,7 +11,7 @@
 use {
     half::f16,
     quire_backend::cpu::ops,
-    quire_backend::wgpu::kernels::HeadShape,
+    quire_backend::wgpu::kernels::{HeadShape, Kernels},
     quire_backend::wgpu::probe::{AttnInput, Probe},
     quire_backend::{HostTensor, TensorBytes},
     quire_core::RopeStyle,
@@ -54,49 +55,88 @@ fn tensor(rng: &mut StdRng, t: GgmlType, rows: usize, cols: usize) -> HostTensor
     }
 }
 
+/// The f64 product `x` · `w`ᵀ of `[n, cols]` and `[rows, cols]`, the weights as the device holds
+/// them (f32 and bf16 go to the device as f16: the reference rounds the same way).
+#[cfg(feature = "wgpu")]
+fn reference_product(w: &HostTensor, x: &[f32], n: usize) -> Vec<f64> {
+    let (cols, rows) = (w.row_len(), w.rows());
+    let wf: Vec<f32> = match w.dtype {
+        GgmlType::F32 | GgmlType::BF16 => w
+            .to_f32()
+            .unwrap()
+            .into_iter()
+            .map(|x| f16::from_f32(x).to_f32())
+            .collect(),
+        _ => w.to_f32().unwrap(),
+    };
+    let mut want = vec![0f64; n * rows];
+    for ti in 0..n {
+        for r in 0..rows {
+            want[ti * rows + r] = (0..cols)
+                .map(|c| wf[r * cols + c] as f64 * x[ti * cols + c] as f64)
+                .sum();
+        }
+    }
+    want
+}
+
+/// Every weight type through the GEMV with `p`'s kernels: odd row counts (not multiples of the
+/// 8 rows of a workgroup), one token, a few (one and two groups of four), and more than one
+/// workgroup of tokens (9, 16, 37).
+#[cfg(feature = "wgpu")]
+fn check_matmul(p: &mut Probe, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let types = [
+        GgmlType::F16,
+        GgmlType::F32,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    for t in types {
+        let k = t.block_size().max(8);
+        let shapes = [
+            (37, 3 * k, 1),
+            (37, 3 * k, 5),
+            (130, 10 * k, 2),
+            (5, k, 9),
+            (67, 2 * k, 37),
+            (19, 7 * k, 16),
+            (3, 33 * k, 1),
+        ];
+        for (rows, cols, n) in shapes {
+            let w = tensor(&mut rng, t, rows, cols);
+            let x = rnd(&mut rng, n * cols, 1.0);
+            let got = p.matmul(&w, &x, n).unwrap();
+            let want = reference_product(&w, &x, n);
+            let e = rel_l2(&got, &want);
+            assert!(
+                e < metric::DOT_F32,
+                "{} {rows}x{cols} n={n} (subgroup sums: {}): rel L2 {e:e}",
+                t.name(),
+                p.k.subgroup
+            );
+        }
+    }
+}
+
 quire_testkit::wgpu_test! {
     fn matmul_matches_the_dequantized_product_for_every_weight_type() {
         let mut p = probe();
-        let mut rng = StdRng::seed_from_u64(1);
-        let types = [
-            GgmlType::F16,
-            GgmlType::F32,
-            GgmlType::BF16,
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-        ];
-        for t in types {
-            for (rows, cols, n) in [(37, 96, 1), (37, 96, 5), (130, 320, 2), (5, 32, 9), (67, 64, 37)] {
-                let w = tensor(&mut rng, t, rows, cols);
-                // f32 and bf16 go to the device as f16: the reference rounds the same way.
-                let wf: Vec<f32> = match t {
-                    GgmlType::F32 | GgmlType::BF16 => w
-                        .to_f32()
-                        .unwrap()
-                        .into_iter()
-                        .map(|x| f16::from_f32(x).to_f32())
-                        .collect(),
-                    _ => w.to_f32().unwrap(),
-                };
-                let x = rnd(&mut rng, n * cols, 1.0);
-                let got = p.matmul(&w, &x, n).unwrap();
-                let mut want = vec![0f64; n * rows];
-                for ti in 0..n {
-                    for r in 0..rows {
-                        want[ti * rows + r] = (0..cols)
-                            .map(|c| wf[r * cols + c] as f64 * x[ti * cols + c] as f64)
-                            .sum();
-                    }
-                }
-                let e = rel_l2(&got, &want);
-                assert!(
-                    e < metric::DOT_F32,
-                    "{} {rows}x{cols} n={n}: rel L2 {e:e}",
-                    t.name()
-                );
-            }
-        }
+        check_matmul(&mut p, 1);
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn matmul_without_subgroups_matches_the_dequantized_product() {
+        // The workgroup-memory reduction, for adapters without SUBGROUP.
+        let mut p = probe();
+        p.k = Kernels::with_subgroups(&p.gpu, false).unwrap();
+        check_matmul(&mut p, 7);
     }
 }
 
@@ -104,15 +144,36 @@ quire_testkit::wgpu_test! {
     fn embedding_rows_are_the_dequantized_rows() {
         let mut p = probe();
         let mut rng = StdRng::seed_from_u64(2);
-        for t in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            let (rows, cols) = (23, 64);
+        let types = [
+            GgmlType::F16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for t in types {
+            let (rows, cols) = (23, 3 * t.block_size().max(32));
             let w = tensor(&mut rng, t, rows, cols);
             let wf = w.to_f32().unwrap();
             let tokens = [5u32, 0, 22, 5, 17];
             let got = p.embed(&w, &tokens).unwrap();
+            // Scale-only types round once, as the CPU does: equal bits. The affine ones
+            // (d * q - m) may be one fused multiply-add on a GPU: within an f32 rounding of the
+            // row's largest value.
+            let affine = matches!(t, GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K);
             for (i, &tok) in tokens.iter().enumerate() {
                 let row = &wf[tok as usize * cols..][..cols];
-                assert_eq!(&got[i * cols..][..cols], row, "{} token {tok}", t.name());
+                let g = &got[i * cols..][..cols];
+                if affine {
+                    let top = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    for (a, b) in g.iter().zip(row) {
+                        assert!((a - b).abs() <= top * 2.0 * f32::EPSILON, "{} token {tok}: {a} vs {b}", t.name());
+                    }
+                } else {
+                    assert_eq!(g, row, "{} token {tok}", t.name());
+                }
             }
         }
     }

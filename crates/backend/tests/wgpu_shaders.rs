@@ -20,7 +20,12 @@ fn every_shader_translates_to_msl_and_hlsl() {
             };
             // What wgpu grants a device with no optional feature on a full (non-downlevel)
             // Vulkan, Metal or DX12 adapter: f16 packing in f32 shaders, nothing else.
-            let caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+            // A `_subgroup` variant also gets subgroup operations (wgpu requests them only
+            // where the adapter has them; its fallback without the suffix is checked too).
+            let mut caps = Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+            if name.ends_with("_subgroup") {
+                caps |= Capabilities::SUBGROUP;
+            }
             let info = match Validator::new(ValidationFlags::all(), caps).validate(&module) {
                 Ok(i) => i,
                 Err(e) => {

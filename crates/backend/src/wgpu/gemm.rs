@@ -1,6 +1,6 @@
-//! The prompt GEMM: matmuls over a chunk of many tokens, where the per-row matmul (which reads
-//! every weight once per 16 tokens) would spend its time re-reading weights. Two kernels read the
-//! same parameter block as the matmul and differ only in how they multiply:
+//! The prompt GEMM: matmuls over a chunk of many tokens, where the GEMV (which reads every
+//! weight once per `MM_TOKENS` tokens) would spend its time re-reading weights. Two kernels read
+//! the same parameter block and weight layout as the GEMV and differ only in how they multiply:
 //! - `gemm.wgsl`, the tiled fallback: workgroup-memory tiles and f32 math, no optional feature,
 //!   so every adapter (lavapipe included) runs it;
 //! - `gemm_coop.wgsl`, on matrix units through wgpu's experimental cooperative matrices, chosen
@@ -8,15 +8,15 @@
 //!   and one fixed subgroup size. Without them the fallback runs: nothing depends on the feature.
 
 use super::gpu::Gpu;
-use super::kernels::{MmShape, WType, TYPES};
+use super::kernels::{type_source, MmShape, WType, MM_TOKENS};
 use crate::BackendError;
 
 pub const GEMM: &str = include_str!("shaders/gemm.wgsl");
 pub const GEMM_COOP: &str = include_str!("shaders/gemm_coop.wgsl");
 
-/// Prompt chunks of at least this many tokens take the GEMM; fewer take the per-row matmul,
-/// whose 16-token tiles waste nothing there.
-pub const GEMM_MIN_TOKENS: usize = 17;
+/// Prompt chunks of at least this many tokens take the GEMM: from here the GEMV, which reads
+/// the weights once per `MM_TOKENS` tokens, would read them twice or more.
+pub const GEMM_MIN_TOKENS: usize = MM_TOKENS as usize + 1;
 
 /// Tile of one workgroup, rows by tokens, for each kernel.
 const TILED_TILE: (u32, u32) = (64, 64);
@@ -95,19 +95,9 @@ pub fn pick_coop(
     })
 }
 
-/// types.wgsl's section for `t` (its `load8`/`col8`).
-fn type_section(t: WType) -> &'static str {
-    let tag = format!("//! {}\n", t.name());
-    let start = TYPES.find(&tag).expect("every type has a section") + tag.len();
-    let end = TYPES[start..]
-        .find("//! ")
-        .map_or(TYPES.len(), |e| start + e);
-    &TYPES[start..end]
-}
-
-/// The tiled GEMM for weights of type `t`.
+/// The tiled GEMM for weights of type `t` (types.wgsl's reader of `t`, then the kernel).
 pub fn gemm_source(t: WType) -> String {
-    format!("{GEMM}\n{}", type_section(t))
+    format!("{}\n{GEMM}", type_source(t))
 }
 
 /// The coop GEMM for weights of type `t` on `tile`: the template with its sizes and unrolled
@@ -153,7 +143,8 @@ pub fn coop_source(t: WType, tile: CoopTile) -> String {
         .replace("//@acc\n", &acc)
         .replace("//@mma\n", &mma)
         .replace("//@store\n", &store);
-    format!("{body}\n{}", type_section(t))
+    // The `enable` directives open the module: the type's reader comes after the kernel.
+    format!("{body}\n{}", type_source(t))
 }
 
 /// The coop configurations the naga test and the source list cover even where no adapter here

@@ -153,6 +153,18 @@ fn coop_request(adapter: &wgpu::Adapter) -> (Option<super::gemm::CoopTile>, wgpu
     (tile, if tile.is_some() { need } else { F::empty() })
 }
 
+/// The optional features the device was opened with (requested only where the adapter has
+/// them), for the code that picks a kernel variant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caps {
+    /// Subgroup operations (`subgroupAdd`, …) in compute shaders.
+    pub subgroup: bool,
+    /// The adapter's subgroup sizes, smallest and largest (only meaningful with `subgroup`).
+    pub subgroup_sizes: (u32, u32),
+    /// Timestamp queries at pass boundaries.
+    pub timestamps: bool,
+}
+
 /// Errors wgpu reported through its callbacks since the last check.
 type Sink = Arc<Mutex<Vec<String>>>;
 
@@ -163,6 +175,7 @@ pub struct Gpu {
     pub info: AdapterSummary,
     /// The prompt GEMM's matrix-unit configuration, where the device was opened with it.
     pub coop: Option<super::gemm::CoopTile>,
+    pub caps: Caps,
     errors: Sink,
     timeout: Duration,
     /// Bytes of buffers created (weights, cache, work buffers), and the most at once.
@@ -185,6 +198,19 @@ impl Gpu {
             )));
         }
         let limits = adapter.limits();
+        // QUIRE_WGPU_NO_SUBGROUP=1 leaves subgroups off (to measure or test the fallback).
+        let no_sub = std::env::var("QUIRE_WGPU_NO_SUBGROUP").is_ok_and(|v| v == "1");
+        let mut want = wgpu::Features::TIMESTAMP_QUERY;
+        if !no_sub {
+            want |= wgpu::Features::SUBGROUP;
+        }
+        let features = adapter.features() & want;
+        let ainfo = adapter.get_info();
+        let caps = Caps {
+            subgroup: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_sizes: (ainfo.subgroup_min_size, ainfo.subgroup_max_size),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
         let (coop, coop_features) = coop_request(&adapter);
         let experimental = if coop.is_some() {
             // SAFETY: wgpu marks cooperative matrices experimental (its implementation may have
@@ -196,9 +222,7 @@ impl Gpu {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quire"),
-            // Timestamps where the adapter has them (the GEMM benchmark's timer).
-            required_features: coop_features
-                | (adapter.features() & wgpu::Features::TIMESTAMP_QUERY),
+            required_features: features | coop_features,
             required_limits: limits.clone(),
             experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
@@ -228,6 +252,7 @@ impl Gpu {
             limits,
             info,
             coop,
+            caps,
             errors,
             timeout: Duration::from_secs(secs),
             allocated: 0,

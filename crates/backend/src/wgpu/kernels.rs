@@ -1,23 +1,36 @@
 //! The WGSL kernels of the wgpu backend: their sources, the pipelines made from them once at
 //! load, and the parameter blocks each dispatch reads. Every shader uses plain f32 math with f16
-//! data in u32 words (`unpack2x16float`) and shared-memory reductions, so none needs an optional
-//! feature (SHADER_F16, SUBGROUP): every adapter runs them; faster variants that use those
-//! features come with the speed work.
+//! data in u32 words (`unpack2x16float`), so none needs SHADER_F16. The decode GEMV sums with
+//! subgroup operations where the device has SUBGROUP and through workgroup memory otherwise
+//! (both variants are built from one source); every other kernel uses workgroup memory, so
+//! every adapter runs them all.
 
 use super::gpu::Gpu;
 use crate::BackendError;
 
 /// A weight format the matmul and embedding kernels read.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WType {
     F16,
     Q8_0,
     Q4_0,
     Q4_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl WType {
-    pub const ALL: [WType; 4] = [WType::F16, WType::Q8_0, WType::Q4_0, WType::Q4_1];
+    pub const ALL: [WType; 7] = [
+        WType::F16,
+        WType::Q8_0,
+        WType::Q4_0,
+        WType::Q4_1,
+        WType::Q4_K,
+        WType::Q5_K,
+        WType::Q6_K,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -25,23 +38,45 @@ impl WType {
             WType::Q8_0 => "Q8_0",
             WType::Q4_0 => "Q4_0",
             WType::Q4_1 => "Q4_1",
+            WType::Q4_K => "Q4_K",
+            WType::Q5_K => "Q5_K",
+            WType::Q6_K => "Q6_K",
         }
     }
 
-    /// Columns of one block (1 for f16), and u32 words of one block as the device stores it
-    /// (Q4_0 and Q8_0 blocks are padded to whole words: their 2-byte scale takes a word).
+    /// Columns of one block as the kernels read it (a row's length must be a multiple), and
+    /// bytes of one block on the device, scales included (see weights.rs for the layouts).
     pub fn block(self) -> (usize, usize) {
         match self {
-            WType::F16 => (2, 1),
-            WType::Q8_0 => (32, 9),
-            WType::Q4_0 | WType::Q4_1 => (32, 5),
+            WType::F16 => (8, 16),
+            WType::Q8_0 => (32, 34),
+            WType::Q4_0 => (32, 18),
+            WType::Q4_1 => (32, 20),
+            WType::Q4_K => (256, 144),
+            WType::Q5_K => (256, 176),
+            WType::Q6_K => (256, 210),
         }
     }
 
-    /// Words of one row of `cols` columns.
+    /// Columns of one unit: what one 16-byte load of the type holds (types.wgsl's `4 * UV`).
+    pub fn unit_cols(self) -> usize {
+        match self {
+            WType::F16 => 8,
+            WType::Q8_0 => 16,
+            _ => 32,
+        }
+    }
+
+    /// Device bytes of one row of `cols` columns.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        let (c, b) = self.block();
+        cols / c * b
+    }
+
+    /// Device bytes of one row of `cols` columns / 4, rounded down (the `row_words` parameter,
+    /// informational).
     pub fn row_words(self, cols: usize) -> usize {
-        let (c, w) = self.block();
-        cols / c * w
+        self.row_bytes(cols) / 4
     }
 
     fn index(self) -> usize {
@@ -57,33 +92,50 @@ pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
-/// The matmul/embedding module for weights of type `t`: its `load8`/`col8` section of
-/// types.wgsl, then matmul.wgsl.
-pub fn matmul_source(t: WType) -> String {
-    let tag = format!("//! {}\n", t.name());
-    let start = TYPES.find(&tag).expect("every type has a section") + tag.len();
-    let end = TYPES[start..]
-        .find("//! ")
-        .map_or(TYPES.len(), |e| start + e);
-    format!("{}\n{}", MATMUL, &TYPES[start..end])
+/// The text of section `//! tag` of `src` (up to the next section or the end), and the text
+/// before the first section.
+fn section<'a>(src: &'a str, tag: &str) -> (&'a str, &'a str) {
+    // Sections start at the beginning of a line.
+    let prelude = &src[..src.find("\n//! ").map_or(src.len(), |e| e + 1)];
+    let tag = format!("\n//! {tag}\n");
+    let start = src.find(&tag).expect("every section exists") + tag.len();
+    let end = src[start..]
+        .find("\n//! ")
+        .map_or(src.len(), |e| start + e + 1);
+    (prelude, &src[start..end])
+}
+
+/// How weights of type `t` are read (types.wgsl's prelude and `t`'s section): prepend it to a
+/// shader that declares `w` and `p` as types.wgsl's header says.
+pub fn type_source(t: WType) -> String {
+    let (prelude, body) = section(TYPES, t.name());
+    format!("{prelude}\n{body}")
+}
+
+/// The GEMV/embedding module for weights of type `t`, with the subgroup reduction or the
+/// workgroup-memory one.
+pub fn matmul_source(t: WType, subgroup: bool) -> String {
+    let (core, reduce) = section(MATMUL, if subgroup { "SUBGROUP" } else { "SHARED" });
+    format!("{}\n{core}\n{reduce}", type_source(t))
 }
 
 /// Every WGSL module the backend compiles, with its name and entry points (the naga
-/// translation test walks this list).
+/// translation test walks this list; a name ending in `_subgroup` needs the SUBGROUP feature,
+/// and has a fallback of the same name without the suffix).
 pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
-    let mut v: Vec<(String, String, Vec<&'static str>)> = WType::ALL
-        .iter()
-        .map(|&t| {
-            (
-                format!("matmul_{}", t.name()),
-                matmul_source(t),
-                vec!["matmul", "embed"],
-            )
-        })
-        .collect();
+    let mut v: Vec<(String, String, Vec<&'static str>)> = Vec::new();
+    for t in WType::ALL {
+        for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
+            v.push((
+                format!("matmul_{}{suffix}", t.name()),
+                matmul_source(t, sub),
+                vec!["gemv", "embed"],
+            ));
+        }
+    }
     // The prompt GEMM's tiled fallback (its coop variant needs features this list's checks do
     // not grant: gemm::coop_sources).
-    for &t in &WType::ALL {
+    for t in WType::ALL {
         v.push((
             format!("gemm_{}", t.name()),
             super::gemm::gemm_source(t),
@@ -102,9 +154,9 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
     v
 }
 
-/// Rows of one matmul workgroup, and tokens of one.
-pub const MM_ROWS: u32 = 64;
-pub const MM_TOKENS: u32 = 16;
+/// Rows of one GEMV workgroup, and tokens of one (matmul.wgsl's RW and NT).
+pub const MM_ROWS: u32 = 8;
+pub const MM_TOKENS: u32 = 8;
 /// The attention kernel's limits: query heads per KV head, and their Q in shared memory.
 pub const ATTN_MAX_GROUP: usize = 16;
 pub const ATTN_MAX_QS: usize = 2048;
@@ -119,18 +171,33 @@ pub struct Kernels {
     pub attention: wgpu::ComputePipeline,
     pub swiglu: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
+    /// Whether the GEMV sums with subgroup operations.
+    pub subgroup: bool,
     /// The prompt GEMM (gemm.rs).
     pub gemm: super::gemm::GemmKernels,
 }
 
 impl Kernels {
+    /// The pipelines, the GEMV with subgroup sums where the device has them.
     pub fn new(gpu: &Gpu) -> Result<Kernels, BackendError> {
+        Kernels::with_subgroups(gpu, gpu.caps.subgroup)
+    }
+
+    /// The pipelines, the GEMV with subgroup sums if `subgroup` (the device must have the
+    /// feature) or with workgroup-memory sums.
+    pub fn with_subgroups(gpu: &Gpu, subgroup: bool) -> Result<Kernels, BackendError> {
+        if subgroup && !gpu.caps.subgroup {
+            return Err(BackendError::Wgpu(format!(
+                "adapter {} has no subgroup operations",
+                gpu.info.name
+            )));
+        }
         let mut matmul = Vec::new();
         let mut embed = Vec::new();
         for t in WType::ALL {
-            let src = matmul_source(t);
+            let src = matmul_source(t, subgroup);
             let name = format!("matmul_{}", t.name());
-            matmul.push(gpu.pipeline(&name, &src, "matmul")?);
+            matmul.push(gpu.pipeline(&name, &src, "gemv")?);
             embed.push(gpu.pipeline(&name, &src, "embed")?);
         }
         Ok(Kernels {
@@ -141,6 +208,7 @@ impl Kernels {
             attention: gpu.pipeline("attention", ATTENTION, "main")?,
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
+            subgroup,
             gemm: super::gemm::GemmKernels::new(gpu)?,
         })
     }
@@ -201,8 +269,10 @@ impl MmShape {
         ]
     }
 
-    pub fn embed_groups(&self) -> [u32; 3] {
-        [(self.cols as u32 / 8).div_ceil(64), self.n as u32, 1]
+    /// The embedding's grid for weights of type `t`: a unit per invocation.
+    pub fn embed_groups(&self, t: WType) -> [u32; 3] {
+        let units = (self.cols / t.unit_cols()) as u32;
+        [units.div_ceil(64), self.n as u32, 1]
     }
 }
 

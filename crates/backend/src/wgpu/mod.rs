@@ -1,6 +1,6 @@
 //! The portable GPU backend (cargo feature `wgpu`): Vulkan on Linux, Metal on macOS, DX12 or
 //! Vulkan on Windows, through wgpu, with kernels written in WGSL. Dense Llama-family models with
-//! f16 (f32 and bf16 converted at load) or Q4_0/Q4_1/Q8_0 weights kept as stored, an f16 paged
+//! f16 (f32 and bf16 converted at load) or Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K weights kept as stored, an f16 paged
 //! KV cache, and the argmax on the device. Without the feature, the same names exist and say
 //! the backend was not built in, so callers need no cfg of their own.
 

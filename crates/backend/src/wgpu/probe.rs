@@ -133,9 +133,10 @@ impl Probe {
                 row_words: part.ty.row_words(cols),
                 row0: part.row0,
             };
-            let pipe = self.k.matmul(part.ty).clone();
+            let (pipe, groups, _) = super::step::mm_kernel(&self.k, part.ty, &s);
+            let pipe = pipe.clone();
             let bufs = [(1, &part.buf), (2, &xb), (3, &y)];
-            self.run(&pipe, s.params(), &bufs, s.matmul_groups())?;
+            self.run(&pipe, s.params(), &bufs, groups)?;
         }
         Ok(to_f32(&self.gpu.download(&y, (n * rows * 4) as u64)?))
     }
@@ -204,7 +205,7 @@ impl Probe {
             };
             let pipe = self.k.embed(part.ty).clone();
             let bufs = [(1, &part.buf), (3, &y), (4, &tb)];
-            self.run(&pipe, s.params(), &bufs, s.embed_groups())?;
+            self.run(&pipe, s.params(), &bufs, s.embed_groups(part.ty))?;
         }
         Ok(to_f32(&self.gpu.download(&y, (n * cols * 4) as u64)?))
     }

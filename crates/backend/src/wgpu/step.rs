@@ -191,6 +191,24 @@ impl Bufs {
     }
 }
 
+/// The kernel that multiplies one part of a weight matrix of type `t` for the shape `s`, its
+/// grid, and whether it is the prompt GEMM: the GEMM (on matrix units where the device has them)
+/// once the GEMV would read the weights more than once (more than `kernels::MM_TOKENS` tokens),
+/// the GEMV below that. Both read the same parameters and bindings.
+pub fn mm_kernel<'k>(
+    k: &'k Kernels,
+    t: WType,
+    s: &MmShape,
+) -> (&'k wgpu::ComputePipeline, [u32; 3], bool) {
+    if s.n >= gemm::GEMM_MIN_TOKENS {
+        let path = k.gemm.best();
+        if let Some(pipe) = k.gemm.pipe(path, t) {
+            return (pipe, path.groups(s), true);
+        }
+    }
+    (k.matmul(t), s.matmul_groups(), false)
+}
+
 /// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
 pub enum NoMoe {}
 
@@ -266,7 +284,7 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let (pipe, groups, gemm) = self.matmul_kernel(part.ty, &s);
+            let (pipe, groups, gemm) = mm_kernel(self.k, part.ty, &s);
             let key = if gemm {
                 Key::Gemm(part.id, tag)
             } else {
@@ -284,20 +302,6 @@ impl<'a> Step<'a> {
             self.list.push(d);
         }
         Ok(())
-    }
-
-    /// The kernel of one matmul dispatch over `s`: the prompt GEMM (on matrix units where the
-    /// device has them) for chunks of `gemm::GEMM_MIN_TOKENS` tokens or more, the per-row matmul
-    /// below that (true: the GEMM). Both read the same parameters and bindings.
-    fn matmul_kernel(&self, t: WType, s: &MmShape) -> (&'a wgpu::ComputePipeline, [u32; 3], bool) {
-        let k = self.k;
-        if s.n >= gemm::GEMM_MIN_TOKENS {
-            let path = k.gemm.best();
-            if let Some(pipe) = k.gemm.pipe(path, t) {
-                return (pipe, path.groups(s), true);
-            }
-        }
-        (k.matmul(t), s.matmul_groups(), false)
     }
 
     /// Appends the device argmax of the step's logits rows.
@@ -343,7 +347,7 @@ impl LayerOps for Step<'_> {
                 self.k.embed(part.ty),
                 &[(1, &part.buf), (3, &self.bufs.x), (4, &self.bufs.tokens)],
                 s.params(),
-                s.embed_groups(),
+                s.embed_groups(part.ty),
             )?;
             self.list.push(d);
         }

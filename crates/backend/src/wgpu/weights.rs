@@ -1,7 +1,8 @@
-//! Weights on the device. Q4_0, Q4_1 and Q8_0 stay as stored (the kernels dequantize them),
-//! only padded so each block starts on a 4-byte word; f16 stays f16; f32 and bf16 become f16.
-//! Each part's 32-bit words are stored transposed (word j of every row together), so that the
-//! kernels' invocations, one per row, read consecutive addresses.
+//! Weights on the device. The quantized types (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) keep their
+//! bytes (the kernels dequantize them); f16 stays f16; f32 and bf16 become f16. Rows stay
+//! row-major, since the GPU kernels walk a row with a group of invocations, each loading 16 bytes
+//! at a time: blocks whose size is not a multiple of 16 bytes (Q8_0, Q4_0, Q4_1, Q6_K) are
+//! stored without their scales, which follow all the part's blocks (types.wgsl says where).
 //! A matrix is a list of parts, each in a buffer of its own: the stacked matrices (Q/K/V,
 //! gate/up) keep one part per source tensor (so their types may differ), and a tensor larger
 //! than one storage binding (128 MiB on lavapipe, 2 GiB on NVIDIA) is split by rows.
@@ -71,23 +72,10 @@ impl DVec {
     }
 }
 
-/// The device type of a tensor's data, and its rows in that layout (bytes per row).
-fn device_rows(t: &HostTensor, cols: usize) -> Result<(WType, Vec<u8>), BackendError> {
-    let unsupported = || BackendError::UnsupportedType {
-        dtype: t.dtype.name(),
-        what: format!(
-            "{} on the wgpu backend (it takes F16, BF16, F32, Q4_0, Q4_1 and Q8_0 weights; \
-             K-quants come later)",
-            t.name
-        ),
-    };
+/// The device type of a tensor's data, and its data in GGUF's row-major layout (f32 and bf16
+/// converted to f16).
+fn host_rows(t: &HostTensor, cols: usize) -> Result<(WType, Vec<u8>), BackendError> {
     let src = t.bytes.as_slice();
-    let repad = |block: usize| -> Vec<u8> {
-        // A 2-byte scale and block - 2 bytes of quants: the scale gets a word of its own.
-        src.chunks_exact(block)
-            .flat_map(|b| [&b[..2], &[0u8, 0][..], &b[2..]].concat())
-            .collect()
-    };
     let out = match t.dtype {
         GgmlType::F16 => (WType::F16, src.to_vec()),
         GgmlType::F32 | GgmlType::BF16 => {
@@ -98,13 +86,24 @@ fn device_rows(t: &HostTensor, cols: usize) -> Result<(WType, Vec<u8>), BackendE
                 .collect();
             (WType::F16, bytes)
         }
+        GgmlType::Q8_0 => (WType::Q8_0, src.to_vec()),
+        GgmlType::Q4_0 => (WType::Q4_0, src.to_vec()),
         GgmlType::Q4_1 => (WType::Q4_1, src.to_vec()),
-        GgmlType::Q4_0 => (WType::Q4_0, repad(18)),
-        GgmlType::Q8_0 => (WType::Q8_0, repad(34)),
-        _ => return Err(unsupported()),
+        GgmlType::Q4_K => (WType::Q4_K, src.to_vec()),
+        GgmlType::Q5_K => (WType::Q5_K, src.to_vec()),
+        GgmlType::Q6_K => (WType::Q6_K, src.to_vec()),
+        _ => {
+            return Err(BackendError::UnsupportedType {
+                dtype: t.dtype.name(),
+                what: format!(
+                    "{} on the wgpu backend (it takes F16, BF16, F32, Q8_0, Q4_0, Q4_1, Q4_K, \
+                     Q5_K and Q6_K weights)",
+                    t.name
+                ),
+            })
+        }
     };
-    let (block_cols, _) = out.0.block();
-    let need = if out.0 == WType::F16 { 8 } else { block_cols };
+    let need = out.0.block().0;
     if !cols.is_multiple_of(need) {
         return Err(BackendError::Config(format!(
             "{}: rows of {cols} {} values; the wgpu kernels take multiples of {need}",
@@ -115,17 +114,34 @@ fn device_rows(t: &HostTensor, cols: usize) -> Result<(WType, Vec<u8>), BackendE
     Ok(out)
 }
 
-/// `[rows, words]` 32-bit words → `[words, rows]`: the kernels' invocations, one per row, then
-/// read consecutive words.
-fn transpose_words(bytes: &[u8], rows: usize, words: usize) -> Vec<u8> {
-    let mut out = vec![0u8; bytes.len()];
-    for r in 0..rows {
-        for j in 0..words {
-            let src = (r * words + j) * 4;
-            let dst = (j * rows + r) * 4;
-            out[dst..dst + 4].copy_from_slice(&bytes[src..src + 4]);
+/// The device layout of whole rows of type `ty` (GGUF's bytes, `rows` rows): for Q8_0, Q4_0,
+/// Q4_1 and Q6_K every block without its scale bytes, then the scales in the same order (so
+/// every block the kernels load is whole 16-byte words); the other types as they are. Padded
+/// to a multiple of 16 bytes (the kernels bind the buffer as vec4s).
+fn device_layout(ty: WType, src: &[u8]) -> Vec<u8> {
+    // Stored block size, and the byte range of its scale(s).
+    let split = match ty {
+        WType::Q8_0 => Some((34, 0..2)),
+        WType::Q4_0 => Some((18, 0..2)),
+        WType::Q4_1 => Some((20, 0..4)),
+        WType::Q6_K => Some((210, 208..210)),
+        WType::F16 | WType::Q4_K | WType::Q5_K => None,
+    };
+    let mut out = match split {
+        None => src.to_vec(),
+        Some((block, scale)) => {
+            let mut quants = Vec::with_capacity(src.len());
+            let mut scales = Vec::new();
+            for b in src.chunks_exact(block) {
+                quants.extend_from_slice(&b[..scale.start]);
+                quants.extend_from_slice(&b[scale.end..]);
+                scales.extend_from_slice(&b[scale.clone()]);
+            }
+            quants.extend_from_slice(&scales);
+            quants
         }
-    }
+    };
+    out.resize(out.len().div_ceil(16) * 16, 0);
     out
 }
 
@@ -148,15 +164,17 @@ impl DMatrix {
                 });
             }
             let rows = t.rows();
-            let (ty, bytes) = device_rows(t, cols)?;
-            let row_bytes = ty.row_words(cols) * 4;
-            let per_part = (gpu.max_binding() as usize / row_bytes.max(1)).max(1);
+            let (ty, bytes) = host_rows(t, cols)?;
+            // GGUF's bytes per row equal the device's (the layouts only move bytes within a part).
+            let row_bytes = ty.row_bytes(cols);
+            let room = (gpu.max_binding() as usize).saturating_sub(16) / 16 * 16;
+            let per_part = (room / row_bytes.max(1)).max(1);
             let mut row0 = 0;
             while row0 < rows {
                 let n = per_part.min(rows - row0);
                 let what = format!("{} rows {row0}..{}", t.name, row0 + n);
                 let rows_bytes = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
-                let buf = gpu.upload(&what, &transpose_words(rows_bytes, n, row_bytes / 4))?;
+                let buf = gpu.upload(&what, &device_layout(ty, rows_bytes))?;
                 parts.push(Part {
                     id: next_id(),
                     ty,

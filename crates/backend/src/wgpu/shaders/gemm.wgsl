@@ -1,11 +1,16 @@
 // The prompt GEMM without matrix units: y[t, y_off + r] (+)= sum_c x[t, c] * W[r, c] for one part
-// of a weight matrix, over a whole prompt chunk. The per-row matmul reads every weight once per
-// 16 tokens; here a workgroup stages a 64-row x 32-column slice of W (dequantized once, through
-// the weight format's `load8`/`col8` that the host appends) and the matching 64-token slice of x
-// in workgroup memory, and each of its 256 invocations accumulates a 4 x 4 block of outputs in
-// f32: every weight is read once per 64 tokens and every staged value is used 64 times. 16 KiB of
-// workgroup memory, plain f32 math and no optional feature, so every adapter runs it (lavapipe
-// included); adapters with matrix units take gemm_coop.wgsl instead.
+// of a weight matrix, over a whole prompt chunk. The GEMV reads every weight once per few tokens;
+// here a workgroup stages 64 rows x 32 columns of W (dequantized once, through the weight
+// format's `unit`/`ucol`, which the host prepends from types.wgsl) and the same 32 columns of 64
+// tokens of x in workgroup memory, and each of its 256 invocations accumulates a 4 x 4 block of
+// outputs in f32: every weight is read once per 64 tokens and every staged value is used 64
+// times. 16 KiB of workgroup memory, plain f32 math and no optional feature, so every adapter
+// runs it (lavapipe included); adapters with matrix units take gemm_coop.wgsl instead.
+//
+// A step takes 32 columns as 8 groups of four: the groups of the next 8 / UV units of every
+// row, wherever `ucol` puts them (a unit of the K-quants spans columns far apart). Slot
+// 4 (j UV + k) + i of a step holds column ucol(u0 + j, k) + i for W and x alike, so the sum over
+// slots is the sum over those columns.
 
 struct P {
     rows: u32,      // rows of this part
@@ -20,20 +25,15 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>; // types.wgsl's layout
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-// Word j of weight row r in weights.rs's layout: the only place that knows it.
-fn wd(row: u32, j: u32) -> u32 {
-    return w[j * p.rows + row];
-}
-
 const BR: u32 = 64u; // weight rows per workgroup
 const BT: u32 = 64u; // tokens per workgroup
-const BK: u32 = 32u; // columns per step (one block of the quantized formats)
+const BK: u32 = 32u; // columns per step: 8 groups of four
 
-// [BK][BR] and [BK][BT]: column k of the slice is a contiguous run of rows (tokens), so the
+// [BK][BR] and [BK][BT]: slot k of the step is a contiguous run of rows (tokens), so the
 // invocations of one k read consecutive words.
 var<workgroup> ws: array<f32, 2048>;
 var<workgroup> xs: array<f32, 2048>;
@@ -50,37 +50,42 @@ fn gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    let runs = p.cols / 8u;
-    let steps = (p.cols + BK - 1u) / BK;
+    let units = p.cols / (4u * UV);
+    let per = 8u / UV; // units per step
+    let steps = (units + per - 1u) / per;
     for (var s = 0u; s < steps; s++) {
-        let k0 = s * BK;
+        let u0 = s * per;
         workgroupBarrier();
-        // Weights: one run of eight per invocation (row li % 64, run li / 64 of the slice).
-        {
-            let row = li % BR;
-            let c = k0 / 8u + li / BR;
-            var v = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-            var kc = vec2<u32>(8u * (li / BR), 8u * (li / BR) + 4u);
-            if r0 + row < p.rows && c < runs {
-                v = load8(r0 + row, c);
-                kc = col8(c) - vec2<u32>(k0);
-            }
-            for (var i = 0u; i < 4u; i++) {
-                ws[(kc.x + i) * BR + row] = v[0][i];
-                ws[(kc.y + i) * BR + row] = v[1][i];
+        // Weights: one unit of one row per invocation and round (row e % 64, unit e / 64).
+        for (var h = 0u; h < (BR * per + 255u) / 256u; h++) {
+            let e = li + 256u * h;
+            if e < BR * per {
+                let row = e % BR;
+                let j = e / BR;
+                var v: array<vec4<f32>, 8>;
+                if r0 + row < p.rows && u0 + j < units {
+                    v = unit(r0 + row, u0 + j);
+                }
+                for (var k = 0u; k < UV; k++) {
+                    let slot = 4u * (j * UV + k);
+                    for (var i = 0u; i < 4u; i++) {
+                        ws[(slot + i) * BR + row] = v[k][i];
+                    }
+                }
             }
         }
-        // Activations: two vec4s per invocation (token e / 8, columns 4 (e % 8)..+3).
+        // Activations: two groups of four per invocation (token e / 8, group e % 8).
         for (var h = 0u; h < 2u; h++) {
             let e = li + 256u * h;
             let t = e / 8u;
-            let kq = 4u * (e % 8u);
+            let g = e % 8u;
+            let j = g / UV;
             var v = vec4<f32>(0.0);
-            if t0 + t < p.n && k0 + kq < p.cols {
-                v = x[((t0 + t) * p.x_stride + k0 + kq) / 4u];
+            if t0 + t < p.n && u0 + j < units {
+                v = x[((t0 + t) * p.x_stride + ucol(u0 + j, g % UV)) / 4u];
             }
             for (var i = 0u; i < 4u; i++) {
-                xs[(kq + i) * BT + t] = v[i];
+                xs[(4u * g + i) * BT + t] = v[i];
             }
         }
         workgroupBarrier();

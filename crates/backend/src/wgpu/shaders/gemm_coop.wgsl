@@ -4,11 +4,12 @@ enable wgpu_cooperative_matrix;
 // The prompt GEMM on matrix units (tensor cores through VK_KHR_cooperative_matrix, Apple's
 // simdgroup matrices through Metal): y[t, y_off + r] (+)= sum_c x[t, c] * W[r, c] for one part of
 // a weight matrix. A workgroup of four subgroups computes 64 tokens x 128 rows: each step it
-// stages a 128-row x 32-column slice of W, dequantized to f16 once (the weight format's
-// `load8`/`col8`, appended by the host), and the 64 tokens' 32 columns of x rounded to f16, in
+// stages 128 rows x 32 columns of W, dequantized to f16 once (the weight format's `unit`/`ucol`,
+// prepended by the host from types.wgsl), and the same columns of 64 tokens of x rounded to f16, in
 // workgroup memory; each subgroup then multiplies its 32-token x 64-row quarter as F x F
 // fragments with f32 accumulators. The results go through a small per-subgroup scratch so that
-// rows and tokens past the edges are never written and the residual add is one `+=`.
+// rows and tokens past the edges are never written and the residual add is one `+=`. The 32
+// columns of a step are 8 groups of four, taken unit by unit as gemm.wgsl explains.
 //
 // The host fills in the subgroup size, the fragment size F (16 on NVIDIA Vulkan, 8 on Apple) and
 // the unrolled fragment code (the `//@` lines: gemm.rs writes them), and picks this
@@ -28,21 +29,16 @@ struct P {
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>; // types.wgsl's layout
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-
-// Word j of weight row r in weights.rs's layout: the only place that knows it.
-fn wd(row: u32, j: u32) -> u32 {
-    return w[j * p.rows + row];
-}
 
 const SG: u32 = SG_SIZEu;
 const WG: u32 = 4u * SG;
 const F: u32 = FRAGu;
 const BR: u32 = 128u; // weight rows per workgroup
 const BT: u32 = 64u;  // tokens per workgroup
-const BK: u32 = 32u;  // columns per step (one block of the quantized formats)
+const BK: u32 = 32u;  // columns per step: 8 groups of four
 // Row stride of the staged slices in halves: 80 bytes keeps every fragment's start 16-byte
 // aligned and spreads a fragment's rows over the memory banks.
 const LD: u32 = 40u;
@@ -65,39 +61,41 @@ fn gemm(
     let sr = sg % 2u;
     let ld = LD;
 //@acc
-    let runs = p.cols / 8u;
-    let steps = (p.cols + BK - 1u) / BK;
+    let units = p.cols / (4u * UV);
+    let per = 8u / UV; // units per step
+    let steps = (units + per - 1u) / per;
     for (var s = 0u; s < steps; s++) {
-        let k0 = s * BK;
+        let u0 = s * per;
         workgroupBarrier();
-        // Weights: 128 rows x 4 runs of eight.
-        for (var h = 0u; h < BR * 4u / WG; h++) {
+        // Weights: 128 rows x `per` units, row e % 128 and unit e / 128 of round h.
+        for (var h = 0u; h < (BR * per + WG - 1u) / WG; h++) {
             let e = li + h * WG;
-            let row = e % BR;
-            let q = e / BR;
-            let c = k0 / 8u + q;
-            var v = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-            var kc = vec2<u32>(8u * q, 8u * q + 4u);
-            if r0 + row < p.rows && c < runs {
-                v = load8(r0 + row, c);
-                kc = col8(c) - vec2<u32>(k0);
-            }
-            let base = row * LD;
-            for (var i = 0u; i < 4u; i++) {
-                ws[base + kc.x + i] = f16(v[0][i]);
-                ws[base + kc.y + i] = f16(v[1][i]);
+            if e < BR * per {
+                let row = e % BR;
+                let j = e / BR;
+                var v: array<vec4<f32>, 8>;
+                if r0 + row < p.rows && u0 + j < units {
+                    v = unit(r0 + row, u0 + j);
+                }
+                let base = row * LD + 4u * j * UV;
+                for (var k = 0u; k < UV; k++) {
+                    for (var i = 0u; i < 4u; i++) {
+                        ws[base + 4u * k + i] = f16(v[k][i]);
+                    }
+                }
             }
         }
-        // Activations: 64 tokens x 8 vec4s.
+        // Activations: 64 tokens x 8 groups of four.
         for (var h = 0u; h < BT * 8u / WG; h++) {
             let e = li + h * WG;
             let t = e / 8u;
-            let kq = 4u * (e % 8u);
+            let g = e % 8u;
+            let j = g / UV;
             var v = vec4<f32>(0.0);
-            if t0 + t < p.n && k0 + kq < p.cols {
-                v = x[((t0 + t) * p.x_stride + k0 + kq) / 4u];
+            if t0 + t < p.n && u0 + j < units {
+                v = x[((t0 + t) * p.x_stride + ucol(u0 + j, g % UV)) / 4u];
             }
-            let base = t * LD + kq;
+            let base = t * LD + 4u * g;
             for (var i = 0u; i < 4u; i++) {
                 xs[base + i] = f16(v[i]);
             }

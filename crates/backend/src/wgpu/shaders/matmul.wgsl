@@ -1,99 +1,95 @@
-// y[t, y_off + r] (+)= sum_c x[t, c] * W[r, c] for one part of a weight matrix, and the embedding
-// lookup (rows of W by token id). The weight format's `load8`/`col8` are prepended by the host
-// (one of types.wgsl's sections): `load8(row, c)` dequantizes the c-th run of eight weights of
-// a row as two groups of four consecutive columns, `col8(c)` gives the
-// first column of each group (a multiple of 4, so `x` is read as vec4s).
+// The decode GEMV y[t, y_off + r] (+)= sum_c x[t, c] * W[r, c] for one part of a weight matrix
+// and a few tokens, and the embedding lookup (rows of W by token id). The weight format's
+// `unit`/`ucol` come before this file (types.wgsl); the host appends one of the two reductions
+// at the end (`//! SUBGROUP` when the device has subgroups, `//! SHARED` otherwise).
 //
-// Matmul: one invocation per weight row and TT = 16 tokens; it walks its row in runs of eight
-// and keeps sixteen sums. No shared memory, no barrier: the plainest correct form, which every
-// adapter runs (CPU Vulkan drivers included) — the decode GEMV with a subgroup reduction and the
-// tiled prompt GEMM are the speed work that comes next.
+// Why this shape: decoding reads every weight once per step, so the kernel is a stream of the
+// weights at memory speed. A group of invocations (a subgroup, or 32 invocations without
+// subgroups) walks one row; invocation `lane` takes units lane, lane + S, …, each one 16-byte
+// load, so a group's loads are consecutive addresses. Sums are f32. Up to NT tokens share each
+// dequantized unit (small decode batches read the weights once); more tokens take more
+// workgroups along y. Rows per workgroup are fixed (RW), so the host's grid does not depend on
+// the subgroup size, which differs by adapter (8 on lavapipe, 32 on NVIDIA and Apple, 64 on some
+// AMD): subgroups loop over the workgroup's rows.
 
 struct P {
     rows: u32,      // rows of this part
-    cols: u32,      // row length (a multiple of 8; of 32 for the block formats)
+    cols: u32,      // row length (a multiple of the type's unit)
     n: u32,         // tokens
-    x_stride: u32,  // elements per input row
+    x_stride: u32,  // elements per input row (a multiple of 4)
     y_stride: u32,  // elements per output row
     y_off: u32,     // output column of this part's first row
     add: u32,       // 1: add into y (the residual adds)
-    row_words: u32, // u32 words per weight row
+    row_words: u32, // unused here (device bytes per row / 4)
     row0: u32,      // embedding: the first row (token id) this part holds
 }
 
 @group(0) @binding(0) var<uniform> p: P;
-// A part's words stored transposed: word j of row r at j * rows + r, so the invocations of a
-// workgroup, one per row, read consecutive words (coalesced on GPUs, vector loads on CPUs).
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>; // x_stride % 4 == 0
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> tokens: array<u32>;
 
-const TT: u32 = 16u;
+const RW: u32 = 8u;
+const NT: u32 = 8u;
 
-fn wd(row: u32, j: u32) -> u32 {
-    return w[j * p.rows + row];
+// x's vec4 offsets of the rows of tokens t..t+3 (clamped to the last token: a missing token
+// repeats the last one and its sum is dropped).
+fn xrows4(t: u32) -> vec4<u32> {
+    let last = p.n - 1u;
+    return min(vec4<u32>(t, t + 1u, t + 2u, t + 3u), vec4<u32>(last)) * (p.x_stride / 4u);
 }
 
-@compute @workgroup_size(64)
-fn matmul(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = wg.x * 64u + li;
-    // Token rows come from the workgroup id alone, so their loads are uniform (a broadcast, not a
-    // gather, on SIMD CPUs).
-    let t0 = wg.y * TT;
-    if row >= p.rows || t0 >= p.n {
-        return;
-    }
-    let chunks = p.cols / 8u;
-    let nt = min(TT, p.n - t0);
+// The partial sums of invocation `lane` of a group of `s` walking `row`, for tokens t0..t0+nt:
+// element t of the result (tokens 0..3 in [0], 4..7 in [1]).
+fn row_dots(row: u32, lane: u32, s: u32, t0: u32, nt: u32) -> array<vec4<f32>, 2> {
+    let units = p.cols / (4u * UV);
     if nt == 1u {
-        let x0 = t0 * p.x_stride;
-        var acc = 0.0;
-        for (var c = 0u; c < chunks; c++) {
-            let wv = load8(row, c);
-            let cc = (x0 + col8(c)) / 4u;
-            acc += dot(wv[0], x[cc.x]) + dot(wv[1], x[cc.y]);
+        // One token: two units in flight per step.
+        let xb = t0 * (p.x_stride / 4u);
+        var a = 0.0;
+        var b = 0.0;
+        var u = lane;
+        for (; u + s < units; u += 2u * s) {
+            var wa = unit(row, u);
+            var wb = unit(row, u + s);
+            for (var k = 0u; k < UV; k++) {
+                a += dot(wa[k], x[xb + ucol(u, k) / 4u]);
+                b += dot(wb[k], x[xb + ucol(u + s, k) / 4u]);
+            }
         }
-        let o = t0 * p.y_stride + p.y_off + row;
-        if p.add != 0u {
-            y[o] += acc;
-        } else {
-            y[o] = acc;
+        if u < units {
+            var wa = unit(row, u);
+            for (var k = 0u; k < UV; k++) {
+                a += dot(wa[k], x[xb + ucol(u, k) / 4u]);
+            }
         }
-        return;
+        return array<vec4<f32>, 2>(vec4<f32>(a + b, 0.0, 0.0, 0.0), vec4<f32>(0.0));
     }
-    // Up to 16 tokens in four groups of four (a missing token repeats the last one; its sum is
-    // dropped); each run of weights is dequantized once for all of them.
-    let r0 = rows4(t0);
-    let r1 = rows4(t0 + 4u);
-    let r2 = rows4(t0 + 8u);
-    let r3 = rows4(t0 + 12u);
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    for (var c = 0u; c < chunks; c++) {
-        let wv = load8(row, c);
-        let cc = col8(c);
-        acc0 += dots(wv, r0, cc);
-        if nt > 4u {
-            acc1 += dots(wv, r1, cc);
-        }
-        if nt > 8u {
-            acc2 += dots(wv, r2, cc);
-        }
-        if nt > 12u {
-            acc3 += dots(wv, r3, cc);
+    let r0 = xrows4(t0);
+    let r1 = xrows4(t0 + 4u);
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    for (var u = lane; u < units; u += s) {
+        var wv = unit(row, u);
+        for (var k = 0u; k < UV; k++) {
+            let c = ucol(u, k) / 4u;
+            let g = wv[k];
+            a0 += vec4<f32>(dot(g, x[r0.x + c]), dot(g, x[r0.y + c]), dot(g, x[r0.z + c]), dot(g, x[r0.w + c]));
+            if nt > 4u {
+                a1 += vec4<f32>(dot(g, x[r1.x + c]), dot(g, x[r1.y + c]), dot(g, x[r1.z + c]), dot(g, x[r1.w + c]));
+            }
         }
     }
+    return array<vec4<f32>, 2>(a0, a1);
+}
+
+// Writes (or adds) the finished sums of `row` for tokens t0..t0+nt.
+fn store(row: u32, t0: u32, nt: u32, r: array<vec4<f32>, 2>) {
     for (var t = 0u; t < nt; t++) {
-        var v = acc0[t % 4u];
-        if t >= 12u {
-            v = acc3[t % 4u];
-        } else if t >= 8u {
-            v = acc2[t % 4u];
-        } else if t >= 4u {
-            v = acc1[t % 4u];
+        var v = r[0][t % 4u];
+        if t >= 4u {
+            v = r[1][t % 4u];
         }
         let o = (t0 + t) * p.y_stride + p.y_off + row;
         if p.add != 0u {
@@ -104,38 +100,85 @@ fn matmul(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: v
     }
 }
 
-// Element offsets of the rows of tokens t..t+3 of x (clamped to the last token).
-fn rows4(t: u32) -> vec4<u32> {
-    let last = p.n - 1u;
-    return min(vec4<u32>(t, t + 1u, t + 2u, t + 3u), vec4<u32>(last)) * p.x_stride;
-}
-
-// The run's eight weights times the same eight columns of four token rows.
-fn dots(wv: array<vec4<f32>, 2>, rows: vec4<u32>, cc: vec2<u32>) -> vec4<f32> {
-    let a = (rows + cc.x) / 4u;
-    let b = (rows + cc.y) / 4u;
-    return vec4<f32>(
-        dot(wv[0], x[a.x]) + dot(wv[1], x[b.x]),
-        dot(wv[0], x[a.y]) + dot(wv[1], x[b.y]),
-        dot(wv[0], x[a.z]) + dot(wv[1], x[b.z]),
-        dot(wv[0], x[a.w]) + dot(wv[1], x[b.w]),
-    );
-}
-
-// y[t, :] = row tokens[t] of W, for the tokens whose row lies in this part. Grid: (runs of eight
-// columns / 64, tokens).
+// y[t, :] = row tokens[t] of W, for the tokens whose row lies in this part. Grid: (units of a
+// row / 64, tokens).
 @compute @workgroup_size(64)
 fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let c = gid.x;
+    let u = gid.x;
     let t = gid.y;
     let tok = tokens[t];
-    if c >= p.cols / 8u || tok < p.row0 || tok >= p.row0 + p.rows {
+    if u >= p.cols / (4u * UV) || tok < p.row0 || tok >= p.row0 + p.rows {
         return;
     }
-    let wv = load8(tok - p.row0, c);
-    let cc = t * p.y_stride + col8(c);
-    for (var k = 0u; k < 4u; k++) {
-        y[cc.x + k] = wv[0][k];
-        y[cc.y + k] = wv[1][k];
+    var wv = unit(tok - p.row0, u);
+    for (var k = 0u; k < UV; k++) {
+        let c = t * p.y_stride + ucol(u, k);
+        for (var i = 0u; i < 4u; i++) {
+            y[c + i] = wv[k][i];
+        }
+    }
+}
+
+//! SUBGROUP
+// One subgroup per row; subgroupAdd sums its invocations. A row's test is the same for the whole
+// subgroup, so every subgroup operation runs with all its invocations.
+@compute @workgroup_size(256)
+fn gemv(
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) s: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let t0 = wg.y * NT;
+    if t0 >= p.n {
+        return;
+    }
+    let nt = min(NT, p.n - t0);
+    for (var i = sg; i < RW; i += nsg) {
+        let row = wg.x * RW + i;
+        if row < p.rows {
+            let a = row_dots(row, lane, s, t0, nt);
+            var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+            if nt == 1u {
+                r[0].x = subgroupAdd(a[0].x);
+            } else {
+                r[0] = subgroupAdd(a[0]);
+                if nt > 4u {
+                    r[1] = subgroupAdd(a[1]);
+                }
+            }
+            if lane == 0u {
+                store(row, t0, nt, r);
+            }
+        }
+    }
+}
+//! SHARED
+// 32 invocations per row; a tree in workgroup memory sums them.
+var<workgroup> red: array<vec4<f32>, 512>;
+
+@compute @workgroup_size(256)
+fn gemv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let t0 = wg.y * NT;
+    let nt = min(NT, max(p.n, t0 + 1u) - t0);
+    let lane = li % 32u;
+    let row = wg.x * RW + li / 32u;
+    var a = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    if row < p.rows && t0 < p.n {
+        a = row_dots(row, lane, 32u, t0, nt);
+    }
+    red[2u * li] = a[0];
+    red[2u * li + 1u] = a[1];
+    workgroupBarrier();
+    for (var off = 16u; off > 0u; off >>= 1u) {
+        if lane < off {
+            red[2u * li] += red[2u * (li + off)];
+            red[2u * li + 1u] += red[2u * (li + off) + 1u];
+        }
+        workgroupBarrier();
+    }
+    if lane == 0u && row < p.rows && t0 < p.n {
+        store(row, t0, nt, array<vec4<f32>, 2>(red[2u * li], red[2u * li + 1u]));
     }
 }
