@@ -152,11 +152,13 @@ impl WgpuExecutor {
                 l.wqkv.parts.len() + l.wo.parts.len() + ffn
             })
             .sum();
+        // Each matmul part has two bind groups, the per-row matmul's and the prompt GEMM's (an
+        // embedding part three: the lookup's too, when the output matrix is tied to it).
         let slots = 16
-            + parts
+            + 2 * parts
             + 8 * c.num_layers
-            + 2 * embed.parts.len()
-            + output.as_ref().map_or(0, |o| o.parts.len());
+            + 3 * embed.parts.len()
+            + 2 * output.as_ref().map_or(0, |o| o.parts.len());
         let binder = Binder::new(&mut gpu, slots)?;
         gpu.submit_wait(
             gpu.device

@@ -133,6 +133,24 @@ fn pick(adapters: Vec<wgpu::Adapter>, choice: Option<&str>) -> Result<wgpu::Adap
     Ok(adapters.into_iter().nth(idx).expect("index checked"))
 }
 
+/// The prompt GEMM's cooperative-matrix configuration on `adapter` and the features it needs
+/// (f16, subgroups, cooperative matrices), or none of them where the adapter lacks one.
+fn coop_request(adapter: &wgpu::Adapter) -> (Option<super::gemm::CoopTile>, wgpu::Features) {
+    use wgpu::Features as F;
+    let have = adapter.features();
+    let need = F::SHADER_F16 | F::SUBGROUP | F::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    if !have.contains(need) {
+        return (None, F::empty());
+    }
+    let info = adapter.get_info();
+    let tile = super::gemm::pick_coop(
+        &adapter.cooperative_matrix_properties(),
+        true,
+        Some((info.subgroup_min_size, info.subgroup_max_size)),
+    );
+    (tile, if tile.is_some() { need } else { F::empty() })
+}
+
 /// Errors wgpu reported through its callbacks since the last check.
 type Sink = Arc<Mutex<Vec<String>>>;
 
@@ -247,6 +265,8 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub limits: wgpu::Limits,
     pub info: AdapterSummary,
+    /// The prompt GEMM's matrix-unit configuration, where the device was opened with it.
+    pub coop: Option<super::gemm::CoopTile>,
     pub caps: Caps,
     errors: Sink,
     timeout: Duration,
@@ -271,11 +291,20 @@ impl Gpu {
         }
         let limits = adapter.limits();
         let (mut caps, features) = Caps::of(&adapter);
+        let (coop, coop_features) = coop_request(&adapter);
+        let experimental = if coop.is_some() {
+            // SAFETY: wgpu marks cooperative matrices experimental (its implementation may have
+            // bugs); quire asks for them only where the adapter reports a configuration its
+            // GEMM kernel was written for (the tiled GEMM serves every other adapter).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quire"),
-            required_features: features,
+            required_features: features | coop_features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -303,6 +332,7 @@ impl Gpu {
             queue,
             limits,
             info,
+            coop,
             caps,
             errors,
             timeout: Duration::from_secs(secs),

@@ -135,6 +135,15 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             ));
         }
     }
+    // The prompt GEMM's tiled fallback (its coop variant needs features this list's checks do
+    // not grant: gemm::coop_sources).
+    for t in WType::ALL {
+        v.push((
+            format!("gemm_{}", t.name()),
+            super::gemm::gemm_source(t),
+            vec!["gemm"],
+        ));
+    }
     for (name, src) in [
         ("rms_norm", RMS_NORM),
         ("qkv_post", QKV_POST),
@@ -174,6 +183,8 @@ pub struct Kernels {
     pub argmax: wgpu::ComputePipeline,
     /// Whether the GEMV sums with subgroup operations.
     pub subgroup: bool,
+    /// The prompt GEMM (gemm.rs).
+    pub gemm: super::gemm::GemmKernels,
 }
 
 impl Kernels {
@@ -210,6 +221,7 @@ impl Kernels {
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
             subgroup,
+            gemm: super::gemm::GemmKernels::new(gpu)?,
         })
     }
 

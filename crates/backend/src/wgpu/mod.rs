@@ -16,6 +16,8 @@ pub struct WgpuOptions {
 #[cfg(feature = "wgpu")]
 mod executor;
 #[cfg(feature = "wgpu")]
+pub mod gemm;
+#[cfg(feature = "wgpu")]
 pub mod gpu;
 #[cfg(feature = "wgpu")]
 pub mod kernels;

@@ -4,6 +4,7 @@
 
 use half::f16;
 
+use super::gemm::GemmPath;
 use super::gpu::Gpu;
 use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params};
 use super::weights::DMatrix;
@@ -165,12 +166,55 @@ impl Probe {
                 row_words: part.ty.row_words(cols),
                 row0: part.row0,
             };
-            let (pipe, groups) = super::step::mm_kernel(&self.k, part.ty, &s);
+            let (pipe, groups, _) = super::step::mm_kernel(&self.k, part.ty, &s);
             let pipe = pipe.clone();
             let bufs = [(1, &part.buf), (2, &xb), (3, &y)];
             self.run(&pipe, s.params(), &bufs, groups)?;
         }
         Ok(to_f32(&self.gpu.download(&y, (n * rows * 4) as u64)?))
+    }
+
+    /// The prompt GEMM through `path`: `y` (`[n, y_stride]`, given) (+)= `x` · `w`ᵀ into its
+    /// columns `y_off..y_off + rows`, `x` `[n, x_stride]` of which the first `w.row_len()`
+    /// columns are read. Returns the whole `y`; `None` where the device lacks `path`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &mut self,
+        path: GemmPath,
+        w: &HostTensor,
+        x: &[f32],
+        x_stride: usize,
+        n: usize,
+        y: &[f32],
+        y_stride: usize,
+        y_off: usize,
+        add: bool,
+    ) -> Result<Option<Vec<f32>>, BackendError> {
+        let cols = w.row_len();
+        let m = DMatrix::stack(&mut self.gpu, &w.name, &[w], cols)?;
+        let xb = self.input("x", &bytes_f32(x))?;
+        let yb = self.output("y", y.len())?;
+        self.gpu.queue.write_buffer(&yb, 0, &bytes_f32(y));
+        for part in &m.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols,
+                n,
+                x_stride,
+                y_stride,
+                y_off: y_off + part.y_off,
+                add,
+                row_words: part.ty.row_words(cols),
+                row0: part.row0,
+            };
+            let Some(pipe) = self.k.gemm.pipe(path, part.ty).cloned() else {
+                return Ok(None);
+            };
+            let bufs = [(1, &part.buf), (2, &xb), (3, &yb)];
+            self.run(&pipe, s.params(), &bufs, path.groups(&s))?;
+        }
+        let out = self.gpu.download(&yb, (y.len() * 4) as u64)?;
+        Ok(Some(to_f32(&out)))
     }
 
     /// The embedding rows of `tokens` from `w` (`[vocab, cols]`): `[tokens, cols]`.

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use quire_core::ModelConfig;
 
+use super::gemm;
 use super::gpu::Gpu;
 use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params, WType};
 use super::weights::{DMatrix, DVec};
@@ -22,6 +23,9 @@ pub enum Key {
     Embed(u32),
     Norm(u32, bool),
     Matmul(u32, u8),
+    /// The prompt GEMM of a weight part: a bind group of its own, since each pipeline's layout
+    /// is derived from its shader and a group made for one does not fit another.
+    Gemm(u32, u8),
     QkvPost(usize),
     Attention(usize),
     AttnSplit(usize),
@@ -200,15 +204,22 @@ pub fn attn_cost(s: &HeadShape, n: usize, keys: usize) -> (usize, usize) {
     (bytes, 4 * keys * s.q_size())
 }
 
-/// The kernel that multiplies one part of a weight matrix of type `t` for the shape `s`, and its
-/// grid: the GEMV for every token count today (it reads the weights once per
-/// `kernels::MM_TOKENS` tokens); a prompt GEMM takes the larger counts here when it exists.
+/// The kernel that multiplies one part of a weight matrix of type `t` for the shape `s`, its
+/// grid, and whether it is the prompt GEMM: the GEMM (on matrix units where the device has them)
+/// once the GEMV would read the weights more than once (more than `kernels::MM_TOKENS` tokens),
+/// the GEMV below that. Both read the same parameters and bindings.
 pub fn mm_kernel<'k>(
     k: &'k Kernels,
     t: WType,
     s: &MmShape,
-) -> (&'k wgpu::ComputePipeline, [u32; 3]) {
-    (k.matmul(t), s.matmul_groups())
+) -> (&'k wgpu::ComputePipeline, [u32; 3], bool) {
+    if s.n >= gemm::GEMM_MIN_TOKENS {
+        let path = k.gemm.best();
+        if let Some(pipe) = k.gemm.pipe(path, t) {
+            return (pipe, path.groups(s), true);
+        }
+    }
+    (k.matmul(t), s.matmul_groups(), false)
 }
 
 /// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
@@ -299,11 +310,16 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let (pipe, groups) = mm_kernel(self.k, part.ty, &s);
+            let (pipe, groups, gemm) = mm_kernel(self.k, part.ty, &s);
+            let key = if gemm {
+                Key::Gemm(part.id, tag)
+            } else {
+                Key::Matmul(part.id, tag)
+            };
             let d = self.binder.dispatch(
                 self.gpu,
                 name,
-                Key::Matmul(part.id, tag),
+                key,
                 pipe,
                 &[(1, &part.buf), (2, x.0), (3, y.0)],
                 s.params(),

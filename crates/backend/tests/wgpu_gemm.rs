@@ -1,0 +1,238 @@
+//! The wgpu prompt GEMM against a plain CPU reference (dequantize, then f64 sums) on random
+//! inputs, for every weight type and every path the adapter has: the tiled fallback everywhere,
+//! and the cooperative-matrix kernel where the adapter has matrix units (the test prints which
+//! paths ran; on lavapipe only the tiled one exists). Odd shapes: row counts and token counts
+//! that are not multiples of the tiles, f16 rows that are not multiples of 32 columns, strided
+//! x, output columns at an offset in wider rows, and the residual add. Target columns are
+//! poisoned with NaN (or hold the residual), every other column must come back bit for bit.
+//! The coop kernel's WGSL, which lavapipe cannot run, is checked with naga here: parsed,
+//! validated with the capabilities it needs, translated to SPIR-V (and MSL for Apple's 8×8).
+//! Adapter tests are ignored unless QUIRE_REQUIRE_WGPU is set at build time (see quire-testkit).
+
+#[cfg(feature = "wgpu")]
+use {
+    half::f16,
+    quire_backend::wgpu::gemm::{self, GemmPath},
+    quire_backend::wgpu::probe::Probe,
+    quire_backend::{HostTensor, TensorBytes},
+    quire_gguf::GgmlType,
+    quire_testkit::metric::{self, rel_l2},
+    rand::{rngs::StdRng, Rng, SeedableRng},
+};
+
+#[cfg(feature = "wgpu")]
+fn probe() -> Probe {
+    let adapter = std::env::var("QUIRE_WGPU_ADAPTER").ok();
+    Probe::new(adapter.as_deref())
+        .unwrap_or_else(|e| quire_testkit::missing(quire_testkit::Backend::Wgpu, &e))
+}
+
+#[cfg(feature = "wgpu")]
+fn rnd(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-a..a)).collect()
+}
+
+/// A `[rows, cols]` tensor of type `t` from random values, and the values the device computes
+/// with (f32 and bf16 go to the device as f16).
+#[cfg(feature = "wgpu")]
+fn tensor(rng: &mut StdRng, t: GgmlType, rows: usize, cols: usize) -> (HostTensor, Vec<f32>) {
+    let v = rnd(rng, rows * cols, 1.0);
+    let mut bytes = Vec::new();
+    match t {
+        GgmlType::F32 => bytes.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        GgmlType::F16 => bytes.extend(v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes())),
+        GgmlType::BF16 => bytes.extend(
+            v.iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()),
+        ),
+        _ => quire_gguf::quantize_row(t, &v, &mut bytes).expect("quantizes"),
+    }
+    let w = HostTensor {
+        name: format!("w_{}", t.name()),
+        dtype: t,
+        dims: vec![cols, rows],
+        bytes: TensorBytes::owned(bytes),
+    };
+    let mut wf = w.to_f32().unwrap();
+    if matches!(t, GgmlType::F32 | GgmlType::BF16) {
+        wf.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
+    }
+    (w, wf)
+}
+
+/// The bound of each path: f32 products summed in f32 for the tiled kernel; for the coop kernel
+/// x and the dequantized weights are rounded to f16 (2^-11 relative each) before f32
+/// accumulation on the matrix units, as a GEMV on an f16-rounded input is.
+#[cfg(feature = "wgpu")]
+fn bound(path: GemmPath) -> f64 {
+    match path {
+        GemmPath::Tiled => metric::DOT_F32,
+        GemmPath::Coop(_) => metric::DOT_FUSED_F16_INPUT,
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn gemm_matches_the_dequantized_product_for_every_weight_type_and_path() {
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(11);
+        let paths = p.k.gemm.paths();
+        let names: Vec<String> = paths.iter().map(|x| x.name()).collect();
+        println!("adapter {}: GEMM paths {}", p.gpu.info.name, names.join("; "));
+        let types = [
+            GgmlType::F16,
+            GgmlType::F32,
+            GgmlType::BF16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for path in paths {
+            for t in types {
+                // Row lengths per format: f16 rows that are not whole 32-column steps, blocks of
+                // 32, superblocks of 256.
+                let cols = match t {
+                    GgmlType::F16 | GgmlType::F32 | GgmlType::BF16 => [136, 320, 40, 64],
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => [256, 512, 256, 256],
+                    _ => [160, 320, 32, 64],
+                };
+                // (rows, cols, tokens, residual add): one tile and a part, several tiles each
+                // way, a single token, a thin matrix.
+                let shapes = [
+                    (67, cols[0], 17, false),
+                    (130, cols[1], 70, true),
+                    (5, cols[2], 1, false),
+                    (200, cols[3], 129, true),
+                ];
+                for (rows, cols, n, add) in shapes {
+                    let (w, wf) = tensor(&mut rng, t, rows, cols);
+                    let x_stride = cols + 4;
+                    let x = rnd(&mut rng, n * x_stride, 1.0);
+                    let (y_off, y_stride) = (3, rows + 7);
+                    let mut y0 = rnd(&mut rng, n * y_stride, 1.0);
+                    if !add {
+                        for ti in 0..n {
+                            y0[ti * y_stride + y_off..][..rows].fill(f32::NAN);
+                        }
+                    }
+                    let got = p
+                        .gemm(path, &w, &x, x_stride, n, &y0, y_stride, y_off, add)
+                        .unwrap()
+                        .expect("the adapter listed this path");
+                    let mut g = Vec::new();
+                    let mut want = Vec::new();
+                    for ti in 0..n {
+                        for r in 0..rows {
+                            let dot: f64 = (0..cols)
+                                .map(|c| wf[r * cols + c] as f64 * x[ti * x_stride + c] as f64)
+                                .sum();
+                            let o = ti * y_stride + y_off + r;
+                            want.push(if add { y0[o] as f64 + dot } else { dot });
+                            g.push(got[o]);
+                        }
+                        for c in (0..y_stride).filter(|c| !(y_off..y_off + rows).contains(c)) {
+                            let o = ti * y_stride + c;
+                            assert_eq!(
+                                got[o].to_bits(),
+                                y0[o].to_bits(),
+                                "{} {rows}x{cols} n={n}: column {c} of token {ti} was written",
+                                t.name()
+                            );
+                        }
+                    }
+                    let e = rel_l2(&g, &want);
+                    assert!(
+                        e < bound(path),
+                        "{} on {} {rows}x{cols} n={n} add={add}: rel L2 {e:e}",
+                        t.name(),
+                        path.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// What wgpu grants a device opened with SHADER_F16, SUBGROUP and cooperative matrices.
+#[cfg(feature = "wgpu")]
+fn coop_caps() -> naga::valid::Capabilities {
+    use naga::valid::Capabilities as C;
+    C::SHADER_FLOAT16_IN_FLOAT32 | C::SHADER_FLOAT16 | C::SUBGROUP | C::COOPERATIVE_MATRIX
+}
+
+#[test]
+#[cfg_attr(not(feature = "wgpu"), ignore = "needs --features wgpu")]
+fn coop_gemm_validates_and_translates_to_spirv_and_msl() {
+    #[cfg(feature = "wgpu")]
+    {
+        use naga::back::{msl, spv};
+        use naga::valid::{ValidationFlags, Validator};
+        let mut failures = Vec::new();
+        let sources = gemm::coop_sources();
+        assert_eq!(
+            sources.len(),
+            2 * quire_backend::wgpu::kernels::WType::ALL.len(),
+            "two configurations, every weight type"
+        );
+        for (name, src, entries) in sources {
+            let module = match naga::front::wgsl::parse_str(&src) {
+                Ok(m) => m,
+                Err(e) => {
+                    failures.push(format!("{name}: WGSL: {}", e.emit_to_string(&src)));
+                    continue;
+                }
+            };
+            let mut validator = Validator::new(ValidationFlags::all(), coop_caps());
+            let info = match validator.validate(&module) {
+                Ok(i) => i,
+                Err(e) => {
+                    failures.push(format!("{name}: validation: {}", e.emit_to_string(&src)));
+                    continue;
+                }
+            };
+            for entry in entries {
+                assert!(
+                    module.entry_points.iter().any(|e| e.name == entry),
+                    "{name}: no entry point {entry}"
+                );
+            }
+            let opts = spv::Options {
+                lang_version: (1, 3),
+                ..Default::default()
+            };
+            if let Err(e) = spv::write_vec(&module, &info, &opts, None) {
+                failures.push(format!("{name}: SPIR-V: {e}"));
+            }
+            // Metal's simdgroup matrices are 8x8: only that configuration is for Apple.
+            if name.starts_with("gemm_coop8_") {
+                let opts = msl::Options {
+                    lang_version: (2, 4),
+                    ..Default::default()
+                };
+                let pipe = msl::PipelineOptions::default();
+                if let Err(e) = msl::write_string(&module, &info, &opts, &pipe) {
+                    failures.push(format!("{name}: MSL: {e}"));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "wgpu"), ignore = "needs --features wgpu")]
+fn coop_gemm_is_refused_by_naga_without_the_feature() {
+    // The check above must be able to fail: the same source without COOPERATIVE_MATRIX.
+    #[cfg(feature = "wgpu")]
+    {
+        use naga::valid::{Capabilities as C, ValidationFlags, Validator};
+        let (_, src, _) = gemm::coop_sources().remove(0);
+        let module = naga::front::wgsl::parse_str(&src).expect("parses");
+        let caps = coop_caps() - C::COOPERATIVE_MATRIX;
+        assert!(Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .is_err());
+    }
+}
