@@ -31,3 +31,18 @@ model_ready() {
 gpu_stamp() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 }
+
+# Vulkan for the wgpu backend: NVIDIA's ICD is there, the loader is not; it travels as Debian
+# packages in .dev/vk.tar (see vulkan.sh). Unpacked once per machine.
+vk_setup() {
+    if [ ! -f /root/vk.done ]; then
+        [ -f .dev/vk.tar ] || { echo "vk_setup: carry .dev/vk.tar (the Vulkan loader packages)"; return 1; }
+        mkdir -p /root/vk && tar -xf .dev/vk.tar -C /root/vk
+        for f in /root/vk/vkdebs/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+        touch /root/vk.done
+    fi
+    export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
+    [ -f "$VK_DRIVER_FILES" ] || VK_DRIVER_FILES=$(ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json 2>/dev/null | head -1)
+    export WGPU_BACKEND=vulkan
+}

@@ -25,7 +25,9 @@ if [ "${PACK_WGPU:-0}" = 1 ]; then
 fi
 # Every test binary of the crates that hold GPU tests (their GPU tests are #[ignore]d unless run
 # with --include-ignored, which check.sh does).
-[ "${PACK_TESTS:-1}" = 0 ] || cargo test --release -p quire-backend -p quire-engine --features quire-backend/cuda,quire-engine/cuda \
+test_features=quire-backend/cuda,quire-engine/cuda
+[ "${PACK_WGPU:-0}" = 1 ] && test_features=$test_features,quire-backend/wgpu,quire-engine/wgpu
+[ "${PACK_TESTS:-1}" = 0 ] || cargo test --release -p quire-backend -p quire-engine --features "$test_features" \
     --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
@@ -36,6 +38,7 @@ for line in sys.stdin:
 ' | while read -r tname exe; do cp "$exe" "$stage/tests/$tname"; done
 strip "$stage"/quire "$stage"/cuda_matmul_bench "$stage"/wgpu_* "$stage"/tests/* 2>/dev/null || true
 git rev-parse --short HEAD > "$stage/COMMIT"
+[ "${PACK_WGPU:-0}" = 1 ] && touch "$stage/WGPU"
 pwd > "$stage/BUILD_ROOT"  # test binaries read tests/data under this path
 mkdir -p "$dest"
 tar -cJf "$dest/bin-$name.tar.xz" -C "$stage" .

@@ -19,17 +19,7 @@ Q4KM=$W/llama3-8b-q4_k_m.gguf
 REPS=${REPS:-3}
 tag() { basename "$1" .gguf; }
 
-setup() {
-    [ -f /root/vk.done ] && return 0
-    mkdir -p /root/vk && tar -xf .dev/vk.tar -C /root/vk
-    for f in /root/vk/vkdebs/*.deb; do dpkg -x "$f" /; done
-    ldconfig
-    touch /root/vk.done
-}
-setup
-export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
-[ -f "$VK_DRIVER_FILES" ] || VK_DRIVER_FILES=$(ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json 2>/dev/null | head -1)
-export WGPU_BACKEND=vulkan
+vk_setup
 
 cmd=${1:-}
 shift || true
