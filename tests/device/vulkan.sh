@@ -9,7 +9,9 @@
 #   bash tests/device/vulkan.sh llamacpp       # build llama.cpp with -DGGML_VULKAN=ON (~8 min), binaries to $OUT
 #   bash tests/device/vulkan.sh models         # 8B f16 and Q4_K_M random-weight files (needs llama-quantize)
 #   bash tests/device/vulkan.sh peer           # llama.cpp Vulkan rows
-#   bash tests/device/vulkan.sh quire [NAME]   # quire --backend wgpu rows (binary set NAME, default new)
+#   bash tests/device/vulkan.sh quire [NAME]   # quire rows, wgpu then CUDA (binary set NAME, default new)
+#   bash tests/device/vulkan.sh batched [NAME] # 64 sequences decoding, wgpu then CUDA
+#   bash tests/device/vulkan.sh micro [NAME]   # roofline, GEMV/GEMM microbenchmarks, attn-bench, profile
 # Results: $OUT/vk-*.json (llama-bench compatible JSON) and printed tables.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -63,15 +65,44 @@ peer)
     done
     ;;
 quire)
+    # tg128 and pp512 of both files on wgpu (plain, and chain decode of 16 steps per submission),
+    # then the same files on quire's CUDA backend (same call, same machine).
     name=${1:-new}
     Q=$W/$name/quire
     "$Q" adapters
     for f in "$F16" "$Q4KM"; do
-        "$Q" bench -m "$f" --backend wgpu -p 512 -n 128 -r "$REPS" -o json > "$OUT/vk-$name-$(tag "$f").json" \
-            2> "$OUT/vk-$name-$(tag "$f").log" || tail -5 "$OUT/vk-$name-$(tag "$f").log"
-        python3 -c "import json,sys; [print(r['model_type'], r['n_prompt'], r['n_gen'], round(r['avg_ts'],1), '±', round(r['stddev_ts'],1)) for r in json.load(open(sys.argv[1]))]" "$OUT/vk-$name-$(tag "$f").json" || true
+        for be in wgpu cuda; do
+            chain=(); [ "$be" = wgpu ] && chain=(--chain 16)
+            "$Q" bench -m "$f" --backend "$be" -p 512 -n 128 -r "$REPS" "${chain[@]}" -o json \
+                > "$OUT/vk-$name-$be-$(tag "$f").json" 2> "$OUT/vk-$name-$be-$(tag "$f").log" \
+                || { tail -5 "$OUT/vk-$name-$be-$(tag "$f").log"; continue; }
+            python3 -c "import json,sys; [print(sys.argv[2], r['model_type'], 'pp', r['n_prompt'], 'tg', r['n_gen'], r.get('test',''), round(r['avg_ts'],1), '±', round(r['stddev_ts'],1)) for r in json.load(open(sys.argv[1]))]" "$OUT/vk-$name-$be-$(tag "$f").json" "$be"
+        done
     done
     ;;
+batched)
+    name=${1:-new}
+    Q=$W/$name/quire
+    for be in wgpu cuda; do
+        echo "quire bench $(tag "$F16") -b 64 --backend $be:"
+        "$Q" bench -m "$F16" --backend "$be" -p 512 -n 128 -b 64 -r 1 2>&1 | grep -E "^\| (llama|qwen)|rror" || true
+    done
+    ;;
+micro)
+    # The adapter's ceilings and each kernel family's microbenchmark (GPU timestamps).
+    name=${1:-new}
+    B=$W/$name
+    "$B/quire" roofline --backend wgpu 2>&1 | tail -15 || true
+    "$B/wgpu_gemv_bench" --types f16,q4_0,q4_k,q6_k,q8_0 2>&1 | tail -30 || true
+    "$B/wgpu_gemm_bench" 2>&1 | tail -30 || true
+    echo "attn-bench seed config (B16 Hq16 Hkv8 D128 block 32, 1,024 keys):"
+    "$B/quire" attn-bench --backend wgpu --batch 16 --q-heads 16 --kv-heads 8 --head-dim 128 --block-size 32 \
+        --max-blocks 64 --active-blocks 32 --repeats 200 --csv "$OUT/attn-seed.csv" 2>&1 | tail -12 || true
+    echo "attn-bench decode B16 L4096 (Hq32 Hkv8 D128 block 16):"
+    "$B/quire" attn-bench --backend wgpu --batch 16 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size 16 \
+        --max-blocks 256 --active-blocks 256 --repeats 100 2>&1 | tail -12 || true
+    "$B/quire" profile -m "$F16" --backend wgpu -p 512 -d 512 -r 3 2>&1 | tail -40 || true
+    ;;
 *)
-    sed -n '2,13p' "$0"; exit 2 ;;
+    sed -n '2,15p' "$0"; exit 2 ;;
 esac
