@@ -11,11 +11,12 @@ use {
     half::f16,
     quire_backend::wgpu::kernels::{HeadShape, Kernels},
     quire_backend::wgpu::probe::{AttnInput, Probe},
-    quire_backend::{HostTensor, TensorBytes},
+    quire_backend::HostTensor,
     quire_gguf::GgmlType,
     quire_testkit::metric::{self, rel_l2, RelL2},
     quire_testkit::paged::{PagedBatch, PagedCase},
-    rand::{rngs::StdRng, Rng, SeedableRng},
+    quire_testkit::random::{rnd, tensor},
+    rand::{rngs::StdRng, SeedableRng},
 };
 
 #[cfg(feature = "wgpu")]
@@ -23,33 +24,6 @@ fn probe() -> Probe {
     let adapter = std::env::var("QUIRE_WGPU_ADAPTER").ok();
     Probe::new(adapter.as_deref())
         .unwrap_or_else(|e| quire_testkit::missing(quire_testkit::Backend::Wgpu, &e))
-}
-
-#[cfg(feature = "wgpu")]
-fn rnd(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-a..a)).collect()
-}
-
-/// A `[rows, cols]` tensor of type `t` from random values.
-#[cfg(feature = "wgpu")]
-fn tensor(rng: &mut StdRng, t: GgmlType, rows: usize, cols: usize) -> HostTensor {
-    let v = rnd(rng, rows * cols, 1.0);
-    let mut bytes = Vec::new();
-    match t {
-        GgmlType::F32 => bytes.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-        GgmlType::F16 => bytes.extend(v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes())),
-        GgmlType::BF16 => bytes.extend(
-            v.iter()
-                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()),
-        ),
-        _ => quire_gguf::quantize_row(t, &v, &mut bytes).expect("quantizes"),
-    }
-    HostTensor {
-        name: format!("w_{}", t.name()),
-        dtype: t,
-        dims: vec![cols, rows],
-        bytes: TensorBytes::owned(bytes),
-    }
 }
 
 /// The f64 product `x` · `w`ᵀ of `[n, cols]` and `[rows, cols]`, the weights as the device holds

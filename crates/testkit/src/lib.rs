@@ -39,6 +39,7 @@
 
 pub mod metric;
 pub mod paged;
+pub mod random;
 mod tempdir;
 
 pub use tempdir::TempDir;
