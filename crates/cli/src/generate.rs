@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use quire_core::{FinishReason, SamplingParams, TokenId};
+use quire_core::{Constraint, FinishReason, SamplingParams, TokenId};
 use quire_engine::{Engine, RequestTimings};
 use quire_model::LoadedModel;
 use quire_tokenizer::ChatMessage;
@@ -46,11 +46,38 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Structured output: the text is a JSON value following the JSON Schema in FILE
+    #[arg(long, value_name = "FILE", group = "structured")]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: the text is one JSON object
+    #[arg(long, group = "structured")]
+    pub json_object: bool,
+    /// Structured output: the text matches this regular expression
+    #[arg(long, value_name = "REGEX", group = "structured")]
+    pub regex: Option<String>,
+    /// Structured output: the text follows the grammar in FILE, in llguidance's Lark-like syntax
+    /// (e.g. `start: "yes" | "no"`; see the README)
+    #[arg(long, value_name = "FILE", group = "structured")]
+    pub grammar: Option<PathBuf>,
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> SamplingParams {
-        SamplingParams {
+    pub fn params(&self) -> Result<SamplingParams> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        };
+        let constraint = if let Some(p) = &self.json_schema {
+            Some(Constraint::JsonSchema(read(p)?))
+        } else if self.json_object {
+            Some(Constraint::JsonObject)
+        } else if let Some(rx) = &self.regex {
+            Some(Constraint::Regex(rx.clone()))
+        } else if let Some(p) = &self.grammar {
+            Some(Constraint::Lark(read(p)?))
+        } else {
+            None
+        };
+        Ok(SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -61,8 +88,9 @@ impl SamplingArgs {
             max_tokens: self.max_tokens,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            constraint,
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -163,7 +191,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
     // Reading the model and building the engine (weights on the device, KV cache).
     let load_ms = file_ms + t_engine.elapsed().as_secs_f64() * 1e3;
-    let id = engine.add_request(tokens.clone(), a.sampling.params())?;
+    let id = engine.add_request(tokens.clone(), a.sampling.params()?)?;
     let mut completion = Vec::new();
     let mut text = String::new();
     let stdout = std::io::stdout();
@@ -242,7 +270,7 @@ fn run_file(
     let text = std::fs::read_to_string(input)
         .with_context(|| format!("cannot read {}", input.display()))?;
     let mut engine = build_engine(model, &a.model, &a.engine, 0)?;
-    let base = a.sampling.params();
+    let base = a.sampling.params()?;
     let mut ids = std::collections::HashMap::new();
     let mut prompts = Vec::new();
     // A bad line (JSON, fields, tokenization, a request the engine refuses) is reported on
@@ -430,7 +458,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             content: line.to_string(),
         });
         let tokens = encode_chat(&model, &messages)?;
-        let id = match engine.add_request(tokens, a.sampling.params()) {
+        let id = match engine.add_request(tokens, a.sampling.params()?) {
             Ok(id) => id,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -85,6 +85,35 @@ pub struct SamplingParams {
     pub logprobs: bool,
     /// Most likely alternatives to report with each token's log-probability (0 = none, at most 20).
     pub top_logprobs: usize,
+    /// Structured output: every sampled token keeps the text a prefix of this grammar's language
+    /// (the engine masks the other tokens out before sampling).
+    pub constraint: Option<Constraint>,
+}
+
+/// A grammar the output must follow (OpenAI's `response_format`, and the regex and grammar forms
+/// of vLLM and llama.cpp). Compiled by the engine against the model's vocabulary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value", rename_all = "snake_case")]
+pub enum Constraint {
+    /// Any JSON object (`{"type": "json_object"}`).
+    JsonObject,
+    /// A JSON Schema, as JSON text.
+    JsonSchema(String),
+    /// A regular expression the whole output matches.
+    Regex(String),
+    /// A grammar in llguidance's Lark-like syntax (a superset of Lark; see the README).
+    Lark(String),
+}
+
+impl Constraint {
+    /// The request field it came from, for error messages.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Constraint::JsonObject | Constraint::JsonSchema(_) => "response_format",
+            Constraint::Regex(_) => "regex",
+            Constraint::Lark(_) => "grammar",
+        }
+    }
 }
 
 impl Default for SamplingParams {
@@ -104,6 +133,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: false,
             top_logprobs: 0,
+            constraint: None,
         }
     }
 }
@@ -156,6 +186,9 @@ pub enum FinishReason {
     Length,
     /// Aborted by the caller.
     Abort,
+    /// The request's grammar admits no further token and does not accept the output as complete
+    /// (a dead end: the output is a prefix of the grammar's language that cannot be finished).
+    Grammar,
 }
 
 impl FinishReason {
@@ -164,6 +197,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Grammar => "grammar",
         }
     }
 }

@@ -15,6 +15,7 @@ use quire_kv::KvCacheConfig;
 use quire_sched::{Scheduler, SchedulerConfig, SchedulerOutput};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constrain::{Grammars, Guide};
 use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
 use crate::sampler::{Sampled, Sampler};
 use crate::stop::{find_stop, held_back};
@@ -77,6 +78,11 @@ struct RequestState {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     num_output: usize,
+    /// The request's grammar state, when it asked for structured output.
+    guide: Option<Guide>,
+    /// Set when the grammar ends the request after this step's token: `Stop` (complete),
+    /// `Grammar` (a dead end: no token allowed).
+    grammar_end: Option<FinishReason>,
 }
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -105,6 +111,8 @@ pub struct Engine {
     buf: BatchBuffers,
     row: Vec<f32>,
     stats: EngineStats,
+    /// Built the first time a request asks for structured output.
+    grammars: Option<Grammars>,
 }
 
 impl Engine {
@@ -135,6 +143,7 @@ impl Engine {
             buf: BatchBuffers::default(),
             row: Vec::new(),
             stats: EngineStats::default(),
+            grammars: None,
         }
     }
 
@@ -169,6 +178,10 @@ impl Engine {
                 t.0
             )));
         }
+        let guide = match &params.constraint {
+            Some(c) => Some(self.grammars()?.compile(c)?),
+            None => None,
+        };
         let id = SeqId(self.next_id);
         let prompt_len = prompt.len();
         self.sched.add_request(id, prompt, params.max_tokens)?;
@@ -185,9 +198,19 @@ impl Engine {
                 first_token: None,
                 last_token: None,
                 num_output: 0,
+                guide,
+                grammar_end: None,
             },
         );
         Ok(id)
+    }
+
+    /// The grammar compiler for this engine's tokenizer, built on first use.
+    pub fn grammars(&mut self) -> Result<&Grammars, EngineError> {
+        if self.grammars.is_none() {
+            self.grammars = Some(Grammars::new(&self.tokenizer)?);
+        }
+        Ok(self.grammars.as_ref().expect("built above"))
     }
 
     /// Stops a request at once and frees its KV blocks. False if it is unknown or finished.
@@ -301,7 +324,23 @@ impl Engine {
             return Ok(token_only(ids));
         }
         let vocab = self.exec.vocab_size();
-        let logits = execute(self.exec.as_mut(), &self.buf, &tables)?;
+        // Grammar masks depend only on the tokens so far: they are computed on another thread
+        // while the forward pass runs, off its critical path.
+        let requests = &mut self.requests;
+        let (logits, mut masks) = std::thread::scope(|scope| {
+            let masker = scope.spawn(|| {
+                let mut masks = HashMap::new();
+                for &(id, _) in &sampling {
+                    if let Some(guide) = requests.get_mut(&id).and_then(|r| r.guide.as_mut()) {
+                        masks.insert(id, guide.mask());
+                    }
+                }
+                masks
+            });
+            let logits = execute(self.exec.as_mut(), &self.buf, &tables);
+            (logits, masker.join().unwrap_or_default())
+        });
+        let logits = logits?;
         let mut picks = Vec::with_capacity(sampling.len());
         for &(id, row) in &sampling {
             let Some(req) = self.requests.get_mut(&id) else {
@@ -312,8 +351,44 @@ impl Engine {
             self.row.clear();
             self.row
                 .extend_from_slice(&logits[row * vocab..(row + 1) * vocab]);
+            if req.guide.is_some() {
+                let mask = masks
+                    .remove(&id)
+                    .unwrap_or_else(|| Err("the mask computation failed".into()));
+                let grammars = self.grammars.as_ref().expect("a guided request built them");
+                let allowed = match &mask {
+                    Ok(m) => grammars.apply(m, &mut self.row),
+                    Err(_) => 0,
+                };
+                if allowed == 0 {
+                    // A dead end: finish the request instead of sampling from nothing.
+                    req.grammar_end = Some(FinishReason::Grammar);
+                    let token = self.stop_tokens.first().copied().unwrap_or(TokenId(0));
+                    let pick = Sampled {
+                        token,
+                        logprob: None,
+                        top: Vec::new(),
+                    };
+                    picks.push((id, pick));
+                    continue;
+                }
+            }
             let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
-            picks.push((id, req.sampler.sample(&mut self.row, history, n_top)));
+            let pick = req.sampler.sample(&mut self.row, history, n_top);
+            if let Some(guide) = req.guide.as_mut() {
+                let ends = self
+                    .grammars
+                    .as_ref()
+                    .is_some_and(|g| g.is_stop_token(pick.token));
+                if !ends {
+                    if guide.consume(pick.token).is_err() {
+                        req.grammar_end = Some(FinishReason::Grammar);
+                    } else if guide.is_stopped() {
+                        req.grammar_end = Some(FinishReason::Stop);
+                    }
+                }
+            }
+            picks.push((id, pick));
         }
         Ok(picks)
     }
@@ -377,7 +452,10 @@ impl RequestState {
         let mut finish = None;
         let mut cut = false;
         let mut tokens = Vec::new();
-        if is_stop_token {
+        if self.grammar_end == Some(FinishReason::Grammar) {
+            // No token was allowed: the pick is a placeholder, not output.
+            finish = Some(FinishReason::Grammar);
+        } else if is_stop_token {
             finish = Some(FinishReason::Stop);
         } else {
             self.num_output += 1;
@@ -389,6 +467,10 @@ impl RequestState {
                 finish = Some(FinishReason::Stop);
                 cut = true;
             }
+        }
+        if finish.is_none() {
+            // The grammar is complete: nothing but an end token could follow.
+            finish = self.grammar_end.take();
         }
         if finish.is_none() {
             finish = length_done.get(&id).copied();

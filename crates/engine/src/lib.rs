@@ -2,6 +2,7 @@
 //! scheduler, the executor with its KV cache, each request's sampler and detokenizer); the server
 //! talks to that thread over channels. `runner` turns a scheduler step into a backend batch.
 
+pub mod constrain;
 pub mod engine;
 pub mod runner;
 pub mod sampler;
@@ -18,6 +19,12 @@ pub enum EngineError {
     Sched(#[from] quire_sched::SchedError),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A request's grammar (`response_format`, `regex` or `grammar`) is refused.
+    #[error("invalid `{field}`: {message}")]
+    Constraint {
+        field: &'static str,
+        message: String,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] quire_tokenizer::TokenizerError),
 }

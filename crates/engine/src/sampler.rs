@@ -79,11 +79,12 @@ impl Sampler {
     }
 
     /// True when the next token depends on the logits row alone (no penalties, no
-    /// log-probabilities asked), so the backend may pick it on the device from `device_params`.
+    /// log-probabilities asked, no grammar), so the backend may pick it on the device from `device_params`.
     pub fn is_plain(&self) -> bool {
         let p = &self.params;
         !p.logprobs
             && p.top_logprobs == 0
+            && p.constraint.is_none()
             && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0

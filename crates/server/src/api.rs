@@ -3,7 +3,7 @@
 //! the typed request (a wrong type is a 400 whose `param` is the field's path). Unknown fields are
 //! ignored, as vLLM and llama.cpp do; features quire does not have are refused by name.
 
-use quire_core::{SamplingParams, TokenId, MAX_TOP_LOGPROBS};
+use quire_core::{Constraint, SamplingParams, TokenId, MAX_TOP_LOGPROBS};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -80,6 +80,11 @@ pub struct GenRequest {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub tools: Option<Vec<Value>>,
     pub response_format: Option<Value>,
+    /// Extra field (as vLLM's `guided_regex`): the output matches this regular expression.
+    pub regex: Option<String>,
+    /// Extra field: the output follows this grammar, in llguidance's Lark-like syntax (not
+    /// llama.cpp's GBNF; see the README).
+    pub grammar: Option<String>,
     pub user: Option<String>,
 }
 
@@ -142,6 +147,66 @@ fn unsupported(name: &str, why: &str) -> ApiError {
 }
 
 impl GenRequest {
+    /// The structured-output request, if any: `response_format` (`text`, `json_object`, or
+    /// `json_schema` with its `schema`), `regex` or `grammar` — at most one of them. The grammar
+    /// itself is compiled (and refused, naming the field) when the engine admits the request.
+    fn constraint(&self) -> Result<Option<Constraint>, ApiError> {
+        let bad = |param: &str, why: String| ApiError::bad_request(why).param(param);
+        let format = match &self.response_format {
+            None | Some(Value::Null) => None,
+            Some(f) => match f.get("type").and_then(Value::as_str) {
+                Some("text") => None,
+                Some("json_object") => Some(Constraint::JsonObject),
+                Some("json_schema") => {
+                    let Some(spec) = f.get("json_schema").filter(|v| v.is_object()) else {
+                        return Err(bad(
+                            "response_format.json_schema",
+                            "`response_format.json_schema` must be an object with a `schema`".into(),
+                        ));
+                    };
+                    match spec.get("schema") {
+                        Some(schema) if schema.is_object() || schema.is_boolean() => {
+                            Some(Constraint::JsonSchema(schema.to_string()))
+                        }
+                        // OpenAI lets `schema` be left out: any JSON object then.
+                        None => Some(Constraint::JsonObject),
+                        Some(_) => {
+                            return Err(bad(
+                                "response_format.json_schema.schema",
+                                "`response_format.json_schema.schema` must be a JSON Schema object".into(),
+                            ))
+                        }
+                    }
+                }
+                other => {
+                    return Err(bad(
+                        "response_format.type",
+                        format!(
+                            "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\", got {}",
+                            other.map_or("nothing".to_string(), |t| format!("{t:?}"))
+                        ),
+                    ))
+                }
+            },
+        };
+        let given = [
+            format.map(|c| ("response_format", c)),
+            self.regex.clone().map(|r| ("regex", Constraint::Regex(r))),
+            self.grammar
+                .clone()
+                .map(|g| ("grammar", Constraint::Lark(g))),
+        ];
+        let mut given = given.into_iter().flatten();
+        let first = given.next();
+        if let Some((name, _)) = given.next() {
+            return Err(bad(
+                name,
+                "give at most one of `response_format` (JSON), `regex` and `grammar`".into(),
+            ));
+        }
+        Ok(first.map(|(_, c)| c))
+    }
+
     /// Checks the fields shared by both endpoints; `chat` selects the logprobs flavour.
     pub fn common(&self, chat: bool) -> Result<CommonOptions, ApiError> {
         let mut p = SamplingParams::default();
@@ -253,15 +318,7 @@ impl GenRequest {
         if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(unsupported("tools", "tool calls are not implemented"));
         }
-        if let Some(f) = &self.response_format {
-            let kind = f.get("type").and_then(Value::as_str);
-            if !(f.is_null() || kind == Some("text")) {
-                return Err(unsupported(
-                    "response_format",
-                    "only {\"type\": \"text\"} is served",
-                ));
-            }
-        }
+        p.constraint = self.constraint()?;
         let logprobs = if chat {
             match &self.logprobs {
                 None | Some(Value::Null) | Some(Value::Bool(false)) => {
@@ -462,6 +519,62 @@ mod tests {
             r.common(true).unwrap_err().param.as_deref(),
             Some("top_logprobs")
         );
+    }
+
+    #[test]
+    fn structured_output_fields_become_constraints_or_are_refused_by_name() {
+        let ok: &[(&str, Option<Constraint>)] = &[
+            (r#"{}"#, None),
+            (r#"{"response_format": {"type": "text"}}"#, None),
+            (
+                r#"{"response_format": {"type": "json_object"}}"#,
+                Some(Constraint::JsonObject),
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "integer"}, "strict": true}}}"#,
+                Some(Constraint::JsonSchema(r#"{"type":"integer"}"#.into())),
+            ),
+            (
+                r#"{"regex": "[ab]+"}"#,
+                Some(Constraint::Regex("[ab]+".into())),
+            ),
+            (
+                r#"{"grammar": "start: \"x\""}"#,
+                Some(Constraint::Lark("start: \"x\"".into())),
+            ),
+        ];
+        for (body, want) in ok {
+            let got = parse_body(body.as_bytes()).unwrap().common(true).unwrap();
+            assert_eq!(&got.params.constraint, want, "{body}");
+        }
+        let bad: &[(&str, &str)] = &[
+            (
+                r#"{"response_format": {"type": "xml"}}"#,
+                "response_format.type",
+            ),
+            (r#"{"response_format": {}}"#, "response_format.type"),
+            (
+                r#"{"response_format": {"type": "json_schema"}}"#,
+                "response_format.json_schema",
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (
+                r#"{"response_format": {"type": "json_object"}, "regex": "a"}"#,
+                "regex",
+            ),
+            (r#"{"regex": "a", "grammar": "start: \"a\""}"#, "grammar"),
+        ];
+        for (body, param) in bad {
+            let e = parse_body(body.as_bytes())
+                .unwrap()
+                .common(true)
+                .unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(*param), "{body}: {}", e.message);
+        }
     }
 
     #[test]

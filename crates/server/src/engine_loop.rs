@@ -205,6 +205,9 @@ impl EngineLoop {
             .add_request(prompt, params)
             .map_err(|e| match e {
                 EngineError::InvalidRequest(m) => ApiError::bad_request(m),
+                e @ EngineError::Constraint { field, .. } => {
+                    ApiError::bad_request(e.to_string()).param(field)
+                }
                 EngineError::Sched(e @ SchedError::PromptTooLong { .. }) => {
                     ApiError::bad_request(e.to_string()).code("context_length_exceeded")
                 }

@@ -72,7 +72,7 @@ pub struct Metrics {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     /// Finished requests by reason: stop, length, abort.
-    pub finished: [u64; 3],
+    pub finished: [u64; 4],
     /// Requests refused because the waiting queue was full.
     pub rejected_queue_full: u64,
     pub ttft: Histogram,
@@ -85,7 +85,7 @@ impl Default for Metrics {
         Self {
             prompt_tokens: 0,
             generation_tokens: 0,
-            finished: [0; 3],
+            finished: [0; 4],
             rejected_queue_full: 0,
             ttft: Histogram::new(TTFT_BOUNDS),
             itl: Histogram::new(ITL_BOUNDS),
@@ -99,6 +99,7 @@ fn reason_index(r: FinishReason) -> usize {
         FinishReason::Stop => 0,
         FinishReason::Length => 1,
         FinishReason::Abort => 2,
+        FinishReason::Grammar => 3,
     }
 }
 
@@ -199,6 +200,7 @@ impl Metrics {
             FinishReason::Stop,
             FinishReason::Length,
             FinishReason::Abort,
+            FinishReason::Grammar,
         ] {
             let _ = writeln!(
                 out,
