@@ -174,13 +174,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("give --prompt TEXT (or --prompts-file IN.jsonl --output OUT.jsonl)");
     };
     let tokens = if a.chat {
-        encode_chat(
-            &model,
-            &[ChatMessage {
-                role: "user".into(),
-                content: prompt.clone(),
-            }],
-        )?
+        encode_chat(&model, &[ChatMessage::new("user", prompt.clone())])?
     } else {
         encode_prompt(&model, prompt)?
     };
@@ -424,10 +418,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let mut engine: Engine = build_engine(&model, &a.model, &a.engine, 0)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        });
+        messages.push(ChatMessage::new("system", s.clone()));
     }
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
@@ -453,10 +444,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: line.to_string(),
-        });
+        messages.push(ChatMessage::new("user", line.to_string()));
         let tokens = encode_chat(&model, &messages)?;
         let id = match engine.add_request(tokens, a.sampling.params()?) {
             Ok(id) => id,
@@ -481,9 +469,6 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             }
         }
         writeln!(out)?;
-        messages.push(ChatMessage {
-            role: "assistant".into(),
-            content: reply,
-        });
+        messages.push(ChatMessage::new("assistant", reply));
     }
 }

@@ -98,7 +98,7 @@ impl Drop for Server {
 fn python() -> String {
     let py = std::env::var("QUIRE_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&py)
-        .args(["-c", "import openai, prometheus_client"])
+        .args(["-c", "import openai, prometheus_client, jsonschema"])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -106,7 +106,7 @@ fn python() -> String {
         return py;
     }
     let msg = format!(
-        "{py} lacks the openai/prometheus_client packages: pip install -r tests/python/requirements.txt \
+        "{py} lacks the openai/prometheus_client/jsonschema packages: pip install -r tests/python/requirements.txt \
          and set QUIRE_PYTHON (.ci/run does)"
     );
     panic!("{msg}")
@@ -182,6 +182,31 @@ fn openai_clients_get_what_generate_gives() {
     run_client(&py, &s, "sesame", &["concurrent", "64"]);
     run_client(&py, &s, "sesame", &["metrics"]);
     run_client(&py, &s, "sesame", &["chaos", "1000"]);
+}
+}
+
+quire_testkit::py_test! {
+fn structured_outputs_and_tool_calls_through_the_openai_client() {
+    // tests/python/structured_client.py: json_schema replies validate (jsonschema), required and
+    // named tool choices always give calls whose arguments validate, streamed tool-call deltas
+    // assemble to the non-streamed message, bad schemas/grammars/tools are 400s naming the field.
+    let py = python();
+    let s = Server::start(&["--max-num-seqs", "16"]);
+    let out = Command::new(&py)
+        .arg(repo_root().join("tests/python/structured_client.py"))
+        .env("QUIRE_URL", &s.url)
+        .env("QUIRE_KEY", "none")
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "structured_client.py failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("structured_client.py: {stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(v["schemas"].as_u64() >= Some(8) && v["calls"].as_u64() >= Some(12), "{v}");
 }
 }
 

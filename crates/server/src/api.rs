@@ -48,6 +48,11 @@ pub enum ContentInput {
 pub struct MessageInput {
     pub role: String,
     pub content: Option<ContentInput>,
+    /// An assistant turn's calls (OpenAI's shape, arguments as a JSON string).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn: which call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// The fields of both endpoints; each endpoint reads its own.
@@ -79,6 +84,8 @@ pub struct GenRequest {
     pub suffix: Option<String>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<Value>,
     /// Extra field (as vLLM's `guided_regex`): the output matches this regular expression.
     pub regex: Option<String>,
@@ -130,6 +137,8 @@ pub struct CommonOptions {
     pub stream: bool,
     pub include_usage: bool,
     pub logprobs: LogprobsMode,
+    /// Chat with `tools`: how calls are asked for and read back (set by the chat endpoint).
+    pub tools: Option<crate::tools::ToolSpec>,
 }
 
 fn range_f32(v: Option<f32>, name: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
@@ -315,8 +324,11 @@ impl GenRequest {
         if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
             return Err(unsupported("logit_bias", "not implemented"));
         }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(unsupported("tools", "tool calls are not implemented"));
+        if !chat && self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(unsupported(
+                "tools",
+                "tool calls are served on /v1/chat/completions",
+            ));
         }
         p.constraint = self.constraint()?;
         let logprobs = if chat {
@@ -378,6 +390,7 @@ impl GenRequest {
             stream,
             include_usage,
             logprobs,
+            tools: None,
         })
     }
 
@@ -452,7 +465,24 @@ impl GenRequest {
             } else {
                 &m.role
             };
-            out.push(quire_tokenizer::ChatMessage::new(role, content));
+            let mut msg = quire_tokenizer::ChatMessage::new(role, content);
+            if let Some(calls) = m.tool_calls.as_deref().filter(|c| !c.is_empty()) {
+                if role != "assistant" {
+                    return Err(ApiError::bad_request(format!(
+                        "messages[{i}]: only assistant messages carry `tool_calls`"
+                    ))
+                    .param(format!("messages[{i}].tool_calls")));
+                }
+                msg.tool_calls = Some(crate::tools::message_tool_calls(
+                    calls,
+                    &format!("messages[{i}]"),
+                )?);
+            }
+            if role == "tool" {
+                msg.tool_call_id = m.tool_call_id.clone();
+            }
+            msg.name = m.name.clone();
+            out.push(msg);
         }
         Ok(out)
     }

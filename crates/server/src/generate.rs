@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::api::{CommonOptions, LogprobsMode};
 use crate::engine_loop::{AddRequest, Cmd, Event};
 use crate::error::ApiError;
+use crate::tools::{self, ToolCall};
 use crate::AppState;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,8 @@ struct Choice {
     offset: usize,
     logprobs: Vec<Value>,
     error: Option<String>,
+    /// Chat with tools, streamed: bytes of `text` sent as content so far.
+    streamed: usize,
 }
 
 /// Turns prompts into engine requests and answers (streamed or whole).
@@ -121,6 +124,39 @@ fn resolve_max_tokens(
 
 fn finish_str(f: Option<FinishReason>) -> Value {
     f.map_or(Value::Null, |f| Value::from(f.as_str()))
+}
+
+/// A finished chat choice's content and tool calls (read back from its text when the request
+/// had tools), and its finish reason: `tool_calls` when calls ended the reply.
+fn chat_reply(opts: &CommonOptions, c: &Choice) -> (String, Vec<ToolCall>, Value) {
+    let Some(spec) = &opts.tools else {
+        return (c.text.clone(), Vec::new(), finish_str(c.finish));
+    };
+    let (content, calls) = spec.extract(&c.text);
+    let finish = if !calls.is_empty() && c.finish == Some(FinishReason::Stop) {
+        Value::from("tool_calls")
+    } else {
+        finish_str(c.finish)
+    };
+    (content, calls, finish)
+}
+
+fn chat_message(opts: &CommonOptions, id: &str, index: usize, c: &Choice) -> (Value, Value) {
+    let (content, calls, finish) = chat_reply(opts, c);
+    if calls.is_empty() {
+        return (json!({"role": "assistant", "content": content}), finish);
+    }
+    let content = if content.trim().is_empty() {
+        Value::Null
+    } else {
+        Value::from(content)
+    };
+    let message = json!({
+        "role": "assistant",
+        "content": content,
+        "tool_calls": tools::calls_json(&calls, id, index, false),
+    });
+    (message, finish)
 }
 
 impl Choice {
@@ -300,12 +336,15 @@ async fn whole_response(
                     "index": i, "text": c.text, "logprobs": logprobs,
                     "finish_reason": finish_str(c.finish),
                 }),
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": logprobs,
-                    "finish_reason": finish_str(c.finish),
-                }),
+                Kind::Chat => {
+                    let (message, finish) = chat_message(&opts, &id, i, c);
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    })
+                }
             }
         })
         .collect();
@@ -358,6 +397,7 @@ impl StreamState {
                 "index": i, "text": o.text_delta, "logprobs": lp,
                 "finish_reason": finish_str(o.finish_reason),
             }),
+            Kind::Chat if self.opts.tools.is_some() => return self.tool_chunks(i, lp),
             Kind::Chat => {
                 let delta = if o.text_delta.is_empty() {
                     json!({})
@@ -369,6 +409,47 @@ impl StreamState {
             }
         };
         vec![sse_json(self.chunk(vec![c]))]
+    }
+
+    /// A chat choice with tools, streamed: content goes out as long as it cannot be the start of
+    /// a call (and without trailing whitespace, which a call after it would trim); at the end the
+    /// rest of the content, then every call in one `tool_calls` delta, so the chunks assemble to
+    /// the non-streamed message.
+    fn tool_chunks(&mut self, i: usize, lp: Value) -> Vec<SseEvent> {
+        let spec = self.opts.tools.as_ref().expect("checked by the caller");
+        let c = &self.choices[i];
+        let mut out = Vec::new();
+        let delta_of = |delta: Value, lp: Value, finish: Value| json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish});
+        if c.finish.is_none() {
+            let safe = spec.safe_prefix(&c.text);
+            let delta = if safe > c.streamed {
+                json!({"content": c.text[c.streamed..safe]})
+            } else {
+                json!({})
+            };
+            if safe > c.streamed || !lp.is_null() {
+                out.push(delta_of(delta, lp, Value::Null));
+            }
+            self.choices[i].streamed = safe.max(c.streamed);
+        } else {
+            let (content, calls, finish) = chat_reply(&self.opts, c);
+            let sent = &c.text[..c.streamed];
+            let rest = content.strip_prefix(sent).unwrap_or_default();
+            let mut delta = serde_json::Map::new();
+            if !rest.is_empty() {
+                delta.insert("content".into(), Value::from(rest));
+            }
+            if !calls.is_empty() {
+                delta.insert(
+                    "tool_calls".into(),
+                    tools::calls_json(&calls, &self.id, i, true),
+                );
+            }
+            out.push(delta_of(Value::Object(delta), lp, finish));
+        }
+        out.into_iter()
+            .map(|c| sse_json(self.chunk(vec![c])))
+            .collect()
     }
 
     /// The usage chunk (when asked for) and `[DONE]`.

@@ -12,6 +12,7 @@ pub mod error;
 pub mod generate;
 pub mod metrics;
 pub mod prep;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -198,9 +199,39 @@ async fn chat_completions(
     let body = prep::read_body(&st, &headers, body).await?;
     let req = api::parse_body(&body)?;
     st.check_model(req.model.as_deref())?;
-    let opts = req.common(true)?;
-    let messages = req.chat_messages()?;
-    let prompt = prep::chat_prompt(&st, messages).await?;
+    let mut opts = req.common(true)?;
+    let mut messages = req.chat_messages()?;
+    let mut extra = serde_json::Map::new();
+    opts.tools = tools::ToolSpec::parse(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        &st.chat_template,
+    )?;
+    if let Some(spec) = &opts.tools {
+        if let Some(c) = spec.constraint() {
+            if opts.params.constraint.is_some() {
+                return Err(ApiError::bad_request(
+                    "a required or named `tool_choice` constrains the reply itself: \
+                     give it or `response_format`/`regex`/`grammar`, not both",
+                )
+                .param("tool_choice"));
+            }
+            opts.params.constraint = Some(c);
+        }
+        if spec.describe_in_system {
+            match messages.first_mut().filter(|m| m.role == "system") {
+                Some(sys) => sys.content = format!("{}\n\n{}", sys.content, spec.system_prompt()),
+                None => messages.insert(
+                    0,
+                    quire_tokenizer::ChatMessage::new("system", spec.system_prompt()),
+                ),
+            }
+        } else {
+            extra.insert("tools".into(), spec.template_tools());
+        }
+    }
+    let prompt = prep::chat_prompt(&st, messages, extra).await?;
     generate::run(st, Kind::Chat, vec![prompt], opts, arrival).await
 }
 

@@ -118,6 +118,7 @@ pub async fn completion_prompts(
 pub async fn chat_prompt(
     st: &Arc<AppState>,
     messages: Vec<ChatMessage>,
+    extra: serde_json::Map<String, serde_json::Value>,
 ) -> Result<Vec<TokenId>, ApiError> {
     let content: usize = messages.iter().map(|m| m.content.len()).sum();
     if content > st.max_prompt_bytes {
@@ -126,6 +127,7 @@ pub async fn chat_prompt(
     let opts = ChatOptions {
         content_special: st.special_tokens_in_content,
         max_rendered_bytes: Some(st.max_prompt_bytes),
+        extra,
     };
     let st2 = st.clone();
     let res = blocking(st, move || {

@@ -11,11 +11,20 @@ use serde::{Deserialize, Serialize};
 use crate::pyfns::{dumps, strftime_now, DumpOptions};
 use crate::TokenizerError;
 
-/// One message of a conversation.
+/// One message of a conversation. The tool fields are what Hugging Face chat templates read:
+/// an assistant turn's `tool_calls` (`[{"type": "function", "function": {"name", "arguments"}}]`,
+/// arguments as an object) and a `tool` turn's `tool_call_id` / `name`; absent fields are not
+/// shown to the template at all.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -23,6 +32,9 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -172,6 +184,18 @@ impl ChatTemplate {
         })
     }
 
+    /// Whether the template's source mentions `word` (e.g. `tools`, `<tool_call>`): how a caller
+    /// tells which tool-call convention a model was trained with. The ChatML fallback mentions
+    /// nothing.
+    pub fn mentions(&self, word: &str) -> bool {
+        match &self.inner {
+            Inner::Jinja { env, .. } => env
+                .get_template(TEMPLATE_NAME)
+                .is_ok_and(|t| t.source().contains(word)),
+            Inner::ChatMl => false,
+        }
+    }
+
     /// A ChatML template (`<|im_start|>role\ncontent<|im_end|>\n` per message) for models that ship
     /// none.
     pub fn chatml_fallback() -> Self {
@@ -251,8 +275,10 @@ pub fn encode_chat(
 }
 
 /// How [`encode_chat_opts`] treats a conversation.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ChatOptions {
+    /// Extra template variables (e.g. `tools`), as [`ChatTemplate::render_with`] takes them.
+    pub extra: serde_json::Map<String, serde_json::Value>,
     /// Special-token text inside message content becomes control tokens, as in llama.cpp and
     /// vLLM. Off: content is plain text and only the template's own markup is special.
     pub content_special: bool,
@@ -268,7 +294,7 @@ pub fn encode_chat_opts(
     messages: &[ChatMessage],
     opts: ChatOptions,
 ) -> Result<Vec<crate::TokenId>, TokenizerError> {
-    let text = template.render(messages, true)?;
+    let text = template.render_with(messages, true, opts.extra.clone())?;
     if let Some(max) = opts.max_rendered_bytes.filter(|&m| text.len() > m) {
         return Err(TokenizerError::RenderedTooLong {
             len: text.len(),
@@ -293,16 +319,17 @@ pub fn encode_chat_opts(
     if risky.is_empty() {
         return tokenizer.encode(&text, !has_bos, true);
     }
-    let segments = content_segments(template, messages, &risky, &text).ok_or_else(|| {
-        let index = risky[0];
-        TokenizerError::ContentNotSeparable {
-            index,
-            token: tokenizer
-                .control_text_in(&messages[index].content)
-                .unwrap_or_default()
-                .to_string(),
-        }
-    })?;
+    let segments =
+        content_segments(template, messages, &risky, &text, &opts.extra).ok_or_else(|| {
+            let index = risky[0];
+            TokenizerError::ContentNotSeparable {
+                index,
+                token: tokenizer
+                    .control_text_in(&messages[index].content)
+                    .unwrap_or_default()
+                    .to_string(),
+            }
+        })?;
     tokenizer.encode_segments(&segments, !has_bos)
 }
 
@@ -316,12 +343,13 @@ fn content_segments<'a>(
     messages: &'a [ChatMessage],
     risky: &[usize],
     text: &'a str,
+    extra: &serde_json::Map<String, serde_json::Value>,
 ) -> Option<Vec<(&'a str, bool)>> {
     let mut marked = messages.to_vec();
     for &i in risky {
         marked[i].content = format!("{MARK}{i}{MARK}");
     }
-    let skeleton = template.render(&marked, true).ok()?;
+    let skeleton = template.render_with(&marked, true, extra.clone()).ok()?;
     let mut segments = Vec::new();
     let mut pos = 0; // in `text`
     let mut rest = skeleton.as_str();
