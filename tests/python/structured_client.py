@@ -17,7 +17,7 @@ import sys
 
 import jsonschema
 
-from server_client import check, check_error_shape, client, raw
+from server_client import MODEL, check, check_error_shape, client, raw
 
 SCHEMAS = {
     "person": {
@@ -99,7 +99,7 @@ PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 def ask(c, prompt, **kw):
     return c.chat.completions.create(
-        model="quire", messages=[{"role": "user", "content": prompt}], max_tokens=300, **kw
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=300, **kw
     )
 
 
@@ -115,10 +115,12 @@ def structured(c, out):
             except (json.JSONDecodeError, jsonschema.ValidationError) as e:
                 check(False, f"{name} {kw}: {e}: {ch.message.content!r}")
             out["schemas"] += 1
-    r = ask(c, "Describe a cat as JSON.", response_format={"type": "json_object"}, temperature=0)
-    check(isinstance(json.loads(r.choices[0].message.content), dict), "json_object is not an object")
+    r = ask(c, "A person as JSON: name and age only.", response_format={"type": "json_object"}, temperature=0)
+    ch = r.choices[0]
+    check(ch.finish_reason == "stop", f"json_object: finish {ch.finish_reason}: {ch.message.content!r}")
+    check(isinstance(json.loads(ch.message.content), dict), "json_object is not an object")
     r = c.chat.completions.create(
-        model="quire",
+        model=MODEL,
         messages=[{"role": "user", "content": "A date?"}],
         max_tokens=40,
         extra_body={"regex": "20[0-9]{2}-[01][0-9]-[0-3][0-9]"},
@@ -164,8 +166,11 @@ def tool_calls(c, out):
                 if kw["temperature"] == 0:
                     s = ask(c, prompt, tools=TOOLS, tool_choice=choice, stream=True, **kw)
                     content, scalls, finish = assemble(s)
-                    want = [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments} for t in calls]
-                    check(scalls == want, f"streamed calls {scalls} != {want}")
+                    # Ids are per response; everything else must agree.
+                    check(all(sc["id"] for sc in scalls), f"streamed calls without ids: {scalls}")
+                    got = [(sc["name"], sc["arguments"]) for sc in scalls]
+                    want = [(t.function.name, t.function.arguments) for t in calls]
+                    check(got == want, f"streamed calls {got} != {want}")
                     check(content == (ch.message.content or ""), f"streamed content {content!r}")
                     check(finish == "tool_calls", f"streamed finish {finish}")
                     out["streams"] += 1
@@ -173,12 +178,13 @@ def tool_calls(c, out):
     r = ask(c, prompts[0], tools=TOOLS, temperature=0)
     s = assemble(ask(c, prompts[0], tools=TOOLS, temperature=0, stream=True))
     m = r.choices[0].message
-    want = [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments} for t in m.tool_calls or []]
-    check(s == (m.content or "", want, r.choices[0].finish_reason), f"auto: stream {s} != {m}")
+    want = [(t.function.name, t.function.arguments) for t in m.tool_calls or []]
+    got = (s[0], [(sc["name"], sc["arguments"]) for sc in s[1]], s[2])
+    check(got == (m.content or "", want, r.choices[0].finish_reason), f"auto: stream {got} != {m}")
     # The tool's result goes back to the model.
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
     r = c.chat.completions.create(
-        model="quire",
+        model=MODEL,
         messages=[
             {"role": "user", "content": "What is the weather in Paris?"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -202,7 +208,7 @@ def bad_requests():
         ({"tools": TOOLS, "tool_choice": "required", "regex": "a+"}, "tool_choice"),
     ]
     for extra, param in bad:
-        body = {"model": "quire", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **extra}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, **extra}
         status, reply = raw("POST", "/v1/chat/completions", json.dumps(body))
         check_error_shape(status, reply, 400, json.dumps(extra))
         check(reply["error"]["param"] == param, f"{extra}: param {reply['error']['param']!r}, want {param!r}")

@@ -196,6 +196,7 @@ fn structured_outputs_and_tool_calls_through_the_openai_client() {
         .arg(repo_root().join("tests/python/structured_client.py"))
         .env("QUIRE_URL", &s.url)
         .env("QUIRE_KEY", "none")
+        .env("QUIRE_MODEL_ID", "SmolLM2-135M-Instruct.Q4_1")
         .output()
         .expect("run python");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
