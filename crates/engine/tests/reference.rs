@@ -4,6 +4,7 @@
 //! to the reference's. The tests that run a model run on every backend (quire-testkit's
 //! `executor_test!`), held to the same bounds.
 
+use quire_backend::cpu::{CpuExecutor, CpuMath, CpuOptions};
 use quire_backend::{Executor, KvCacheSpec};
 use quire_core::SamplingParams;
 use quire_engine::runner::forward_single;
@@ -19,11 +20,20 @@ fn load() -> quire_model::LoadedModel {
         .expect("default model loads")
 }
 
+/// The CPU backend in its `exact` arithmetic, pinned (not left to the default): these tests hold
+/// it to llama.cpp's own outputs.
 fn executor(b: Backend, m: &quire_model::LoadedModel, blocks: usize) -> Box<dyn Executor> {
     let kv = KvCacheSpec {
         num_blocks: blocks,
         block_size: 16,
     };
+    if b == Backend::Cpu {
+        let opts = CpuOptions {
+            math: CpuMath::Exact,
+            ..CpuOptions::default()
+        };
+        return Box::new(CpuExecutor::new(&m.weights, kv, opts).expect("CPU executor"));
+    }
     b.executor(&m.weights, kv)
 }
 
