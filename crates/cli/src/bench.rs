@@ -78,6 +78,12 @@ pub struct BenchArgs {
     /// `f16` dequantizes them for cuBLAS
     #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
     pub gpu_weights: String,
+    /// CPU arithmetic. `fast` (the default): decode attention vectorized over keys (polynomial exp
+    /// with relative error below 1.2e-7, f32 accumulators, AVX-512 or AVX2 picked at run time) and
+    /// split over the threads, several times faster at long contexts; greedy text may part from
+    /// llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
+    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
+    pub cpu_math: String,
     /// CPU threads, comma-separated [default: all cores]
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
@@ -466,6 +472,7 @@ fn record(
         "load_avg": stamp.load_avg,
         "block_size": a.block_size,
         "kv_dtype": a.kv_dtype,
+        "cpu_math": (a.backend == "cpu").then_some(&a.cpu_math),
         "repetitions": a.reps,
         "seed": a.seed,
         "weight_type": m.weight_type,
@@ -619,6 +626,12 @@ fn markdown(records: &[Map<String, Value>], stamp: &RunStamp, ceil_lines: &[Stri
         out += &format!("{l}\n");
     }
     out += &format!("build: {} (quire {})\n", stamp.commit, stamp.quire_version);
+    if let Some(m) = records
+        .iter()
+        .find_map(|r| r.get("cpu_math").and_then(Value::as_str))
+    {
+        out += &format!("CPU arithmetic: {m} (--cpu-math)\n");
+    }
     out += &format!("{}\n", stamp.line());
     for l in ceil_lines {
         out += &format!("{l}\n");
@@ -684,6 +697,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             gpu_memory_utilization: 0.9,
             gpu_weights: a.gpu_weights.clone(),
             adapter: a.adapter.clone(),
+            cpu_math: a.cpu_math.clone(),
         };
         let t_load = Instant::now();
         let model = bar.suspend(|| load_model(&margs))?;

@@ -38,6 +38,12 @@ pub struct ModelArgs {
     /// (F16, BF16, F32) go to the GPU as f16 either way
     #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
     pub gpu_weights: String,
+    /// CPU arithmetic. `fast` (the default): decode attention vectorized over keys (polynomial exp
+    /// with relative error below 1.2e-7, f32 accumulators, AVX-512 or AVX2 picked at run time) and
+    /// split over the threads, several times faster at long contexts; greedy text may part from
+    /// llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
+    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
+    pub cpu_math: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -106,6 +112,7 @@ pub fn cpu_options(args: &ModelArgs, kv_dtype: &str) -> CpuOptions {
         }
         o.threads = t.clamp(1, cores);
     }
+    o.math = args.cpu_math.parse().unwrap_or_default();
     o.kv_dtype = if kv_dtype == "f16" {
         KvDtype::F16
     } else {

@@ -486,6 +486,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
                 "n_depth": a.depth,
                 "repetitions": a.reps,
                 "kv_dtype": a.kv_dtype,
+                "cpu_math": (a.model.backend == "cpu").then_some(&a.model.cpu_math),
                 "block_size": a.block_size,
                 "seed": a.seed,
             },
@@ -495,8 +496,13 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
+    let math = if a.model.backend == "cpu" {
+        format!(" · {} math", a.model.cpu_math)
+    } else {
+        String::new()
+    };
     println!(
-        "{} · {} · KV {} · {}\n",
+        "{} · {}{math} · KV {} · {}\n",
         model.meta.model_type, a.model.backend, a.kv_dtype, ceil.line
     );
     for (p, pj) in phases.iter().zip(&phase_json) {

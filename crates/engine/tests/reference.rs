@@ -4,6 +4,7 @@
 //! to the reference's. The tests that run a model run on every backend (quire-testkit's
 //! `executor_test!`), held to the same bounds.
 
+use quire_backend::cpu::{CpuExecutor, CpuMath, CpuOptions};
 use quire_backend::{Executor, KvCacheSpec};
 use quire_core::SamplingParams;
 use quire_engine::runner::forward_single;
@@ -19,11 +20,20 @@ fn load() -> quire_model::LoadedModel {
         .expect("default model loads")
 }
 
+/// The CPU backend in its `exact` arithmetic, pinned (not left to the default): these tests hold
+/// it to llama.cpp's own outputs.
 fn executor(b: Backend, m: &quire_model::LoadedModel, blocks: usize) -> Box<dyn Executor> {
     let kv = KvCacheSpec {
         num_blocks: blocks,
         block_size: 16,
     };
+    if b == Backend::Cpu {
+        let opts = CpuOptions {
+            math: CpuMath::Exact,
+            ..CpuOptions::default()
+        };
+        return Box::new(CpuExecutor::new(&m.weights, kv, opts).expect("CPU executor"));
+    }
     b.executor(&m.weights, kv)
 }
 
@@ -49,11 +59,16 @@ fn greedy_all(
     prompts: &[&str],
     max_tokens: usize,
 ) -> Vec<(Vec<u32>, String)> {
-    let mut engine = Engine::new(
-        executor(b, m, 512),
-        m.tokenizer.clone(),
-        EngineConfig::default(),
-    );
+    greedy_all_on(executor(b, m, 512), m, prompts, max_tokens)
+}
+
+fn greedy_all_on(
+    exec: Box<dyn Executor>,
+    m: &quire_model::LoadedModel,
+    prompts: &[&str],
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, String)> {
+    let mut engine = Engine::new(exec, m.tokenizer.clone(), EngineConfig::default());
     let ids: Vec<_> = prompts
         .iter()
         .map(|p| {
@@ -124,51 +139,85 @@ executor_test! {
         let refs = reference();
         let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
         let got = greedy_all(backend, &m, &prompts, 48);
-        let stops: Vec<u32> = m.tokenizer.stop_tokens().iter().map(|t| t.0).collect();
-        let mut oracle = Oracle::new(&m.weights);
-        let (mut agree_total, mut total, mut first16) = (0, 0, 0);
-        let mut failures = Vec::new();
-        for (r, (got, _)) in refs.iter().zip(&got) {
-            let prompt = r["prompt"].as_str().unwrap();
-            let want = ids(&r["completion_tokens"]);
-            let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-            agree_total += agree;
-            total += want.len();
-            if agree >= 16.min(want.len()) {
-                first16 += 1;
-            }
-            let note = if agree < want.len() {
-                // `got` is max_tokens long unless it stopped on a stop token here.
-                let ctx: Vec<u32> = ids(&r["prompt_tokens"]).into_iter().chain(want[..agree].iter().copied()).collect();
-                let gap = oracle.gap(&ctx, Some(want[agree]), got.get(agree).copied(), &stops);
-                if gap.abs() > NEAR_TIE {
-                    failures.push(format!(
+        parts_only_at_near_ties(&m, &refs, &got);
+    }
+}
+
+/// The CPU's `fast` arithmetic (`--cpu-math fast`: decode attention with a polynomial exp and f32
+/// accumulators) against the shared reference, held to the bound the GPU backends are: greedy
+/// paths part only where the oracle's top two logits are within `common::NEAR_TIE` (0.65).
+#[test]
+fn fast_math_greedy_parts_from_the_shared_reference_only_at_near_ties() {
+    let m = load();
+    let refs = reference();
+    let prompts: Vec<&str> = refs.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
+    let kv = KvCacheSpec {
+        num_blocks: 512,
+        block_size: 16,
+    };
+    let opts = CpuOptions {
+        math: CpuMath::Fast,
+        ..CpuOptions::default()
+    };
+    let exec = Box::new(CpuExecutor::new(&m.weights, kv, opts).expect("CPU executor"));
+    let got = greedy_all_on(exec, &m, &prompts, 48);
+    parts_only_at_near_ties(&m, &refs, &got);
+}
+
+/// Fails unless every greedy path of `got` equals the reference's, or parts from it where the
+/// oracle's two choices are within `NEAR_TIE`; prints the agreement.
+fn parts_only_at_near_ties(
+    m: &quire_model::LoadedModel,
+    refs: &[Value],
+    got: &[(Vec<u32>, String)],
+) {
+    let stops: Vec<u32> = m.tokenizer.stop_tokens().iter().map(|t| t.0).collect();
+    let mut oracle = Oracle::new(&m.weights);
+    let (mut agree_total, mut total, mut first16) = (0, 0, 0);
+    let mut failures = Vec::new();
+    for (r, (got, _)) in refs.iter().zip(got) {
+        let prompt = r["prompt"].as_str().unwrap();
+        let want = ids(&r["completion_tokens"]);
+        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        agree_total += agree;
+        total += want.len();
+        if agree >= 16.min(want.len()) {
+            first16 += 1;
+        }
+        let note = if agree < want.len() {
+            // `got` is max_tokens long unless it stopped on a stop token here.
+            let ctx: Vec<u32> = ids(&r["prompt_tokens"])
+                .into_iter()
+                .chain(want[..agree].iter().copied())
+                .collect();
+            let gap = oracle.gap(&ctx, Some(want[agree]), got.get(agree).copied(), &stops);
+            if gap.abs() > NEAR_TIE {
+                failures.push(format!(
                         "{prompt:?}: parts at {agree} where the oracle's choices are {gap:.4} apart; we chose {:?}, llama.cpp {}",
                         got.get(agree), want[agree]
                     ));
-                }
-                format!("parts at {agree}: the oracle's choices {gap:.4} apart")
-            } else {
-                if got.len() != want.len() {
-                    failures.push(format!(
-                        "{prompt:?}: {} tokens, llama.cpp {}",
-                        got.len(),
-                        want.len()
-                    ));
-                }
-                "identical".to_string()
-            };
-            eprintln!(
-                "{agree:>2}/{:>2} tokens agree ({note}): {prompt:?}",
-                want.len()
-            );
-        }
+            }
+            format!("parts at {agree}: the oracle's choices {gap:.4} apart")
+        } else {
+            if got.len() != want.len() {
+                failures.push(format!(
+                    "{prompt:?}: {} tokens, llama.cpp {}",
+                    got.len(),
+                    want.len()
+                ));
+            }
+            "identical".to_string()
+        };
         eprintln!(
-            "agreement: {agree_total}/{total} tokens; first 16 identical for {first16}/{} prompts",
-            refs.len()
+            "{agree:>2}/{:>2} tokens agree ({note}): {prompt:?}",
+            want.len()
         );
-        assert!(failures.is_empty(), "{failures:#?}");
     }
+    eprintln!(
+        "agreement: {agree_total}/{total} tokens; first 16 identical for {first16}/{} prompts",
+        refs.len()
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 executor_test! {

@@ -5,6 +5,7 @@
 
 use half::f16;
 
+use super::CpuMath;
 use crate::SeqBatch;
 
 /// Storage type of the KV cache; math is always f32.
@@ -105,6 +106,41 @@ pub fn paged_attention<T: KvElem>(
     v_cache: &mut [T],
     out: &mut [f32],
 ) {
+    paged_attention_math(
+        par,
+        CpuMath::Exact,
+        p,
+        q,
+        q_stride,
+        k_new,
+        v_new,
+        kv_stride,
+        slot_mapping,
+        seqs,
+        k_cache,
+        v_cache,
+        out,
+    )
+}
+
+/// `paged_attention` in arithmetic mode `math`: with `CpuMath::Fast`, the sequences decoding one
+/// token go through the fast kernel (`fast`), prompt chunks through the exact kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_math<T: KvElem>(
+    par: &dyn super::team::Parallel,
+    math: CpuMath,
+    p: &AttnParams,
+    q: &[f32],
+    q_stride: usize,
+    k_new: &[f32],
+    v_new: &[f32],
+    kv_stride: usize,
+    slot_mapping: &[u32],
+    seqs: &[SeqBatch],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    out: &mut [f32],
+) {
     let kv_row = p.num_kv_heads * p.head_dim;
     // The fused KV write.
     for (t, &slot) in slot_mapping.iter().enumerate() {
@@ -124,6 +160,26 @@ pub fn paged_attention<T: KvElem>(
     debug_assert_eq!(out.len(), slot_mapping.len() * q_row);
     let k_cache: &[T] = k_cache;
     let v_cache: &[T] = v_cache;
+    let isa = fast::Isa::detect();
+    let isa = if isa.supports(p.head_dim) {
+        isa
+    } else {
+        fast::Isa::Scalar
+    };
+    let rest_buf: Vec<SeqBatch>;
+    let seqs = if math == CpuMath::Fast && p.head_dim <= 256 {
+        let decodes: Vec<SeqBatch> = seqs.iter().filter(|s| s.query_len == 1).cloned().collect();
+        if !decodes.is_empty() {
+            fast::decode_attention(par, isa, p, q, q_stride, &decodes, k_cache, v_cache, out);
+        }
+        rest_buf = seqs.iter().filter(|s| s.query_len != 1).cloned().collect();
+        if rest_buf.is_empty() {
+            return;
+        }
+        &rest_buf[..]
+    } else {
+        seqs
+    };
     #[cfg(target_arch = "x86_64")]
     if p.f16_accum && p.sliding_window.is_none() && tiled::supports(p.head_dim) {
         if let (Some(k), Some(v)) = (T::as_f16(k_cache), T::as_f16(v_cache)) {
@@ -171,10 +227,13 @@ fn attend_one_row<T: KvElem>(
             let o = unsafe { std::slice::from_raw_parts_mut(o.at(item * width), width) };
             let t = item / p.num_kv_heads;
             let kvh = item % p.num_kv_heads;
-            let seq = seqs
+            // Tokens of no listed sequence were computed by the fast decode kernel.
+            let Some(seq) = seqs
                 .iter()
                 .find(|s| t >= s.query_start && t < s.query_start + s.query_len)
-                .expect("validated batch");
+            else {
+                continue;
+            };
             let pos = seq.seq_len - seq.query_len + (t - seq.query_start);
             let qh = &q[t * q_stride + kvh * group * p.head_dim..][..group * p.head_dim];
             let keys = p.first_key(pos)..pos + 1;
@@ -578,6 +637,7 @@ pub fn dense_reference(
 
 #[cfg(target_arch = "x86_64")]
 mod expf;
+pub mod fast;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]

@@ -13,6 +13,7 @@ use super::ops;
 use super::profile::Profiler;
 use super::step::{CpuStep, KvStore, Scratch};
 use super::team::{Parallel, Team};
+use super::CpuMath;
 use crate::forward::{self, forward};
 use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
 
@@ -30,6 +31,9 @@ pub struct CpuOptions {
     /// flash attention does (the default: its logits). `false` accumulates in f32, the CUDA
     /// kernels' numerics (what the CUDA parity test compares against).
     pub attn_f16_accum: bool,
+    /// Arithmetic mode (`CpuMath`): the library's default is `Exact`, the oracle other backends
+    /// are tested against; the CLI chooses its own default (`--cpu-math`).
+    pub math: CpuMath,
 }
 
 impl Default for CpuOptions {
@@ -40,6 +44,7 @@ impl Default for CpuOptions {
                 .unwrap_or(1),
             kv_dtype: KvDtype::F16,
             attn_f16_accum: true,
+            math: CpuMath::Exact,
         }
     }
 }
@@ -58,6 +63,7 @@ pub struct CpuExecutor {
     kv: KvCacheSpec,
     store: KvStore,
     attn_f16_accum: bool,
+    math: CpuMath,
     scratch: Scratch,
     prof: Profiler,
 }
@@ -208,6 +214,7 @@ impl CpuExecutor {
             kv,
             store,
             attn_f16_accum: opts.attn_f16_accum,
+            math: opts.math,
             scratch: Scratch::default(),
             prof: Profiler::default(),
         })
@@ -296,6 +303,7 @@ impl CpuExecutor {
             embed: &self.embed,
             batch,
             attn,
+            math: self.math,
         };
         forward(&mut step, &self.layers, &self.output_norm, &self.output)
     }

@@ -15,3 +15,34 @@ mod step;
 pub mod team;
 
 pub use llama::{CpuExecutor, CpuOptions, KvDtype};
+
+/// How the CPU kernels round. `Exact` reproduces llama.cpp's AVX2 arithmetic bit for bit (the
+/// default model's greedy text equals llama.cpp's); `Fast` may round differently for speed:
+/// decode attention with a polynomial `exp`, f32 accumulators and AVX-512 where present, its
+/// keys split across the threads (`attention::fast`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuMath {
+    #[default]
+    Exact,
+    Fast,
+}
+
+impl CpuMath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuMath::Exact => "exact",
+            CpuMath::Fast => "fast",
+        }
+    }
+}
+
+impl std::str::FromStr for CpuMath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "exact" => Ok(CpuMath::Exact),
+            "fast" => Ok(CpuMath::Fast),
+            _ => Err(format!("unknown CPU arithmetic {s:?} (exact or fast)")),
+        }
+    }
+}

@@ -8,13 +8,14 @@ use half::f16;
 use quire_core::ModelConfig;
 use quire_gguf::GgmlType;
 
-use super::attention::{paged_attention, AttnParams, KvElem};
+use super::attention::{paged_attention_math, AttnParams, KvElem};
 use super::matmul::{matmul, matmul_swiglu, Activations, QMatrix};
 use super::moe::{MoeLayer, MoeScratch};
 use super::ops;
 use super::profile::Profiler;
 use super::quant::{needs_q8, QK};
 use super::team::Parallel;
+use super::CpuMath;
 use crate::forward::{Act, LayerOps, Next};
 use crate::{BackendError, ForwardBatch};
 
@@ -55,6 +56,7 @@ pub(super) struct CpuStep<'a> {
     pub embed: &'a QMatrix,
     pub batch: &'a ForwardBatch<'a>,
     pub attn: AttnParams,
+    pub math: CpuMath,
 }
 
 /// Dims of the matrix product `n × w`: bytes read (weights + activations + output) and FLOPs.
@@ -186,7 +188,7 @@ impl LayerOps for CpuStep<'_> {
 
     fn attention(&mut self, li: usize) -> Result<(), BackendError> {
         let c = self.c;
-        let (batch, n, pool, p) = (self.batch, self.n(), self.pool, &self.attn);
+        let (batch, n, pool, p, math) = (self.batch, self.n(), self.pool, &self.attn, self.math);
         let (qs, kvs) = (c.q_size(), c.kv_size());
         let qkv_dim = qs + 2 * kvs;
         let ctx: usize = batch.seqs.iter().map(|q| q.query_len * q.seq_len).sum();
@@ -204,12 +206,26 @@ impl LayerOps for CpuStep<'_> {
                 let (q, k_new, v_new) = (&s.qkv[..], &s.qkv[qs..], &s.qkv[qs + kvs..]);
                 let qkv = (q, k_new, v_new, qkv_dim);
                 match store {
-                    KvStore::F32(kc, vc) => {
-                        run_attn(pool, p, qkv, batch, &mut kc[li], &mut vc[li], &mut s.attn)
-                    }
-                    KvStore::F16(kc, vc) => {
-                        run_attn(pool, p, qkv, batch, &mut kc[li], &mut vc[li], &mut s.attn)
-                    }
+                    KvStore::F32(kc, vc) => run_attn(
+                        pool,
+                        math,
+                        p,
+                        qkv,
+                        batch,
+                        &mut kc[li],
+                        &mut vc[li],
+                        &mut s.attn,
+                    ),
+                    KvStore::F16(kc, vc) => run_attn(
+                        pool,
+                        math,
+                        p,
+                        qkv,
+                        batch,
+                        &mut kc[li],
+                        &mut vc[li],
+                        &mut s.attn,
+                    ),
                 }
             });
         Ok(())
@@ -313,8 +329,10 @@ fn bias_norm_rope(c: &ModelConfig, post: QkvPost<'_>, qkv: &mut [f32], rope_cs: 
 
 /// Paged attention of the step with its KV write. `qkv`: (q, k_new, v_new, row stride), views of
 /// the QKV rows.
+#[allow(clippy::too_many_arguments)]
 fn run_attn<T: KvElem>(
     pool: &dyn Parallel,
+    math: CpuMath,
     p: &AttnParams,
     qkv: (&[f32], &[f32], &[f32], usize),
     batch: &ForwardBatch,
@@ -323,8 +341,9 @@ fn run_attn<T: KvElem>(
     out: &mut [f32],
 ) {
     let (q, k_new, v_new, stride) = qkv;
-    paged_attention(
+    paged_attention_math(
         pool,
+        math,
         p,
         q,
         stride,

@@ -1,0 +1,368 @@
+//! Decode attention for the `fast` arithmetic mode (`CpuMath::Fast`). The exact path evaluates
+//! `expf` once per (key, head) in scalar code and rounds its accumulator to f16 after every key so
+//! that it equals llama.cpp's AVX2 build bit for bit; at long contexts that scalar work, not the
+//! memory, bounds decode. This kernel gives up bit-equality for speed:
+//!
+//! - keys go in chunks of `CHUNK`: their K and V rows (f16 or f32 in the cache) are converted to
+//!   f32 once per chunk (F16C / AVX-512 `vcvtph2ps`) and shared by all query heads of the group;
+//! - scores are f32 dot products with vector accumulators, Q prescaled by the softmax scale;
+//! - the softmax is online in f32, its exponentials by `exp_poly` (below) a vector at a time;
+//! - V is accumulated in f32 with the accumulator held in registers over a chunk;
+//! - the keys of each sequence are cut into fixed ranges of `SPLIT_KEYS` (absolute positions, so
+//!   the result does not depend on the thread count or the batch), each range × KV head is one
+//!   task, and the ranges' partial (max, sum, accumulator) are merged in range order. So one
+//!   sequence at batch 1 spreads over every thread.
+//!
+//! The instruction set is picked once by `Isa::detect` (AVX-512F, else AVX2+FMA+F16C, else
+//! scalar); every path runs the same algorithm, and each is tested against the dense f64
+//! reference and against the scalar path (crates/backend/tests/cpu_fast_attention.rs).
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use quire_core::BlockId;
+
+use super::{AttnParams, KvElem};
+use crate::cpu::team::{DisjointPtr, Parallel};
+use crate::SeqBatch;
+
+/// Keys per task: each sequence's keys are cut at multiples of this (absolute positions).
+pub const SPLIT_KEYS: usize = 256;
+/// Keys converted to f32 at a time.
+const CHUNK: usize = 32;
+const MAX_D: usize = 256;
+const MAX_G: usize = 16;
+
+/// The instruction set a kernel path uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    /// The best path this CPU runs (checked once). `QUIRE_NO_SIMD` forces scalar, as it does for
+    /// the exact kernels.
+    pub fn detect() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            if std::env::var_os("QUIRE_NO_SIMD").is_some() {
+                Isa::Scalar
+            } else if Isa::Avx512.available() {
+                Isa::Avx512
+            } else if Isa::Avx2.available() {
+                Isa::Avx2
+            } else {
+                Isa::Scalar
+            }
+        })
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Whether the path handles rows of `head_dim` (its vector width must divide them).
+    pub fn supports(self, head_dim: usize) -> bool {
+        head_dim <= MAX_D
+            && match self {
+                Isa::Scalar => true,
+                Isa::Avx2 => head_dim.is_multiple_of(8),
+                Isa::Avx512 => head_dim.is_multiple_of(16),
+            }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+}
+
+/// `e^x` for `x ≤ 0` (the softmax's arguments), the algorithm every path uses: `n = round(x ·
+/// log2 e)`, `r = x − n · ln 2` in two parts (Cody and Waite's split, `ln2_hi` exact in 9 bits),
+/// the degree-7 Taylor polynomial of `e^r` on |r| ≤ ln2/2 (truncation error below 5.2e-9), times
+/// `2^n` built in the exponent bits. Arguments below −87.33 (where `2^n` leaves the normal range)
+/// give 0, as do −∞. Measured maximum relative error against f64 `exp` over [−87, 0]: below
+/// 7.2e-8, held below `EXP_MAX_REL_ERR` = 1.2e-7, one f32 epsilon (test `fast_exp_error_is_bounded`).
+#[inline(always)]
+pub fn exp_poly(x: f32) -> f32 {
+    if x < EXP_MIN || x.is_nan() {
+        return if x.is_nan() { x } else { 0.0 };
+    }
+    let n = (x * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p = C[7];
+    for c in C[..7].iter().rev() {
+        p = p.mul_add(r, *c);
+    }
+    p * f32::from_bits((((n as i32) + 127) as u32) << 23)
+}
+
+/// `exp_poly` of every element on `isa`'s vector path (which must be available): for the tests.
+pub fn exp_in_place(isa: Isa, x: &mut [f32]) {
+    assert!(isa.available(), "{isa:?} cannot run here");
+    for c in x.chunks_mut(CHUNK) {
+        kernels(isa).exp(c);
+    }
+}
+
+/// The bound the test holds `exp_poly` (every path) to: relative error against f64 `exp`.
+pub const EXP_MAX_REL_ERR: f64 = 1.2e-7;
+const EXP_MIN: f32 = -87.33654;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// 1/k! for k = 0..=7.
+const C: [f32; 8] = [
+    1.0,
+    1.0,
+    0.5,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5040.0,
+];
+
+/// Decode attention of `seqs` (each one query token: `query_len == 1`) on `isa`, which must be
+/// available and support `p.head_dim`. Their K/V rows must already be in the cache. Writes each
+/// sequence's row of `out` (row `query_start`, `num_heads * head_dim` wide).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention<T: KvElem>(
+    par: &dyn Parallel,
+    isa: Isa,
+    p: &AttnParams,
+    q: &[f32],
+    q_stride: usize,
+    seqs: &[SeqBatch],
+    k_cache: &[T],
+    v_cache: &[T],
+    out: &mut [f32],
+) {
+    assert!(
+        isa.available() && isa.supports(p.head_dim),
+        "{isa:?} cannot run here"
+    );
+    let d = p.head_dim;
+    let group = p.num_heads / p.num_kv_heads;
+    assert!(group <= MAX_G, "GQA group above {MAX_G}");
+    let part = group * (d + 2);
+    // (sequence, kv head, keys, first partial) per task; partials of one (sequence, kv head) are
+    // consecutive, in key order.
+    let mut tasks: Vec<(usize, usize, Range<usize>)> = Vec::new();
+    let mut groups: Vec<(usize, usize, Range<usize>)> = Vec::new();
+    for (si, s) in seqs.iter().enumerate() {
+        debug_assert_eq!(s.query_len, 1);
+        let pos = s.seq_len - 1;
+        let keys = p.first_key(pos)..pos + 1;
+        for kvh in 0..p.num_kv_heads {
+            let first = tasks.len();
+            let mut a = keys.start;
+            while a < keys.end {
+                let b = ((a / SPLIT_KEYS + 1) * SPLIT_KEYS).min(keys.end);
+                tasks.push((si, kvh, a..b));
+                a = b;
+            }
+            groups.push((si, kvh, first..tasks.len()));
+        }
+    }
+    let mut partials = vec![0f32; tasks.len() * part];
+    let dst = DisjointPtr::new(&mut partials);
+    par.run_tasks(tasks.len(), &|i| {
+        let (si, kvh, ref keys) = tasks[i];
+        let s = &seqs[si];
+        // SAFETY: task `i` writes only its own `part` floats, inside `partials`.
+        let pt = unsafe { std::slice::from_raw_parts_mut(dst.at(i * part), part) };
+        let (ml, acc) = pt.split_at_mut(2 * group);
+        let (m, l) = ml.split_at_mut(group);
+        let qh = &q[s.query_start * q_stride + kvh * group * d..][..group * d];
+        let range = KeyRange {
+            keys: keys.clone(),
+            block_table: s.block_table,
+            kvh,
+        };
+        attend_range(isa, p, qh, &range, k_cache, v_cache, m, l, acc);
+    });
+    let q_row = p.num_heads * d;
+    for (si, kvh, ts) in groups {
+        let o = &mut out[seqs[si].query_start * q_row + kvh * group * d..][..group * d];
+        merge(&partials[ts.start * part..ts.end * part], group, d, o);
+    }
+}
+
+/// One task's keys: positions `keys` of a sequence with `block_table`, KV head `kvh`.
+struct KeyRange<'a> {
+    keys: Range<usize>,
+    block_table: &'a [BlockId],
+    kvh: usize,
+}
+
+/// Combines partials `[m[group] | l[group] | acc[group * d]]`, in order, into `out`.
+fn merge(parts: &[f32], group: usize, d: usize, out: &mut [f32]) {
+    let part = group * (d + 2);
+    for g in 0..group {
+        let mx = parts
+            .chunks_exact(part)
+            .map(|pt| pt[g])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let o = &mut out[g * d..(g + 1) * d];
+        o.fill(0.0);
+        let mut l = 0f32;
+        for pt in parts.chunks_exact(part) {
+            if pt[g] == f32::NEG_INFINITY {
+                continue;
+            }
+            let w = exp_poly(pt[g] - mx);
+            l += w * pt[group + g];
+            let acc = &pt[2 * group + g * d..][..d];
+            for (a, &b) in o.iter_mut().zip(acc) {
+                *a += w * b;
+            }
+        }
+        let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Online softmax of `group` query heads (`q`: [group, d]) over `r`'s keys: leaves each head's
+/// running maximum in `m`, sum of exponentials in `l` and unnormalized output in `acc`.
+#[allow(clippy::too_many_arguments)]
+fn attend_range<T: KvElem>(
+    isa: Isa,
+    p: &AttnParams,
+    q: &[f32],
+    r: &KeyRange,
+    k_cache: &[T],
+    v_cache: &[T],
+    m: &mut [f32],
+    l: &mut [f32],
+    acc: &mut [f32],
+) {
+    let d = p.head_dim;
+    let group = m.len();
+    let kv_row = p.num_kv_heads * d;
+    let mut qs = [0f32; MAX_G * MAX_D];
+    for (a, &b) in qs[..group * d].iter_mut().zip(q) {
+        *a = b * p.scale;
+    }
+    let mut kbuf = [0f32; CHUNK * MAX_D];
+    let mut vbuf = [0f32; CHUNK * MAX_D];
+    let mut s = [0f32; CHUNK];
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    acc.fill(0.0);
+    let mut j = r.keys.start;
+    while j < r.keys.end {
+        let n = CHUNK.min(r.keys.end - j);
+        for i in 0..n {
+            let pos = j + i;
+            let slot =
+                r.block_table[pos / p.block_size].as_usize() * p.block_size + pos % p.block_size;
+            let row = slot * kv_row + r.kvh * d;
+            to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
+            to_f32(isa, &v_cache[row..row + d], &mut vbuf[i * d..(i + 1) * d]);
+        }
+        for g in 0..group {
+            let ag = &mut acc[g * d..(g + 1) * d];
+            kernels(isa).scores(&qs[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
+            let cmax = s[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            if cmax > m[g] {
+                let corr = exp_poly(m[g] - cmax);
+                ag.iter_mut().for_each(|a| *a *= corr);
+                l[g] *= corr;
+                m[g] = cmax;
+            }
+            s[..n].iter_mut().for_each(|x| *x -= m[g]);
+            s[n..].fill(f32::NEG_INFINITY);
+            kernels(isa).exp(&mut s);
+            l[g] += s[..n].iter().sum::<f32>();
+            kernels(isa).axpy(ag, &s[..n], &vbuf[..n * d]);
+        }
+        j += n;
+    }
+}
+
+/// A cache row in f32.
+#[inline]
+fn to_f32<T: KvElem>(isa: Isa, src: &[T], dst: &mut [f32]) {
+    if let Some(f) = T::as_f32(src) {
+        dst.copy_from_slice(f);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(h) = T::as_f16(src) {
+        match isa {
+            // SAFETY: the path was checked available; `supports` makes d a multiple of the width.
+            Isa::Avx512 => return unsafe { x86::avx512::f16_to_f32(h, dst) },
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { x86::avx2::f16_to_f32(h, dst) },
+            Isa::Scalar => {}
+        }
+    }
+    let _ = isa;
+    for (a, b) in dst.iter_mut().zip(src) {
+        *a = b.to_f32();
+    }
+}
+
+/// The per-path primitives.
+trait Kernels {
+    /// `s[i] = q · k[i]` for the keys (rows of `q.len()`) in `k`.
+    fn scores(&self, q: &[f32], k: &[f32], s: &mut [f32]);
+    /// `x = exp_poly(x)` for every element.
+    fn exp(&self, x: &mut [f32]);
+    /// `acc += Σ_i w[i] · v[i]` (rows of `acc.len()`).
+    fn axpy(&self, acc: &mut [f32], w: &[f32], v: &[f32]);
+}
+
+struct Scalar;
+
+impl Kernels for Scalar {
+    fn scores(&self, q: &[f32], k: &[f32], s: &mut [f32]) {
+        for (si, kr) in s.iter_mut().zip(k.chunks_exact(q.len())) {
+            *si = q.iter().zip(kr).fold(0.0, |a, (&x, &y)| x.mul_add(y, a));
+        }
+    }
+    fn exp(&self, x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = exp_poly(*v));
+    }
+    fn axpy(&self, acc: &mut [f32], w: &[f32], v: &[f32]) {
+        for (&wi, vr) in w.iter().zip(v.chunks_exact(acc.len())) {
+            for (a, &b) in acc.iter_mut().zip(vr) {
+                *a = wi.mul_add(b, *a);
+            }
+        }
+    }
+}
+
+fn kernels(isa: Isa) -> &'static dyn Kernels {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => &x86::avx2::K,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => &x86::avx512::K,
+        _ => &Scalar,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "fast_x86.rs"]
+mod x86;

@@ -1,0 +1,272 @@
+//! The AVX2 and AVX-512 primitives of the fast decode kernel (`fast.rs`): the same algorithm as
+//! its scalar path, 8 or 16 lanes at a time. Row lengths are multiples of the vector width
+//! (`Isa::supports`); the exponential is `exp_poly`'s steps lane by lane.
+
+use super::{Kernels, C, EXP_MIN, LN2_HI, LN2_LO, LOG2E};
+
+pub(super) mod avx2 {
+    use super::*;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    pub(in super::super) struct Avx2;
+    pub(in super::super) static K: Avx2 = Avx2;
+
+    impl Kernels for Avx2 {
+        fn scores(&self, q: &[f32], k: &[f32], s: &mut [f32]) {
+            // SAFETY: this path is only chosen when AVX2/FMA/F16C are present (`Isa::available`).
+            unsafe { scores(q, k, s) }
+        }
+        fn exp(&self, x: &mut [f32]) {
+            // SAFETY: as above.
+            unsafe { exp(x) }
+        }
+        fn axpy(&self, acc: &mut [f32], w: &[f32], v: &[f32]) {
+            // SAFETY: as above.
+            unsafe { axpy(acc, w, v) }
+        }
+    }
+
+    /// # Safety
+    /// AVX2/F16C present; `dst.len()` a multiple of 8, `src` at least as long.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+        assert!(src.len() >= dst.len() && dst.len().is_multiple_of(8));
+        for i in (0..dst.len()).step_by(8) {
+            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores(q: &[f32], k: &[f32], s: &mut [f32]) {
+        let d = q.len();
+        assert!(d.is_multiple_of(8) && k.len() >= s.len() * d);
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        for (i, si) in s.iter_mut().enumerate() {
+            let kr = kp.add(i * d);
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut c = 0;
+            while c + 16 <= d {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(kr.add(c)), a0);
+                a1 = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(qp.add(c + 8)),
+                    _mm256_loadu_ps(kr.add(c + 8)),
+                    a1,
+                );
+                c += 16;
+            }
+            if c < d {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(kr.add(c)), a0);
+            }
+            *si = hsum(_mm256_add_ps(a0, a1));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let low = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(EXP_MIN));
+        let xc = _mm256_max_ps(x, _mm256_set1_ps(EXP_MIN));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(C[7]);
+        for c in C[..7].iter().rev() {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+        }
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_andnot_ps(low, _mm256_mul_ps(p, _mm256_castsi256_ps(e)))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exp(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(8);
+        for c in &mut chunks {
+            _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr())));
+        }
+        for v in chunks.into_remainder() {
+            *v = super::super::exp_poly(*v);
+        }
+    }
+
+    /// 64 floats of the accumulator in registers while every key's row goes past.
+    #[inline(always)]
+    unsafe fn axpy64(acc: *mut f32, w: &[f32], v: *const f32, d: usize) {
+        let mut a: [__m256; 8] = [_mm256_setzero_ps(); 8];
+        for (r, ar) in a.iter_mut().enumerate() {
+            *ar = _mm256_loadu_ps(acc.add(8 * r));
+        }
+        for (i, &wi) in w.iter().enumerate() {
+            let wv = _mm256_set1_ps(wi);
+            let vr = v.add(i * d);
+            for (r, ar) in a.iter_mut().enumerate() {
+                *ar = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vr.add(8 * r)), *ar);
+            }
+        }
+        for (r, ar) in a.iter().enumerate() {
+            _mm256_storeu_ps(acc.add(8 * r), *ar);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy(acc: &mut [f32], w: &[f32], v: &[f32]) {
+        let d = acc.len();
+        assert!(d.is_multiple_of(8) && v.len() >= w.len() * d);
+        let mut c = 0;
+        while c + 64 <= d {
+            axpy64(acc.as_mut_ptr().add(c), w, v.as_ptr().add(c), d);
+            c += 64;
+        }
+        while c < d {
+            let mut a = _mm256_loadu_ps(acc.as_ptr().add(c));
+            for (i, &wi) in w.iter().enumerate() {
+                let vr = _mm256_loadu_ps(v.as_ptr().add(i * d + c));
+                a = _mm256_fmadd_ps(_mm256_set1_ps(wi), vr, a);
+            }
+            _mm256_storeu_ps(acc.as_mut_ptr().add(c), a);
+            c += 8;
+        }
+    }
+}
+
+pub(super) mod avx512 {
+    use super::*;
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    pub(in super::super) struct Avx512;
+    pub(in super::super) static K: Avx512 = Avx512;
+
+    impl Kernels for Avx512 {
+        fn scores(&self, q: &[f32], k: &[f32], s: &mut [f32]) {
+            // SAFETY: this path is only chosen when AVX-512F is present (`Isa::available`).
+            unsafe { scores(q, k, s) }
+        }
+        fn exp(&self, x: &mut [f32]) {
+            // SAFETY: as above.
+            unsafe { exp(x) }
+        }
+        fn axpy(&self, acc: &mut [f32], w: &[f32], v: &[f32]) {
+            // SAFETY: as above.
+            unsafe { axpy(acc, w, v) }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F present; `dst.len()` a multiple of 16, `src` at least as long.
+    #[target_feature(enable = "avx512f")]
+    pub(in super::super) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
+        assert!(src.len() >= dst.len() && dst.len().is_multiple_of(16));
+        for i in (0..dst.len()).step_by(16) {
+            let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scores(q: &[f32], k: &[f32], s: &mut [f32]) {
+        let d = q.len();
+        assert!(d.is_multiple_of(16) && k.len() >= s.len() * d);
+        let (qp, kp) = (q.as_ptr(), k.as_ptr());
+        for (i, si) in s.iter_mut().enumerate() {
+            let kr = kp.add(i * d);
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut c = 0;
+            while c + 32 <= d {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c)), _mm512_loadu_ps(kr.add(c)), a0);
+                a1 = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(qp.add(c + 16)),
+                    _mm512_loadu_ps(kr.add(c + 16)),
+                    a1,
+                );
+                c += 32;
+            }
+            if c < d {
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c)), _mm512_loadu_ps(kr.add(c)), a0);
+            }
+            *si = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let ok = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(EXP_MIN));
+        let xc = _mm512_max_ps(x, _mm512_set1_ps(EXP_MIN));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(C[7]);
+        for c in C[..7].iter().rev() {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
+        let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
+        _mm512_maskz_mov_ps(ok, _mm512_mul_ps(p, _mm512_castsi512_ps(e)))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(16);
+        for c in &mut chunks {
+            _mm512_storeu_ps(c.as_mut_ptr(), exp16(_mm512_loadu_ps(c.as_ptr())));
+        }
+        for v in chunks.into_remainder() {
+            *v = super::super::exp_poly(*v);
+        }
+    }
+
+    /// 128 floats of the accumulator in registers while every key's row goes past.
+    #[inline(always)]
+    unsafe fn axpy128(acc: *mut f32, w: &[f32], v: *const f32, d: usize) {
+        let mut a: [__m512; 8] = [_mm512_setzero_ps(); 8];
+        for (r, ar) in a.iter_mut().enumerate() {
+            *ar = _mm512_loadu_ps(acc.add(16 * r));
+        }
+        for (i, &wi) in w.iter().enumerate() {
+            let wv = _mm512_set1_ps(wi);
+            let vr = v.add(i * d);
+            for (r, ar) in a.iter_mut().enumerate() {
+                *ar = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vr.add(16 * r)), *ar);
+            }
+        }
+        for (r, ar) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(16 * r), *ar);
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn axpy(acc: &mut [f32], w: &[f32], v: &[f32]) {
+        let d = acc.len();
+        assert!(d.is_multiple_of(16) && v.len() >= w.len() * d);
+        let mut c = 0;
+        while c + 128 <= d {
+            axpy128(acc.as_mut_ptr().add(c), w, v.as_ptr().add(c), d);
+            c += 128;
+        }
+        while c < d {
+            let mut a = _mm512_loadu_ps(acc.as_ptr().add(c));
+            for (i, &wi) in w.iter().enumerate() {
+                let vr = _mm512_loadu_ps(v.as_ptr().add(i * d + c));
+                a = _mm512_fmadd_ps(_mm512_set1_ps(wi), vr, a);
+            }
+            _mm512_storeu_ps(acc.as_mut_ptr().add(c), a);
+            c += 16;
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The fast decode-attention kernel (`cpu::attention::fast`) on every instruction-set path:
+//! its exponential against f64 `exp`, and each path against the dense f64 reference and against
+//! the scalar path, on random non-contiguous block tables with NaN in every unused slot
+//! (quire-testkit's generator), odd context lengths on both sides of the key-range splits, GQA
+//! groups 1–8, head dims 64/80/128, f16 and f32 caches, sliding windows. A path this CPU cannot
+//! run is reported as skipped on stderr (the test still passes: there is nothing to run).
+
+use half::f16;
+use quire_backend::cpu::attention::fast::{self, Isa, EXP_MAX_REL_ERR, SPLIT_KEYS};
+use quire_backend::cpu::attention::{dense_reference, paged_attention_math, AttnParams, KvElem};
+use quire_backend::cpu::CpuMath;
+use quire_backend::SeqBatch;
+use quire_testkit::metric::{self, RelL2};
+use quire_testkit::paged::{CacheElem, PagedBatch, PagedCase};
+use rand::{Rng, SeedableRng};
+
+/// Whether `isa` runs here; prints the skip when not.
+fn runs(isa: Isa, test: &str) -> bool {
+    let ok = isa.available();
+    if !ok {
+        eprintln!(
+            "SKIPPED {test}: the {} path cannot run on this CPU",
+            isa.name()
+        );
+    }
+    ok
+}
+
+fn pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+}
+
+fn exp_error(isa: Isa) -> f64 {
+    // Every 2^-12 over [-87, 0], plus the ends and a few special arguments.
+    let mut x: Vec<f32> = (0..=87 * 4096).map(|i| -(i as f32) / 4096.0).collect();
+    x.extend([-87.3, -87.33, -1e-30, 0.0, -0.0]);
+    let mut y = x.clone();
+    fast::exp_in_place(isa, &mut y);
+    let mut worst = 0f64;
+    for (&a, &b) in x.iter().zip(&y) {
+        let want = (a as f64).exp();
+        let rel = ((b as f64) - want).abs() / want;
+        assert!(rel.is_finite(), "exp({a}) = {b}");
+        worst = worst.max(rel);
+    }
+    // Below the normal range the result is 0, and -inf gives 0, not NaN.
+    let mut z = [-88.0f32, -1000.0, f32::NEG_INFINITY];
+    fast::exp_in_place(isa, &mut z);
+    assert_eq!(z, [0.0; 3]);
+    worst
+}
+
+#[test]
+fn fast_exp_error_is_bounded() {
+    for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+        if !runs(isa, "fast_exp_error_is_bounded") {
+            continue;
+        }
+        let e = exp_error(isa);
+        eprintln!(
+            "{}: max relative error of exp over [-87, 0]: {e:.3e}",
+            isa.name()
+        );
+        assert!(e < EXP_MAX_REL_ERR, "{}: {e:e}", isa.name());
+    }
+}
+
+struct Case {
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    window: Option<usize>,
+    /// (cached context, new tokens) per sequence.
+    seqs: Vec<(usize, usize)>,
+}
+
+impl Case {
+    fn params(&self) -> AttnParams {
+        AttnParams {
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            block_size: self.block_size,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+            f16_accum: false,
+            sliding_window: self.window,
+        }
+    }
+}
+
+/// The batch (K/V of the new tokens already in their slots) and Q.
+fn generate<T: CacheElem>(c: &Case, seed: u64) -> (PagedBatch<T>, Vec<f32>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let gen = PagedCase {
+        spare_blocks: 5,
+        window: c.window,
+        new_in_cache: true,
+        ..PagedCase::new(c.block_size, c.num_kv_heads * c.head_dim, &c.seqs)
+    }
+    .generate::<T>(&mut rng);
+    let q_row = c.num_heads * c.head_dim;
+    let q = (0..gen.positions.len() * q_row)
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect();
+    (gen, q)
+}
+
+fn seq_batches<T>(gen: &PagedBatch<T>) -> Vec<SeqBatch<'_>> {
+    gen.seqs
+        .iter()
+        .map(|s| SeqBatch {
+            query_start: s.query_start,
+            query_len: s.query_len,
+            seq_len: s.seq_len,
+            block_table: &s.block_table,
+        })
+        .collect()
+}
+
+/// Relative L2 error of `out` against the dense f64 reference.
+fn error_vs_dense<T>(c: &Case, gen: &PagedBatch<T>, q: &[f32], out: &[f32]) -> f64 {
+    let p = c.params();
+    let q_row = c.num_heads * c.head_dim;
+    let mut err = RelL2::default();
+    for s in &gen.seqs {
+        let rows = s.query_start * q_row..(s.query_start + s.query_len) * q_row;
+        let want = dense_reference(&p, &q[rows.clone()], &s.keys, &s.values, s.seq_len);
+        err.add(&out[rows], &want);
+    }
+    err.value()
+}
+
+/// Decode contexts on both sides of the split points and of block boundaries.
+fn decode_seqs() -> Vec<(usize, usize)> {
+    let s = SPLIT_KEYS;
+    vec![
+        (0, 1),
+        (36, 1),
+        (s - 1, 1),
+        (s, 1),
+        (2 * s + 37, 1),
+        (700, 1),
+        (3 * s - 1, 1),
+    ]
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (num_heads, num_kv_heads) in [(4, 4), (9, 3), (8, 2), (16, 2)] {
+        for head_dim in [64, 80, 128] {
+            for (block_size, window) in [(16, None), (32, None), (16, Some(300)), (64, Some(7))] {
+                v.push(Case {
+                    num_heads,
+                    num_kv_heads,
+                    head_dim,
+                    block_size,
+                    window,
+                    seqs: decode_seqs(),
+                });
+            }
+        }
+    }
+    v
+}
+
+fn run_decode<T: KvElem + CacheElem>(
+    isa: Isa,
+    c: &Case,
+    gen: &PagedBatch<T>,
+    q: &[f32],
+) -> Vec<f32> {
+    let p = c.params();
+    let q_row = c.num_heads * c.head_dim;
+    let mut out = vec![f32::NAN; gen.positions.len() * q_row];
+    let seqs = seq_batches(gen);
+    fast::decode_attention(
+        &pool(),
+        isa,
+        &p,
+        q,
+        q_row,
+        &seqs,
+        &gen.k_cache,
+        &gen.v_cache,
+        &mut out,
+    );
+    out
+}
+
+fn path_matches_dense_and_scalar(isa: Isa, test: &str) {
+    if !runs(isa, test) {
+        return;
+    }
+    let (mut worst_dense, mut worst_scalar) = (0f64, 0f64);
+    for (i, c) in cases().iter().enumerate() {
+        if !isa.supports(c.head_dim) {
+            continue;
+        }
+        let seed = 1000 + i as u64;
+        let tag = format!(
+            "{} gqa {}/{} d{} bs{} window {:?}",
+            isa.name(),
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.block_size,
+            c.window
+        );
+        // f32 cache: against the dense reference, and against the scalar path.
+        let (gen, q) = generate::<f32>(c, seed);
+        let out = run_decode(isa, c, &gen, &q);
+        let rel = error_vs_dense(c, &gen, &q, &out);
+        assert!(rel < metric::ATTENTION_F32, "{tag} f32: rel err {rel:e}");
+        worst_dense = worst_dense.max(rel);
+        let scalar = run_decode(Isa::Scalar, c, &gen, &q);
+        let mut d = RelL2::default();
+        d.add(&out, &scalar.iter().map(|&x| x as f64).collect::<Vec<_>>());
+        worst_scalar = worst_scalar.max(d.value());
+        assert!(
+            d.value() < 1e-6,
+            "{tag}: {:e} from the scalar path",
+            d.value()
+        );
+        // f16 cache: the reference gets the rounded values the cache holds.
+        let (gen, q) = generate::<f16>(c, seed);
+        let out = run_decode(isa, c, &gen, &q);
+        let rel = error_vs_dense(c, &gen, &q, &out);
+        assert!(rel < metric::ATTENTION_F32, "{tag} f16: rel err {rel:e}");
+    }
+    eprintln!(
+        "{}: worst rel err vs dense f64 {worst_dense:.2e}, vs scalar path {worst_scalar:.2e}",
+        isa.name()
+    );
+}
+
+#[test]
+fn fast_decode_scalar_matches_dense_reference() {
+    path_matches_dense_and_scalar(Isa::Scalar, "fast_decode_scalar_matches_dense_reference");
+}
+
+#[test]
+fn fast_decode_avx2_matches_dense_reference_and_scalar() {
+    path_matches_dense_and_scalar(
+        Isa::Avx2,
+        "fast_decode_avx2_matches_dense_reference_and_scalar",
+    );
+}
+
+#[test]
+fn fast_decode_avx512_matches_dense_reference_and_scalar() {
+    path_matches_dense_and_scalar(
+        Isa::Avx512,
+        "fast_decode_avx512_matches_dense_reference_and_scalar",
+    );
+}
+
+#[test]
+fn fast_decode_does_not_depend_on_threads() {
+    // The key ranges are fixed, so 1 and 2 threads give the same bits.
+    let c = &cases()[5];
+    let (gen, q) = generate::<f16>(c, 77);
+    let isa = Isa::detect();
+    let two = run_decode(isa, c, &gen, &q);
+    let p = c.params();
+    let q_row = c.num_heads * c.head_dim;
+    let mut one = vec![0f32; two.len()];
+    let pool1 = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let seqs = seq_batches(&gen);
+    fast::decode_attention(
+        &pool1,
+        isa,
+        &p,
+        &q,
+        q_row,
+        &seqs,
+        &gen.k_cache,
+        &gen.v_cache,
+        &mut one,
+    );
+    assert_eq!(
+        one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        two.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn fast_mode_mixed_batch_matches_dense_reference() {
+    // Through the executor's entry point: decodes by the fast kernel, prompt chunks by the exact
+    // kernels, with the fused KV write, in one batch.
+    for (i, window) in [None, Some(40)].into_iter().enumerate() {
+        let c = Case {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            block_size: 16,
+            window,
+            seqs: vec![(0, 37), (300, 1), (1, 1), (63, 13), (0, 1), (600, 1)],
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(500 + i as u64);
+        let kv_row = c.num_kv_heads * c.head_dim;
+        let q_row = c.num_heads * c.head_dim;
+        let gen = PagedCase {
+            spare_blocks: 7,
+            window,
+            ..PagedCase::new(c.block_size, kv_row, &c.seqs)
+        }
+        .generate::<f32>(&mut rng);
+        let q: Vec<f32> = (0..gen.positions.len() * q_row)
+            .map(|_| rng.random_range(-2.0..2.0))
+            .collect();
+        let (mut kc, mut vc) = (gen.k_cache.clone(), gen.v_cache.clone());
+        let mut out = vec![f32::NAN; gen.positions.len() * q_row];
+        let seqs = seq_batches(&gen);
+        paged_attention_math(
+            &pool(),
+            CpuMath::Fast,
+            &c.params(),
+            &q,
+            q_row,
+            &gen.k_new,
+            &gen.v_new,
+            kv_row,
+            &gen.slot_mapping,
+            &seqs,
+            &mut kc,
+            &mut vc,
+            &mut out,
+        );
+        let rel = error_vs_dense(&c, &gen, &q, &out);
+        assert!(
+            rel < metric::ATTENTION_F32,
+            "window {window:?}: rel err {rel:e}"
+        );
+    }
+}
