@@ -40,29 +40,39 @@ fn xrows4(t: u32) -> vec4<u32> {
     return min(vec4<u32>(t, t + 1u, t + 2u, t + 3u), vec4<u32>(last)) * (p.x_stride / 4u);
 }
 
+// The dot product of dequantized unit `u` (of columns ucol(u, 0..UV)) with the activations of
+// one token, whose row starts at vec4 `xb`. Straight-line code over constant groups (UV is a
+// constant, so the unused branches vanish).
+fn xdot(q: Dq, xb: u32, u: u32) -> f32 {
+    var s = dot(q.v0, x[xb + ucol(u, 0u) / 4u]) + dot(q.v1, x[xb + ucol(u, 1u) / 4u]);
+    if UV > 2u {
+        s += dot(q.v2, x[xb + ucol(u, 2u) / 4u]) + dot(q.v3, x[xb + ucol(u, 3u) / 4u]);
+    }
+    if UV > 4u {
+        s += dot(q.v4, x[xb + ucol(u, 4u) / 4u]) + dot(q.v5, x[xb + ucol(u, 5u) / 4u]);
+        s += dot(q.v6, x[xb + ucol(u, 6u) / 4u]) + dot(q.v7, x[xb + ucol(u, 7u) / 4u]);
+    }
+    return s;
+}
+
 // The partial sums of invocation `lane` of a group of `s` walking `row`, for tokens t0..t0+nt:
 // element t of the result (tokens 0..3 in [0], 4..7 in [1]).
 fn row_dots(row: u32, lane: u32, s: u32, t0: u32, nt: u32) -> array<vec4<f32>, 2> {
     let units = p.cols / (4u * UV);
     if nt == 1u {
-        // One token: two units in flight per step.
+        // One token: two units (two 16-byte loads) in flight per step.
         let xb = t0 * (p.x_stride / 4u);
         var a = 0.0;
         var b = 0.0;
         var u = lane;
         for (; u + s < units; u += 2u * s) {
-            var wa = unit(row, u);
-            var wb = unit(row, u + s);
-            for (var k = 0u; k < UV; k++) {
-                a += dot(wa[k], x[xb + ucol(u, k) / 4u]);
-                b += dot(wb[k], x[xb + ucol(u + s, k) / 4u]);
-            }
+            let qa = dq(row, u);
+            let qb = dq(row, u + s);
+            a += xdot(qa, xb, u);
+            b += xdot(qb, xb, u + s);
         }
         if u < units {
-            var wa = unit(row, u);
-            for (var k = 0u; k < UV; k++) {
-                a += dot(wa[k], x[xb + ucol(u, k) / 4u]);
-            }
+            a += xdot(dq(row, u), xb, u);
         }
         return array<vec4<f32>, 2>(vec4<f32>(a + b, 0.0, 0.0, 0.0), vec4<f32>(0.0));
     }
@@ -71,14 +81,11 @@ fn row_dots(row: u32, lane: u32, s: u32, t0: u32, nt: u32) -> array<vec4<f32>, 2
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     for (var u = lane; u < units; u += s) {
-        var wv = unit(row, u);
-        for (var k = 0u; k < UV; k++) {
-            let c = ucol(u, k) / 4u;
-            let g = wv[k];
-            a0 += vec4<f32>(dot(g, x[r0.x + c]), dot(g, x[r0.y + c]), dot(g, x[r0.z + c]), dot(g, x[r0.w + c]));
-            if nt > 4u {
-                a1 += vec4<f32>(dot(g, x[r1.x + c]), dot(g, x[r1.y + c]), dot(g, x[r1.z + c]), dot(g, x[r1.w + c]));
-            }
+        // One load and dequantization of the unit serves every token.
+        let q = dq(row, u);
+        a0 += vec4<f32>(xdot(q, r0.x, u), xdot(q, r0.y, u), xdot(q, r0.z, u), xdot(q, r0.w, u));
+        if nt > 4u {
+            a1 += vec4<f32>(xdot(q, r1.x, u), xdot(q, r1.y, u), xdot(q, r1.z, u), xdot(q, r1.w, u));
         }
     }
     return array<vec4<f32>, 2>(a0, a1);
