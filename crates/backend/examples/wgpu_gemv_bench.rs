@@ -1,13 +1,16 @@
 //! Times the wgpu decode GEMV per weight type and shape against the adapter's measured read
 //! bandwidth: the number that says whether decoding runs at memory speed.
 //!
-//! For each shape (rows × cols) and type it uploads a matrix of random bytes (values do not
-//! change the time of a stream of loads), runs the GEMV for `--tokens` tokens `--warmup` times,
-//! then `--iters` times, and prints the median time, the spread (min–max), GB/s of weights read
-//! and that as a % of the ceiling: a plain kernel that reads a large buffer with 16-byte loads.
-//! Times come from GPU timestamp queries at the boundaries of a pass holding only the timed
-//! dispatches when the adapter has TIMESTAMP_QUERY, else from the wall clock around one
-//! submission (the output says which).
+//! For each shape (rows × cols) and type it uploads copies of a matrix of random bytes (values do
+//! not change the time of a stream of loads), runs the GEMV for `--tokens` tokens `--warmup`
+//! times, then `--iters` times, and prints the median time per GEMV, the spread (min–max), GB/s
+//! of weights read and that as a % of the ceiling: a plain kernel that reads a large buffer with
+//! 16-byte loads. One timed run is one compute pass of `--reps` GEMVs back to back, as a decode
+//! step runs them (so the GPU stays at its working clock and a pass's own start-up cost is
+//! spread), cycling over as many copies of the matrix as make `--rotate-mib` (so the weights
+//! come from memory, not from a cache that holds a small matrix: the H100's L2 is 50 MiB).
+//! Times come from GPU timestamp queries at the boundaries of that pass when the adapter has
+//! TIMESTAMP_QUERY, else from the wall clock around one submission (the output says which).
 //!
 //! ```text
 //! cargo run --release -p quire-backend --features wgpu --example wgpu_gemv_bench -- [--adapter N]
@@ -40,6 +43,10 @@ OPTIONS:
   --tokens N         tokens per GEMV (default 1; up to 8 share one read of the weights)
   --iters N          timed runs per case (default 20)
   --warmup N         untimed runs first (default 3)
+  --reps N           GEMVs per timed pass, back to back; the time printed is per GEMV
+                     (default 16)
+  --rotate-mib N     cycle the GEMVs of a pass over copies of the matrix filling this many MiB,
+                     so they read memory, not cache (default 256; 0: one copy)
   --ceiling-mib N    size of the read-bandwidth buffer (default 1024, capped at one binding)
   --no-subgroup      time the GEMV's fallback (workgroup-memory sums) instead of subgroupAdd
   -h, --help         this text
@@ -53,6 +60,8 @@ struct Args {
     tokens: usize,
     iters: usize,
     warmup: usize,
+    reps: usize,
+    rotate_mib: usize,
     ceiling_mib: u64,
     no_subgroup: bool,
 }
@@ -81,6 +90,8 @@ fn parse_args() -> Result<Args> {
         tokens: 1,
         iters: 20,
         warmup: 3,
+        reps: 16,
+        rotate_mib: 256,
         ceiling_mib: 1024,
         no_subgroup: false,
     };
@@ -118,12 +129,14 @@ fn parse_args() -> Result<Args> {
             "--tokens" => a.tokens = num(&v)?,
             "--iters" => a.iters = num(&v)?,
             "--warmup" => a.warmup = num(&v)?,
+            "--reps" => a.reps = num(&v)?,
+            "--rotate-mib" => a.rotate_mib = num(&v)?,
             "--ceiling-mib" => a.ceiling_mib = num(&v)? as u64,
             _ => bail!("unknown option {flag} (see --help)"),
         }
     }
-    if a.iters == 0 || a.tokens == 0 {
-        bail!("--iters and --tokens must be at least 1");
+    if a.iters == 0 || a.tokens == 0 || a.reps == 0 {
+        bail!("--iters, --tokens and --reps must be at least 1");
     }
     Ok(a)
 }
@@ -261,15 +274,20 @@ fn ceiling(p: &mut Probe, mib: u64, a: &Args) -> Result<(f64, f64, f64, bool)> {
     p.gpu.queue.write_buffer(&pbuf, 0, &pb);
     let pipe = p.gpu.pipeline("read ceiling", READ, "main")?;
     let bg = bind(&p.gpu, &pipe, (&pbuf, 0), &[(1, &src), (2, &dst)]);
-    let list = [Dispatch {
+    let read = Dispatch {
         name: "read",
         pipe,
         bind: bg,
         groups: [groups, 1, 1],
         bytes,
         flops: 0,
-    }];
+    };
+    // Back to back as the GEMVs run (the buffer is larger than any cache).
+    let list = vec![read; a.reps];
     let (mut t, ts) = time(&p.gpu, &list, a.warmup, a.iters)?;
+    for t in &mut t {
+        *t /= a.reps as f64;
+    }
     let (med, lo, hi) = stats(&mut t);
     let gbs = |s: f64| bytes as f64 / s / 1e9;
     println!(
@@ -308,8 +326,8 @@ fn main() -> Result<()> {
     );
     let (ceil, _, _, _) = ceiling(&mut p, a.ceiling_mib, &a)?;
     println!(
-        "{:<6} {:>7} {:>6} {:>3} {:>10} {:>21} {:>9} {:>7}",
-        "type", "rows", "cols", "n", "us", "min-max us", "GB/s", "% ceil"
+        "{:<6} {:>7} {:>6} {:>3} {:>10} {:>21} {:>9} {:>7} {:>6}",
+        "type", "rows", "cols", "n", "us", "min-max us", "GB/s", "% ceil", "copies"
     );
     for &(rows, cols) in &a.shapes {
         for &t in &a.types {
@@ -331,61 +349,80 @@ fn main() -> Result<()> {
                 bytes: TensorBytes::owned(random_bytes(rows * row_bytes, rows as u64 ^ 0x9e37)),
             };
             let m = DMatrix::stack(&mut p.gpu, &w.name, &[&w], cols)?;
+            // Copies to cycle over, so that a pass's GEMVs read memory rather than cache.
+            let want = ((a.rotate_mib as u64) << 20) / m.bytes().max(1);
+            let copies = (want as usize).clamp(1, a.reps);
+            let mut ms = vec![m];
+            for _ in 1..copies {
+                ms.push(DMatrix::stack(&mut p.gpu, &w.name, &[&w], cols)?);
+            }
             drop(w);
             let n = a.tokens;
             let usage = wgpu::BufferUsages::STORAGE;
             let x = p.gpu.upload("x", &random_x(n * cols))?;
             let y = p.gpu.buffer("y", (n * rows * 4) as u64, usage)?;
-            let mut list = Vec::new();
+            // The dispatches of each copy (one per part), then `reps` GEMVs over the copies.
+            let mut per_copy = Vec::new();
             let mut pbufs = Vec::new();
-            for part in &m.parts {
-                let s = MmShape {
-                    rows: part.rows,
-                    cols,
-                    n,
-                    x_stride: cols,
-                    y_stride: rows,
-                    y_off: part.y_off,
-                    add: false,
-                    row_words: part.ty.row_words(cols),
-                    row0: part.row0,
-                };
-                let pbuf = p.gpu.buffer(
-                    "params",
-                    64,
-                    wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                )?;
-                let pb: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
-                p.gpu.queue.write_buffer(&pbuf, 0, &pb);
-                let pipe = p.k.matmul(part.ty).clone();
-                let bg = bind(
-                    &p.gpu,
-                    &pipe,
-                    (&pbuf, 0),
-                    &[(1, &part.buf), (2, &x), (3, &y)],
-                );
-                list.push(Dispatch {
-                    name: "gemv",
-                    pipe,
-                    bind: bg,
-                    groups: s.matmul_groups(),
-                    bytes: 0,
-                    flops: 0,
-                });
-                pbufs.push(pbuf);
+            for m in &ms {
+                let mut ds = Vec::new();
+                for part in &m.parts {
+                    let s = MmShape {
+                        rows: part.rows,
+                        cols,
+                        n,
+                        x_stride: cols,
+                        y_stride: rows,
+                        y_off: part.y_off,
+                        add: false,
+                        row_words: part.ty.row_words(cols),
+                        row0: part.row0,
+                    };
+                    let pbuf = p.gpu.buffer(
+                        "params",
+                        64,
+                        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    )?;
+                    let pb: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
+                    p.gpu.queue.write_buffer(&pbuf, 0, &pb);
+                    let pipe = p.k.matmul(part.ty).clone();
+                    let bg = bind(
+                        &p.gpu,
+                        &pipe,
+                        (&pbuf, 0),
+                        &[(1, &part.buf), (2, &x), (3, &y)],
+                    );
+                    ds.push(Dispatch {
+                        name: "gemv",
+                        pipe,
+                        bind: bg,
+                        groups: s.matmul_groups(),
+                        bytes: 0,
+                        flops: 0,
+                    });
+                    pbufs.push(pbuf);
+                }
+                per_copy.push(ds);
             }
+            let list: Vec<Dispatch> = (0..a.reps)
+                .flat_map(|i| per_copy[i % copies].iter().cloned())
+                .collect();
             let (mut ts, _) = time(&p.gpu, &list, a.warmup, a.iters)?;
+            for t in &mut ts {
+                *t /= a.reps as f64;
+            }
             let (med, lo, hi) = stats(&mut ts);
-            let gbs = m.bytes() as f64 / med / 1e9;
+            let gbs = ms[0].bytes() as f64 / med / 1e9;
             println!(
-                "{:<6} {rows:>7} {cols:>6} {n:>3} {:>10.1} {:>10.1}-{:<10.1} {gbs:>9.2} {:>6.1}%",
+                "{:<6} {rows:>7} {cols:>6} {n:>3} {:>10.1} {:>10.1}-{:<10.1} {gbs:>9.2} {:>6.1}% {copies:>6}",
                 t.name(),
                 med * 1e6,
                 lo * 1e6,
                 hi * 1e6,
                 100.0 * gbs / ceil
             );
-            for b in m.parts.iter().map(|p| &p.buf).chain([&x, &y]) {
+            let bufs = ms.iter().flat_map(|m| m.parts.iter().map(|p| &p.buf));
+            for b in bufs.chain([&x, &y]).chain(&pbufs) {
                 p.gpu.release(b);
             }
         }

@@ -1,6 +1,7 @@
 //! The wgpu backend's own kernel variants, beyond what the per-executor op suite
-//! (`backend_ops.rs`) runs on every backend: the GEMV's workgroup-memory fallback for adapters
-//! without subgroups (every weight type, odd row counts, one token and several), the decode
+//! (`backend_ops.rs`) runs on every backend: the GEMV with subgroup sums and its workgroup-memory
+//! fallback for adapters without subgroups (every weight type, odd row counts, 1..8 tokens and
+//! more), the decode
 //! attention split over key ranges then merged (long, odd and windowed contexts on testkit's
 //! random paged batches: scattered block tables, NaN-poisoned unused slots), and timed runs.
 //! Plain CPU references, the testkit's metric; outputs are poisoned with NaN before each run. Needs an adapter (lavapipe will do):
@@ -52,8 +53,9 @@ fn reference_product(w: &HostTensor, x: &[f32], n: usize) -> Vec<f64> {
 }
 
 /// Every weight type through the GEMV with `p`'s kernels: odd row counts (not multiples of the
-/// 8 rows of a workgroup), one token, a few (one and two groups of four), and more than one
-/// workgroup of tokens (9, 16, 37).
+/// 16 rows of a workgroup, nor of the pairs of rows a group walks: 1, 3, 17, 33 rows), every
+/// token count of one workgroup (1..8: one vec of four, two, a partial second), more than one
+/// workgroup of tokens (9, 16, 37), and rows of fewer units than a subgroup has invocations.
 #[cfg(feature = "wgpu")]
 fn check_matmul(p: &mut Probe, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -78,8 +80,13 @@ fn check_matmul(p: &mut Probe, seed: u64) {
             (67, 2 * k, 37),
             (19, 7 * k, 16),
             (3, 33 * k, 1),
+            (1, 2 * k, 1),
+            (17, 5 * k, 3),
+            (33, 9 * k, 8),
+            (16, k, 6),
         ];
-        for (rows, cols, n) in shapes {
+        let every_n = (1..=8).map(|n| (21, 2 * k, n));
+        for (rows, cols, n) in shapes.into_iter().chain(every_n) {
             let w = tensor(&mut rng, t, rows, cols);
             let x = rnd(&mut rng, n * cols, 1.0);
             let got = p.matmul(&w, &x, n).unwrap();
@@ -92,6 +99,21 @@ fn check_matmul(p: &mut Probe, seed: u64) {
                 p.k.subgroup
             );
         }
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn matmul_with_subgroups_matches_the_dequantized_product() {
+        // The subgroupAdd reduction the executor picks where the adapter has SUBGROUP (lavapipe
+        // does, with subgroups of 8: a group of rows takes several passes over its units).
+        let mut p = probe();
+        assert!(
+            p.gpu.caps.subgroup.is_some(),
+            "adapter {} has no subgroups: this test needs one that has",
+            p.gpu.info.name
+        );
+        p.k = Kernels::with_subgroups(&p.gpu, true).unwrap();
+        check_matmul(&mut p, 11);
     }
 }
 

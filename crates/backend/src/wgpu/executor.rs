@@ -1,6 +1,6 @@
 //! The wgpu executor: loads a dense Llama-family model onto the device (see `weights`), keeps an
-//! f16 paged KV cache per layer, and runs each step as one compute pass in one command buffer
-//! (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
+//! f16 paged KV cache per layer, and runs each step as a few command buffers, each submitted as
+//! soon as it is encoded (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
 //! token ids for greedy steps (argmax on the device), come back to the host.
 
 use std::time::Instant;
@@ -42,6 +42,11 @@ pub struct WgpuExecutor {
     /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
     timer: Option<Timer>,
 }
+
+/// Dispatches per submission of an unprofiled step: small enough that the device starts early
+/// and the host's encoding of the rest overlaps the device's work, large enough that the cost of
+/// a submission (tens of microseconds) stays a small part of a step.
+const SUBMIT_EVERY: usize = 64;
 
 /// What a step hands back.
 enum Want {
@@ -400,7 +405,19 @@ impl WgpuExecutor {
                 order
             }
             _ => {
-                kernels::encode(&mut enc, &self.list);
+                // All but the last chunk go to the device as soon as they are encoded, so it
+                // starts on the first layers while the host encodes the rest (wgpu costs the
+                // host microseconds per dispatch, and a step has hundreds).
+                let mut chunks = self.list.chunks(SUBMIT_EVERY).peekable();
+                while let Some(c) = chunks.next() {
+                    if chunks.peek().is_none() {
+                        kernels::encode(&mut enc, c);
+                    } else {
+                        let mut e = self.gpu.device.create_command_encoder(&Default::default());
+                        kernels::encode(&mut e, c);
+                        self.gpu.queue.submit([e.finish()]);
+                    }
+                }
                 Vec::new()
             }
         };
@@ -488,9 +505,16 @@ impl WgpuExecutor {
         let b = self.bufs.as_ref().expect("ensured");
         let tok_bytes = (n * kernels::TOK_WORDS * 4) as u64;
         let row = (n * 4) as u64;
+        // One command buffer per step, each submitted once encoded: the device runs step k while
+        // the host encodes step k + 1 (the queue keeps them in order).
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         for k in 0..steps {
             if k > 0 {
+                let done = std::mem::replace(
+                    &mut enc,
+                    self.gpu.device.create_command_encoder(&Default::default()),
+                );
+                self.gpu.queue.submit([done.finish()]);
                 let at = ((k - 1) * per * 4) as u64;
                 enc.copy_buffer_to_buffer(&src, at, &b.tok, 0, tok_bytes);
                 let rope_bytes = (per * 4) as u64 - tok_bytes;

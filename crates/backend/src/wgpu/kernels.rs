@@ -163,7 +163,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
 }
 
 /// Rows of one GEMV workgroup, and tokens of one (matmul.wgsl's RW and NT).
-pub const MM_ROWS: u32 = 8;
+pub const MM_ROWS: u32 = 16;
 pub const MM_TOKENS: u32 = 8;
 /// The attention kernel's limits: query heads per KV head, and their Q in shared memory.
 pub const ATTN_MAX_GROUP: usize = 16;

@@ -1,16 +1,20 @@
 // The decode GEMV y[t, y_off + r] (+)= sum_c x[t, c] * W[r, c] for one part of a weight matrix
 // and a few tokens, and the embedding lookup (rows of W by token id). The weight format's
-// `unit`/`ucol` come before this file (types.wgsl); the host appends one of the two reductions
-// at the end (`//! SUBGROUP` when the device has subgroups, `//! SHARED` otherwise).
+// `dq`/`unit`/`ucol` come before this file (types.wgsl); the host appends one of the two
+// reductions at the end (`//! SUBGROUP` when the device has subgroups, `//! SHARED` otherwise).
 //
 // Why this shape: decoding reads every weight once per step, so the kernel is a stream of the
 // weights at memory speed. A group of invocations (a subgroup, or 32 invocations without
-// subgroups) walks one row; invocation `lane` takes units lane, lane + S, …, each one 16-byte
-// load, so a group's loads are consecutive addresses. Sums are f32. Up to NT tokens share each
-// dequantized unit (small decode batches read the weights once); more tokens take more
+// subgroups) walks a pair of rows; invocation `lane` takes units lane, lane + S, …, each one
+// 16-byte load per row, so a group's loads are consecutive addresses. Two rows per group keep
+// two loads in flight per invocation and read each activation once for both rows: for the 4-bit
+// types 32 activations (128 bytes of f32) go with every 16 bytes of weights, so cache reads of
+// the activations, not memory, would bound a row-at-a-time kernel. A unit is dequantized into
+// named registers (`Dq`) and dotted in straight-line code; sums are f32. Up to NT tokens share
+// each dequantized unit (small decode batches read the weights once); more tokens take more
 // workgroups along y. Rows per workgroup are fixed (RW), so the host's grid does not depend on
 // the subgroup size, which differs by adapter (8 on lavapipe, 32 on NVIDIA and Apple, 64 on some
-// AMD): subgroups loop over the workgroup's rows.
+// AMD): subgroups loop over the workgroup's row pairs.
 
 struct P {
     rows: u32,      // rows of this part
@@ -30,7 +34,7 @@ struct P {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> tokens: array<u32>;
 
-const RW: u32 = 8u;
+const RW: u32 = 16u;
 const NT: u32 = 8u;
 
 // x's vec4 offsets of the rows of tokens t..t+3 (clamped to the last token: a missing token
@@ -40,56 +44,79 @@ fn xrows4(t: u32) -> vec4<u32> {
     return min(vec4<u32>(t, t + 1u, t + 2u, t + 3u), vec4<u32>(last)) * (p.x_stride / 4u);
 }
 
-// The partial sums of invocation `lane` of a group of `s` walking `row`, for tokens t0..t0+nt:
-// element t of the result (tokens 0..3 in [0], 4..7 in [1]).
-fn row_dots(row: u32, lane: u32, s: u32, t0: u32, nt: u32) -> array<vec4<f32>, 2> {
+// The dot products of dequantized unit `u` (of columns ucol(u, 0..UV)) of two rows with the
+// activations of one token, whose row starts at vec4 `xb`: each activation is loaded once for
+// both rows. Straight-line code over constant groups (UV is a constant, so the unused branches
+// vanish).
+fn xdot2(qa: Dq, qb: Dq, xb: u32, u: u32) -> vec2<f32> {
+    let x0 = x[xb + ucol(u, 0u) / 4u];
+    let x1 = x[xb + ucol(u, 1u) / 4u];
+    var s = vec2<f32>(dot(qa.v0, x0) + dot(qa.v1, x1), dot(qb.v0, x0) + dot(qb.v1, x1));
+    if UV > 2u {
+        let x2 = x[xb + ucol(u, 2u) / 4u];
+        let x3 = x[xb + ucol(u, 3u) / 4u];
+        s += vec2<f32>(dot(qa.v2, x2) + dot(qa.v3, x3), dot(qb.v2, x2) + dot(qb.v3, x3));
+    }
+    if UV > 4u {
+        let x4 = x[xb + ucol(u, 4u) / 4u];
+        let x5 = x[xb + ucol(u, 5u) / 4u];
+        let x6 = x[xb + ucol(u, 6u) / 4u];
+        let x7 = x[xb + ucol(u, 7u) / 4u];
+        s += vec2<f32>(
+            dot(qa.v4, x4) + dot(qa.v5, x5) + dot(qa.v6, x6) + dot(qa.v7, x7),
+            dot(qb.v4, x4) + dot(qb.v5, x5) + dot(qb.v6, x6) + dot(qb.v7, x7),
+        );
+    }
+    return s;
+}
+
+// The partial sums of invocation `lane` of a group of `s` walking rows `ra` and `rb` together,
+// for tokens t0..t0+nt: token t of row ra in element t % 4 of [0] (tokens 0..3) or [1] (4..7),
+// of row rb in [2] or [3].
+fn row_dots(ra: u32, rb: u32, lane: u32, s: u32, t0: u32, nt: u32) -> array<vec4<f32>, 4> {
     let units = p.cols / (4u * UV);
     if nt == 1u {
-        // One token: two units in flight per step.
         let xb = t0 * (p.x_stride / 4u);
-        var a = 0.0;
-        var b = 0.0;
-        var u = lane;
-        for (; u + s < units; u += 2u * s) {
-            var wa = unit(row, u);
-            var wb = unit(row, u + s);
-            for (var k = 0u; k < UV; k++) {
-                a += dot(wa[k], x[xb + ucol(u, k) / 4u]);
-                b += dot(wb[k], x[xb + ucol(u + s, k) / 4u]);
-            }
+        var a = vec2<f32>(0.0);
+        for (var u = lane; u < units; u += s) {
+            a += xdot2(dq(ra, u), dq(rb, u), xb, u);
         }
-        if u < units {
-            var wa = unit(row, u);
-            for (var k = 0u; k < UV; k++) {
-                a += dot(wa[k], x[xb + ucol(u, k) / 4u]);
-            }
-        }
-        return array<vec4<f32>, 2>(vec4<f32>(a + b, 0.0, 0.0, 0.0), vec4<f32>(0.0));
+        return array<vec4<f32>, 4>(vec4<f32>(a.x, 0.0, 0.0, 0.0), Z4, vec4<f32>(a.y, 0.0, 0.0, 0.0), Z4);
     }
     let r0 = xrows4(t0);
     let r1 = xrows4(t0 + 4u);
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
+    var a0 = Z4;
+    var a1 = Z4;
+    var b0 = Z4;
+    var b1 = Z4;
     for (var u = lane; u < units; u += s) {
-        var wv = unit(row, u);
-        for (var k = 0u; k < UV; k++) {
-            let c = ucol(u, k) / 4u;
-            let g = wv[k];
-            a0 += vec4<f32>(dot(g, x[r0.x + c]), dot(g, x[r0.y + c]), dot(g, x[r0.z + c]), dot(g, x[r0.w + c]));
-            if nt > 4u {
-                a1 += vec4<f32>(dot(g, x[r1.x + c]), dot(g, x[r1.y + c]), dot(g, x[r1.z + c]), dot(g, x[r1.w + c]));
-            }
+        // One load and dequantization of each row's unit serves every token.
+        let qa = dq(ra, u);
+        let qb = dq(rb, u);
+        let s0 = xdot2(qa, qb, r0.x, u);
+        let s1 = xdot2(qa, qb, r0.y, u);
+        let s2 = xdot2(qa, qb, r0.z, u);
+        let s3 = xdot2(qa, qb, r0.w, u);
+        a0 += vec4<f32>(s0.x, s1.x, s2.x, s3.x);
+        b0 += vec4<f32>(s0.y, s1.y, s2.y, s3.y);
+        if nt > 4u {
+            let s4 = xdot2(qa, qb, r1.x, u);
+            let s5 = xdot2(qa, qb, r1.y, u);
+            let s6 = xdot2(qa, qb, r1.z, u);
+            let s7 = xdot2(qa, qb, r1.w, u);
+            a1 += vec4<f32>(s4.x, s5.x, s6.x, s7.x);
+            b1 += vec4<f32>(s4.y, s5.y, s6.y, s7.y);
         }
     }
-    return array<vec4<f32>, 2>(a0, a1);
+    return array<vec4<f32>, 4>(a0, a1, b0, b1);
 }
 
 // Writes (or adds) the finished sums of `row` for tokens t0..t0+nt.
-fn store(row: u32, t0: u32, nt: u32, r: array<vec4<f32>, 2>) {
+fn store(row: u32, t0: u32, nt: u32, lo: vec4<f32>, hi: vec4<f32>) {
     for (var t = 0u; t < nt; t++) {
-        var v = r[0][t % 4u];
+        var v = lo[t % 4u];
         if t >= 4u {
-            v = r[1][t % 4u];
+            v = hi[t % 4u];
         }
         let o = (t0 + t) * p.y_stride + p.y_off + row;
         if p.add != 0u {
@@ -120,8 +147,8 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 //! SUBGROUP
-// One subgroup per row; subgroupAdd sums its invocations. A row's test is the same for the whole
-// subgroup, so every subgroup operation runs with all its invocations.
+// One subgroup per pair of rows; subgroupAdd sums its invocations. A pair's test is the same
+// for the whole subgroup, so every subgroup operation runs with all its invocations.
 @compute @workgroup_size(256)
 fn gemv(
     @builtin(subgroup_invocation_id) lane: u32,
@@ -135,50 +162,65 @@ fn gemv(
         return;
     }
     let nt = min(NT, p.n - t0);
-    for (var i = sg; i < RW; i += nsg) {
-        let row = wg.x * RW + i;
-        if row < p.rows {
-            let a = row_dots(row, lane, s, t0, nt);
-            var r = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var i = sg; i < RW / 2u; i += nsg) {
+        let ra = wg.x * RW + 2u * i;
+        if ra < p.rows {
+            // An odd last row is paired with itself; the copy's sums are dropped.
+            let rb = min(ra + 1u, p.rows - 1u);
+            let a = row_dots(ra, rb, lane, s, t0, nt);
+            var r = array<vec4<f32>, 4>(Z4, Z4, Z4, Z4);
             if nt == 1u {
-                r[0].x = subgroupAdd(a[0].x);
+                let v = subgroupAdd(vec2<f32>(a[0].x, a[2].x));
+                r[0].x = v.x;
+                r[2].x = v.y;
             } else {
                 r[0] = subgroupAdd(a[0]);
+                r[2] = subgroupAdd(a[2]);
                 if nt > 4u {
                     r[1] = subgroupAdd(a[1]);
+                    r[3] = subgroupAdd(a[3]);
                 }
             }
             if lane == 0u {
-                store(row, t0, nt, r);
+                store(ra, t0, nt, r[0], r[1]);
+                if ra + 1u < p.rows {
+                    store(ra + 1u, t0, nt, r[2], r[3]);
+                }
             }
         }
     }
 }
 //! SHARED
-// 32 invocations per row; a tree in workgroup memory sums them.
-var<workgroup> red: array<vec4<f32>, 512>;
+// 32 invocations per pair of rows; a tree in workgroup memory sums them.
+var<workgroup> red: array<vec4<f32>, 1024>;
 
 @compute @workgroup_size(256)
 fn gemv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let t0 = wg.y * NT;
     let nt = min(NT, max(p.n, t0 + 1u) - t0);
     let lane = li % 32u;
-    let row = wg.x * RW + li / 32u;
-    var a = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-    if row < p.rows && t0 < p.n {
-        a = row_dots(row, lane, 32u, t0, nt);
+    let ra = wg.x * RW + 2u * (li / 32u);
+    let live = ra < p.rows && t0 < p.n;
+    var a = array<vec4<f32>, 4>(Z4, Z4, Z4, Z4);
+    if live {
+        a = row_dots(ra, min(ra + 1u, p.rows - 1u), lane, 32u, t0, nt);
     }
-    red[2u * li] = a[0];
-    red[2u * li + 1u] = a[1];
+    for (var j = 0u; j < 4u; j++) {
+        red[4u * li + j] = a[j];
+    }
     workgroupBarrier();
     for (var off = 16u; off > 0u; off >>= 1u) {
         if lane < off {
-            red[2u * li] += red[2u * (li + off)];
-            red[2u * li + 1u] += red[2u * (li + off) + 1u];
+            for (var j = 0u; j < 4u; j++) {
+                red[4u * li + j] += red[4u * (li + off) + j];
+            }
         }
         workgroupBarrier();
     }
-    if lane == 0u && row < p.rows && t0 < p.n {
-        store(row, t0, nt, array<vec4<f32>, 2>(red[2u * li], red[2u * li + 1u]));
+    if lane == 0u && live {
+        store(ra, t0, nt, red[4u * li], red[4u * li + 1u]);
+        if ra + 1u < p.rows {
+            store(ra + 1u, t0, nt, red[4u * li + 2u], red[4u * li + 3u]);
+        }
     }
 }

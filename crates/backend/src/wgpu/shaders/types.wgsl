@@ -8,20 +8,41 @@
 //   `const UV: u32` — groups of four columns in one *unit*. A unit is what one 16-byte load of
 //       quantized data (one vec4<u32>) holds: 8 values for F16, 16 for Q8_0, 32 for the 4/5/6-bit
 //       types. Units per row: `p.cols / (4u * UV)`.
-//   `fn unit(row, u) -> array<vec4<f32>, 8>` — unit `u` of `row`, dequantized; entries 0..UV
-//       are four consecutive columns each (the rest are zero).
+//   `fn dq(row, u) -> Dq` — unit `u` of `row`, dequantized: fields v0..v7, of which v0..v(UV-1)
+//       are four consecutive columns each (the rest are zero). Named fields, not an array: a
+//       kernel reads them with constant names, so they stay in registers on every compiler (an
+//       array indexed in a loop may be placed in memory when the loop is not unrolled).
+//   `fn unit(row, u) -> array<vec4<f32>, 8>` — the same as an array, for loops over groups.
 //   `fn ucol(u, k) -> u32` — the first column of group `k` of unit `u` (a multiple of 4, so the
 //       activations can be read as vec4s).
 // Consecutive units of a row are consecutive vec4s of its quantized data, so the invocations of a
-// subgroup reading units lane, lane + 1, … make one coalesced load. The older run-of-eight
-// interface stays for kernels written against it: `load8(row, c)` is groups 2j, 2j + 1 of unit
-// c / (UV / 2) (j = c % (UV / 2)) and `col8(c)` their first columns; it dequantizes a whole unit
-// per call, so new kernels should use `unit`.
+// subgroup reading units lane, lane + 1, … make one coalesced load.
+//
+// Dequantization works on whole words: nibbles and high bits are masked and joined four bytes at
+// a time, and each byte b becomes a float without an integer-to-float conversion (a slow
+// instruction on GPUs): the bits 0x4B000000 | b are the f32 2^23 + b, so one subtraction gives
+// b minus the type's offset, exactly. Scales are read once per unit.
 //
 // Layouts (weights.rs writes them): F16 row-major; Q4_K and Q5_K blocks as GGUF stores them (144
 // and 176 bytes: whole vec4s); for Q8_0, Q4_0, Q4_1 and Q6_K the blocks without their scale
 // (32, 16, 16, 208 bytes) for every row of the part, then the scales (f16 d, or d and m for
 // Q4_1) in the same order, from word `scale_base()`.
+
+struct Dq {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+}
+
+fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let q = dq(row, u);
+    return array<vec4<f32>, 8>(q.v0, q.v1, q.v2, q.v3, q.v4, q.v5, q.v6, q.v7);
+}
 
 fn wd(i: u32) -> u32 {
     return w[i >> 2u][i & 3u];
@@ -32,14 +53,14 @@ fn half_at(base: u32, i: u32) -> f32 {
     return unpack2x16float(wd(base + i / 2u))[i % 2u];
 }
 
-// The four bytes of `v`, low first.
-fn bytes4(v: u32) -> vec4<u32> {
-    return (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
-}
+// 2^23: the f32 whose low mantissa bits hold a small integer exactly.
+const MAGIC: f32 = 8388608.0;
 
-// The four bytes of `v` as signed values.
-fn i8x4(v: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<i32>(bitcast<i32>(v)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+// The four bytes of `v` (low first) as floats, each less the type's offset (`off` is MAGIC plus
+// that offset).
+fn bytesf(v: u32, off: f32) -> vec4<f32> {
+    let b = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
+    return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(off);
 }
 
 // Byte `i` (0..16) of a vec4<u32>.
@@ -59,27 +80,14 @@ fn scale_min_k4(h: vec4<u32>, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
-fn load8(row: u32, c: u32) -> array<vec4<f32>, 2> {
-    let h = UV / 2u;
-    var v = unit(row, c / h);
-    let k = 2u * (c % h);
-    return array<vec4<f32>, 2>(v[k], v[k + 1u]);
-}
-
-fn col8(c: u32) -> vec2<u32> {
-    let h = UV / 2u;
-    let k = 2u * (c % h);
-    return vec2<u32>(ucol(c / h, k), ucol(c / h, k + 1u));
-}
-
 const Z4: vec4<f32> = vec4<f32>(0.0);
 
 //! F16
 // Row-major f16 pairs (low half first): unit u is columns 8u..8u+7.
 const UV: u32 = 2u;
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let q = w[row * (p.cols / 8u) + u];
-    return array<vec4<f32>, 8>(
+    return Dq(
         vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)),
         vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)),
         Z4, Z4, Z4, Z4, Z4, Z4,
@@ -90,17 +98,18 @@ fn ucol(u: u32, k: u32) -> u32 {
 }
 //! Q8_0
 // Blocks of 32 signed bytes (two units), scales after them. Unit u: half u % 2 of block u / 2,
-// columns 16u..16u+15.
+// columns 16u..16u+15. Flipping each byte's sign bit makes it q + 128 unsigned.
 const UV: u32 = 4u;
 fn scale_base() -> u32 {
     return p.rows * p.cols / 4u;
 }
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let g = row * (p.cols / 16u) + u;
-    let q = w[g];
+    let q = w[g] ^ vec4<u32>(0x80808080u);
     let d = half_at(scale_base(), g / 2u);
-    return array<vec4<f32>, 8>(
-        i8x4(q.x) * d, i8x4(q.y) * d, i8x4(q.z) * d, i8x4(q.w) * d,
+    let o = MAGIC + 128.0;
+    return Dq(
+        bytesf(q.x, o) * d, bytesf(q.y, o) * d, bytesf(q.z, o) * d, bytesf(q.w, o) * d,
         Z4, Z4, Z4, Z4,
     );
 }
@@ -115,17 +124,17 @@ const UV: u32 = 8u;
 fn scale_base() -> u32 {
     return p.rows * p.cols / 8u;
 }
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let g = row * (p.cols / 32u) + u;
     let q = w[g];
     let d = half_at(scale_base(), g);
-    var o: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 4u; j++) {
-        let b = vec4<u32>(q[j]) >> vec4<u32>(0u, 8u, 16u, 24u);
-        o[j] = (vec4<f32>(b & vec4<u32>(15u)) - 8.0) * d;
-        o[j + 4u] = (vec4<f32>((b >> vec4<u32>(4u)) & vec4<u32>(15u)) - 8.0) * d;
-    }
-    return o;
+    let lo = q & vec4<u32>(0x0F0F0F0Fu);
+    let hi = (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
+    let o = MAGIC + 8.0;
+    return Dq(
+        bytesf(lo.x, o) * d, bytesf(lo.y, o) * d, bytesf(lo.z, o) * d, bytesf(lo.w, o) * d,
+        bytesf(hi.x, o) * d, bytesf(hi.y, o) * d, bytesf(hi.z, o) * d, bytesf(hi.w, o) * d,
+    );
 }
 fn ucol(u: u32, k: u32) -> u32 {
     return 32u * u + 4u * k;
@@ -136,17 +145,20 @@ const UV: u32 = 8u;
 fn scale_base() -> u32 {
     return p.rows * p.cols / 8u;
 }
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let g = row * (p.cols / 32u) + u;
     let q = w[g];
     let dm = unpack2x16float(wd(scale_base() + g));
-    var o: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 4u; j++) {
-        let b = vec4<u32>(q[j]) >> vec4<u32>(0u, 8u, 16u, 24u);
-        o[j] = vec4<f32>(b & vec4<u32>(15u)) * dm.x + dm.y;
-        o[j + 4u] = vec4<f32>((b >> vec4<u32>(4u)) & vec4<u32>(15u)) * dm.x + dm.y;
-    }
-    return o;
+    let lo = q & vec4<u32>(0x0F0F0F0Fu);
+    let hi = (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
+    let d = dm.x;
+    let m = vec4<f32>(dm.y);
+    return Dq(
+        fma(bytesf(lo.x, MAGIC), vec4<f32>(d), m), fma(bytesf(lo.y, MAGIC), vec4<f32>(d), m),
+        fma(bytesf(lo.z, MAGIC), vec4<f32>(d), m), fma(bytesf(lo.w, MAGIC), vec4<f32>(d), m),
+        fma(bytesf(hi.x, MAGIC), vec4<f32>(d), m), fma(bytesf(hi.y, MAGIC), vec4<f32>(d), m),
+        fma(bytesf(hi.z, MAGIC), vec4<f32>(d), m), fma(bytesf(hi.w, MAGIC), vec4<f32>(d), m),
+    );
 }
 fn ucol(u: u32, k: u32) -> u32 {
     return 32u * u + 4u * k;
@@ -156,27 +168,28 @@ fn ucol(u: u32, k: u32) -> u32 {
 // 128 bytes of nibbles. Unit u: vec4 v = u % 8 of the nibbles of block u / 8: bytes
 // 32c + 16s + i (c = v / 2, s = v % 2, i < 16) hold element 64c + 16s + i in their low nibble
 // (sub-block 2c) and 64c + 32 + 16s + i in their high one (sub-block 2c + 1); value
-// d * sc * q - dmin * m.
+// d * sc * q - dmin * m. A unit's two scales and mins are decoded once for its 32 values.
 const UV: u32 = 8u;
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let blk = (row * (p.cols / 256u) + u / 8u) * 9u;
     let v = u % 8u;
     let h = w[blk];
     let q = w[blk + 1u + v];
     let dd = unpack2x16float(h.x);
-    let lo = scale_min_k4(h, 2u * (v / 2u));
-    let hi = scale_min_k4(h, 2u * (v / 2u) + 1u);
-    let dl = dd.x * lo.x;
-    let ml = dd.y * lo.y;
-    let dh = dd.x * hi.x;
-    let mh = dd.y * hi.y;
-    var o: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 4u; j++) {
-        let b = vec4<u32>(q[j]) >> vec4<u32>(0u, 8u, 16u, 24u);
-        o[j] = dl * vec4<f32>(b & vec4<u32>(15u)) - ml;
-        o[j + 4u] = dh * vec4<f32>((b >> vec4<u32>(4u)) & vec4<u32>(15u)) - mh;
-    }
-    return o;
+    let sl = scale_min_k4(h, 2u * (v / 2u));
+    let sh = scale_min_k4(h, 2u * (v / 2u) + 1u);
+    let dl = vec4<f32>(dd.x * sl.x);
+    let ml = vec4<f32>(-dd.y * sl.y);
+    let dh = vec4<f32>(dd.x * sh.x);
+    let mh = vec4<f32>(-dd.y * sh.y);
+    let lo = q & vec4<u32>(0x0F0F0F0Fu);
+    let hi = (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
+    return Dq(
+        fma(bytesf(lo.x, MAGIC), dl, ml), fma(bytesf(lo.y, MAGIC), dl, ml),
+        fma(bytesf(lo.z, MAGIC), dl, ml), fma(bytesf(lo.w, MAGIC), dl, ml),
+        fma(bytesf(hi.x, MAGIC), dh, mh), fma(bytesf(hi.y, MAGIC), dh, mh),
+        fma(bytesf(hi.z, MAGIC), dh, mh), fma(bytesf(hi.w, MAGIC), dh, mh),
+    );
 }
 fn ucol(u: u32, k: u32) -> u32 {
     let v = u % 8u;
@@ -185,9 +198,10 @@ fn ucol(u: u32, k: u32) -> u32 {
 //! Q5_K
 // 256-column blocks of eleven vec4s as stored: the Q4_K header, 32 bytes of fifth bits, then the
 // nibbles as in Q4_K. Byte 16s + i of the fifth bits holds, in bit 2c, the high bit of element
-// 64c + 16s + i and, in bit 2c + 1, that of element 64c + 32 + 16s + i.
+// 64c + 16s + i and, in bit 2c + 1, that of element 64c + 32 + 16s + i. The fifth bits join the
+// nibbles four bytes at a time (word-wide masks and shifts).
 const UV: u32 = 8u;
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let blk = (row * (p.cols / 256u) + u / 8u) * 11u;
     let v = u % 8u;
     let c = v / 2u;
@@ -195,22 +209,22 @@ fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
     let qh = w[blk + 1u + v % 2u];
     let q = w[blk + 3u + v];
     let dd = unpack2x16float(h.x);
-    let lo = scale_min_k4(h, 2u * c);
-    let hi = scale_min_k4(h, 2u * c + 1u);
-    let dl = dd.x * lo.x;
-    let ml = dd.y * lo.y;
-    let dh = dd.x * hi.x;
-    let mh = dd.y * hi.y;
-    var o: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 4u; j++) {
-        let b = vec4<u32>(q[j]) >> vec4<u32>(0u, 8u, 16u, 24u);
-        let e = (vec4<u32>(qh[j]) >> vec4<u32>(0u, 8u, 16u, 24u)) >> vec4<u32>(2u * c);
-        let ql = (b & vec4<u32>(15u)) | ((e & vec4<u32>(1u)) << vec4<u32>(4u));
-        let qhi = ((b >> vec4<u32>(4u)) & vec4<u32>(15u)) | ((e & vec4<u32>(2u)) << vec4<u32>(3u));
-        o[j] = dl * vec4<f32>(ql) - ml;
-        o[j + 4u] = dh * vec4<f32>(qhi) - mh;
-    }
-    return o;
+    let sl = scale_min_k4(h, 2u * c);
+    let sh = scale_min_k4(h, 2u * c + 1u);
+    let dl = vec4<f32>(dd.x * sl.x);
+    let ml = vec4<f32>(-dd.y * sl.y);
+    let dh = vec4<f32>(dd.x * sh.x);
+    let mh = vec4<f32>(-dd.y * sh.y);
+    let ones = vec4<u32>(0x01010101u);
+    let lo = (q & vec4<u32>(0x0F0F0F0Fu)) | (((qh >> vec4<u32>(2u * c)) & ones) << vec4<u32>(4u));
+    let hi = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu))
+        | (((qh >> vec4<u32>(2u * c + 1u)) & ones) << vec4<u32>(4u));
+    return Dq(
+        fma(bytesf(lo.x, MAGIC), dl, ml), fma(bytesf(lo.y, MAGIC), dl, ml),
+        fma(bytesf(lo.z, MAGIC), dl, ml), fma(bytesf(lo.w, MAGIC), dl, ml),
+        fma(bytesf(hi.x, MAGIC), dh, mh), fma(bytesf(hi.y, MAGIC), dh, mh),
+        fma(bytesf(hi.z, MAGIC), dh, mh), fma(bytesf(hi.w, MAGIC), dh, mh),
+    );
 }
 fn ucol(u: u32, k: u32) -> u32 {
     let v = u % 8u;
@@ -222,12 +236,13 @@ fn ucol(u: u32, k: u32) -> u32 {
 // (128 elements) element 128hf + 32k + l has its low bits in byte 64hf + l + 32(k & 1) of the
 // nibbles (low nibble for k < 2, high for k >= 2) and its high bits in bits 2k..2k+1 of byte
 // 32hf + l of the pairs; value d * scale[(128hf + 32k + l) / 16] * (q - 32). Unit u: nibble
-// vec4 v = u % 8 of block u / 8, so hf = v / 4, k & 1 = (v % 4) / 2, l = 16(v % 2) + i.
+// vec4 v = u % 8 of block u / 8, so hf = v / 4, k & 1 = (v % 4) / 2, l = 16(v % 2) + i. The
+// high bit pairs join the nibbles four bytes at a time.
 const UV: u32 = 8u;
 fn scale_base() -> u32 {
     return p.rows * (p.cols / 256u) * 52u;
 }
-fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn dq(row: u32, u: u32) -> Dq {
     let g = row * (p.cols / 256u) + u / 8u;
     let blk = g * 13u;
     let v = u % 8u;
@@ -239,19 +254,17 @@ fn unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
     let d = half_at(scale_base(), g);
     // Scales of k = k1 and k = k1 + 2: indexes 8hf + 2k + v % 2, as signed bytes.
     let si = 8u * hf + 2u * k1 + v % 2u;
-    let dl = d * f32((i32(byte_of(sc, si)) << 24u) >> 24u);
-    let dh = d * f32((i32(byte_of(sc, si + 4u)) << 24u) >> 24u);
-    var o: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 4u; j++) {
-        let b = vec4<u32>(q[j]) >> vec4<u32>(0u, 8u, 16u, 24u);
-        let e = vec4<u32>(qh[j]) >> vec4<u32>(0u, 8u, 16u, 24u);
-        let ql = (b & vec4<u32>(15u)) | (((e >> vec4<u32>(2u * k1)) & vec4<u32>(3u)) << vec4<u32>(4u));
-        let qhi = ((b >> vec4<u32>(4u)) & vec4<u32>(15u))
-            | (((e >> vec4<u32>(2u * k1 + 4u)) & vec4<u32>(3u)) << vec4<u32>(4u));
-        o[j] = dl * (vec4<f32>(ql) - 32.0);
-        o[j + 4u] = dh * (vec4<f32>(qhi) - 32.0);
-    }
-    return o;
+    let dl = vec4<f32>(d * f32((i32(byte_of(sc, si)) << 24u) >> 24u));
+    let dh = vec4<f32>(d * f32((i32(byte_of(sc, si + 4u)) << 24u) >> 24u));
+    let twos = vec4<u32>(0x03030303u);
+    let lo = (q & vec4<u32>(0x0F0F0F0Fu)) | (((qh >> vec4<u32>(2u * k1)) & twos) << vec4<u32>(4u));
+    let hi = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu))
+        | (((qh >> vec4<u32>(2u * k1 + 4u)) & twos) << vec4<u32>(4u));
+    let o = MAGIC + 32.0;
+    return Dq(
+        bytesf(lo.x, o) * dl, bytesf(lo.y, o) * dl, bytesf(lo.z, o) * dl, bytesf(lo.w, o) * dl,
+        bytesf(hi.x, o) * dh, bytesf(hi.y, o) * dh, bytesf(hi.z, o) * dh, bytesf(hi.w, o) * dh,
+    );
 }
 fn ucol(u: u32, k: u32) -> u32 {
     let v = u % 8u;
