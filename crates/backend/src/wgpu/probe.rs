@@ -127,6 +127,46 @@ impl Probe {
         self.gpu.submit_wait(enc.finish())
     }
 
+    /// The GEMM path [`Probe::matmul`] takes for weights of `dtype` over `n` tokens, as the
+    /// executor picks it (`step::mm_kernel`, asked here rather than restated), or `None` for the
+    /// GEMV. Tests use it to say how the operands are rounded: the cooperative-matrix GEMM stages
+    /// weights and activations as f16 fragments; the tiled GEMM and the GEMV multiply the
+    /// dequantized weights and f32 activations as they are.
+    pub fn matmul_path(&self, dtype: quire_gguf::GgmlType, n: usize) -> Option<GemmPath> {
+        use quire_gguf::GgmlType as G;
+        let t = match dtype {
+            // Converted to f16 when uploaded.
+            G::F16 | G::F32 | G::BF16 => kernels::WType::F16,
+            G::Q8_0 => kernels::WType::Q8_0,
+            G::Q4_0 => kernels::WType::Q4_0,
+            G::Q4_1 => kernels::WType::Q4_1,
+            G::Q4_K => kernels::WType::Q4_K,
+            G::Q5_K => kernels::WType::Q5_K,
+            G::Q6_K => kernels::WType::Q6_K,
+            _ => return None,
+        };
+        let s = MmShape {
+            rows: 1,
+            cols: t.block().0,
+            n,
+            x_stride: t.block().0,
+            y_stride: 1,
+            y_off: 0,
+            add: false,
+            row_words: t.row_words(t.block().0),
+            row0: 0,
+        };
+        let (pipe, _, gemm) = super::step::mm_kernel(&self.k, t, &s);
+        if !gemm {
+            return None;
+        }
+        self.k
+            .gemm
+            .paths()
+            .into_iter()
+            .find(|&path| self.k.gemm.pipe(path, t) == Some(pipe))
+    }
+
     /// `x` · `w`ᵀ: `w` a `[rows, cols]` tensor (ggml order: dims [cols, rows]), `x` `[n, cols]`.
     /// Returns `[n, rows]`.
     pub fn matmul(
