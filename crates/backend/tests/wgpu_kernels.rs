@@ -1,7 +1,8 @@
 //! The wgpu backend's own kernel variants, beyond what the per-executor op suite
 //! (`backend_ops.rs`) runs on every backend: the GEMV's workgroup-memory fallback for adapters
 //! without subgroups (every weight type, odd row counts, one token and several), the decode
-//! attention split over key ranges then merged (long, odd and windowed contexts on testkit's
+//! attention split over key ranges then merged, with its lane sums through subgroups and through
+//! workgroup memory (long, odd and windowed contexts on testkit's
 //! random paged batches: scattered block tables, NaN-poisoned unused slots), and timed runs.
 //! Plain CPU references, the testkit's metric; outputs are poisoned with NaN before each run. Needs an adapter (lavapipe will do):
 //! ignored unless QUIRE_REQUIRE_WGPU is set at build time (see quire-testkit).
@@ -270,13 +271,21 @@ quire_testkit::wgpu_test! {
             (HeadShape { q_heads: 2, kv_heads: 2, head_dim: 256 }, 128, None,
              vec![(1500, 1)]),
         ];
-        for case in &cases {
-            let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
-            eprintln!("{:?}: {plan:?}", case.0);
+        // The kernel as the adapter runs it (lane sums through subgroups where it has them),
+        // then with the workgroup-memory sums of adapters without subgroups.
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for case in &cases {
+                let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
+                let d = p.k.attn_split.kernel(&case.0);
+                assert_eq!(d.subgroup, subgroup, "{d:?}");
+                eprintln!("{:?}: {plan:?}, {}", case.0, d.describe());
+            }
+            // The first case splits its longest row over several ranges.
+            let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
+            assert!(plan.splits > 1, "{plan:?}");
         }
-        // The first case splits its longest row over several ranges.
-        let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
-        assert!(plan.splits > 1, "{plan:?}");
     }
 }
 

@@ -397,7 +397,7 @@ impl Probe {
             bytes,
             flops,
         };
-        let (list, plan) = if decode && n > 0 {
+        let (list, plan) = if decode && n > 0 && kernels::split_fits(&a.shape) {
             let plan =
                 kernels::SplitPlan::new(&a.shape, n, a.tokens.iter().map(keys).max().unwrap_or(1));
             let (pw, mw) = plan.scratch_words(&a.shape, n);
@@ -406,9 +406,10 @@ impl Probe {
             let p = kernels::split_params(&a.shape, n, a.block_size, window, plan);
             self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
             let k = &self.k;
+            let split = k.attn_split.pipe(&self.gpu, &a.shape)?;
             let sb = bind(
                 &self.gpu,
-                &k.attn_split,
+                &split,
                 (&pbuf, 0),
                 &[
                     (1, &qb),
@@ -430,7 +431,7 @@ impl Probe {
             let list = vec![
                 dispatch(
                     "attn_split",
-                    &k.attn_split,
+                    &split,
                     sb,
                     kernels::split_groups(&a.shape, n, plan),
                     bytes as u64,
