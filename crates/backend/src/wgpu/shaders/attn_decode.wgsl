@@ -15,7 +15,8 @@
 // are summed across its lanes (`lane_sums`: subgroup shuffles, or workgroup memory where the
 // adapter has no subgroups), and each group keeps its own online softmax per head in f32 and its
 // lanes' dims of the V sums, so the key loop has no workgroup barrier on the subgroup path. At
-// the end the groups' partials are merged in workgroup memory into the range's partial.
+// the end the groups' partials are merged in workgroup memory into the range's partial. A group
+// loads its next key while it computes the current one.
 //
 // The host fills in G (query heads per KV head), L (lanes per key: 16, or the subgroup size if
 // smaller, so a key's lanes lie in one subgroup) and CPL (chunks per lane: head_dim / 8 / L
@@ -94,6 +95,45 @@ fn chunk(is_k: bool, l: u32, kvh: u32, c: u32) -> array<vec4<f32>, 2> {
     );
 }
 
+// What locates a key of this workgroup's row, and this lane's place in its key group.
+struct Row {
+    first_new: u32, // the row's first new position (keys from here are in the QKV rows)
+    new_row: u32,   // the batch row of that position
+    toff: u32,      // the row's block table in `tables`
+    kvh: u32,
+    lane: u32,
+}
+
+// This lane's chunks of key `j`'s K and V rows, or zeros past `end`.
+struct Key {
+    k: array<vec4<f32>, 2 * CPL>,
+    v: array<vec4<f32>, 2 * CPL>,
+}
+
+fn load_key(j: u32, end: u32, r: Row) -> Key {
+    var key: Key;
+    if j < end {
+        var at: u32;
+        if j >= r.first_new {
+            at = NEW | (r.new_row + j - r.first_new);
+        } else {
+            at = tables[r.toff + j / p.block_size] * p.block_size + j % p.block_size;
+        }
+        for (var c = 0u; c < CPL; c++) {
+            let ci = r.lane + L * c;
+            if ci < p.head_dim / 8u {
+                let k = chunk(true, at, r.kvh, ci);
+                let v = chunk(false, at, r.kvh, ci);
+                key.k[2u * c] = k[0];
+                key.k[2u * c + 1u] = k[1];
+                key.v[2u * c] = v[0];
+                key.v[2u * c + 1u] = v[1];
+            }
+        }
+    }
+    return key;
+}
+
 // The fused KV write: chunk `c` of this row's K and V head into its slot.
 fn write_chunk(t: u32, slot: u32, kvh: u32, c: u32) {
     let r = t * p.stride + kvh * p.head_dim + 8u * c;
@@ -161,37 +201,19 @@ fn split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
     for (var h = 0u; h < G; h++) {
         m[h] = NEG;
     }
+    let row = Row(first_new, new_row, toff, kvh, lane);
     // The trip count is the same for every invocation (keys past the range are masked), so
-    // the lane sums may synchronise.
+    // the lane sums may synchronise. Each iteration loads the group's next key while it
+    // computes this one (two keys' chunks in flight per lane).
+    var cur = load_key(kr.x + kg, kr.y, row);
     for (var j0 = kr.x; j0 < kr.y; j0 += KG) {
-        let j = j0 + kg;
-        let live = j < kr.y;
-        var at = 0u;
-        if live {
-            if j >= first_new {
-                at = NEW | (new_row + j - first_new);
-            } else {
-                at = tables[toff + j / p.block_size] * p.block_size + j % p.block_size;
-            }
-        }
-        var kx: array<vec4<f32>, 2 * CPL>;
-        var vx: array<vec4<f32>, 2 * CPL>;
-        for (var c = 0u; c < CPL; c++) {
-            let ci = lane + L * c;
-            if live && ci < nd {
-                let k = chunk(true, at, kvh, ci);
-                let v = chunk(false, at, kvh, ci);
-                kx[2u * c] = k[0];
-                kx[2u * c + 1u] = k[1];
-                vx[2u * c] = v[0];
-                vx[2u * c + 1u] = v[1];
-            }
-        }
+        let live = j0 + kg < kr.y;
+        let next = load_key(j0 + KG + kg, kr.y, row);
         var s: array<f32, G>;
         for (var h = 0u; h < G; h++) {
             var d = 0.0;
             for (var c = 0u; c < 2u * CPL; c++) {
-                d += dot(q[h][c], kx[c]);
+                d += dot(q[h][c], cur.k[c]);
             }
             s[h] = d;
         }
@@ -204,10 +226,11 @@ fn split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
                 l[h] = l[h] * corr + pr;
                 m[h] = mn;
                 for (var c = 0u; c < 2u * CPL; c++) {
-                    acc[h][c] = acc[h][c] * corr + pr * vx[c];
+                    acc[h][c] = acc[h][c] * corr + pr * cur.v[c];
                 }
             }
         }
+        cur = next;
     }
     // Merge the key groups: the range's maximum per head, each group's V sums rescaled to it
     // and added group by group (a group's lanes own distinct dims).
