@@ -47,10 +47,9 @@ quire_testkit::executor_test! {
         let mut tally = Tally::new("matmul", backend);
         let mut rng = StdRng::seed_from_u64(1);
         for t in WEIGHT_TYPES {
-            let form = match tally.take(&t.name(), dev.matmul_form(t)) {
-                Some(f) => f,
-                None => continue,
-            };
+            if tally.take(&t.name(), dev.matmul_form(t, 1)).is_none() {
+                continue;
+            }
             // K-quants come in blocks of 256; the others in 32.
             let unit = t.block_size().max(32);
             let shapes = [
@@ -67,6 +66,14 @@ quire_testkit::executor_test! {
                 let x = rnd(&mut rng, n * cols, 2.0);
                 let add = (i % 2 == 1).then(|| rnd(&mut rng, n * rows, 1.0));
                 let case = format!("{} {rows}x{cols} n={n} add={}", t.name(), add.is_some());
+                // The form of the kernel these `n` tokens take (GEMV, GEMM, matrix units).
+                let form = match dev.matmul_form(t, n) {
+                    Ok(f) => f,
+                    Err(why) => {
+                        tally.take::<()>(&case, Err(why));
+                        continue;
+                    }
+                };
                 let Some(got) = tally.take(&case, dev.matmul(&w, &x, n, add.as_deref())) else {
                     continue;
                 };

@@ -1,8 +1,8 @@
 //! The wgpu backend's own kernel variants, beyond what the per-executor op suite
 //! (`backend_ops.rs`) runs on every backend: the GEMV with subgroup sums and its workgroup-memory
 //! fallback for adapters without subgroups (every weight type, odd row counts, 1..8 tokens and
-//! more), the decode
-//! attention split over key ranges then merged (long, odd and windowed contexts on testkit's
+//! more), the decode attention split over key ranges then merged, with its lane sums through
+//! subgroups and through workgroup memory (long, odd and windowed contexts on testkit's
 //! random paged batches: scattered block tables, NaN-poisoned unused slots), and timed runs.
 //! Plain CPU references, the testkit's metric; outputs are poisoned with NaN before each run. Needs an adapter (lavapipe will do):
 //! ignored unless QUIRE_REQUIRE_WGPU is set at build time (see quire-testkit).
@@ -10,6 +10,7 @@
 #[cfg(feature = "wgpu")]
 use {
     half::f16,
+    quire_backend::wgpu::gemm::GemmPath,
     quire_backend::wgpu::kernels::{HeadShape, Kernels},
     quire_backend::wgpu::probe::{AttnInput, Probe},
     quire_backend::HostTensor,
@@ -27,25 +28,30 @@ fn probe() -> Probe {
         .unwrap_or_else(|e| quire_testkit::missing(quire_testkit::Backend::Wgpu, &e))
 }
 
-/// The f64 product `x` · `w`ᵀ of `[n, cols]` and `[rows, cols]`, the weights as the device holds
-/// them (f32 and bf16 go to the device as f16: the reference rounds the same way).
+/// The f64 product `x` · `w`ᵀ of `[n, cols]` and `[rows, cols]`, the operands as the device's
+/// kernel sees them: f32 and bf16 weights go to the device as f16, and where `f16_operands`
+/// (the cooperative-matrix GEMM) the dequantized weights and the activations are rounded to
+/// f16 too. The reference rounds the same way.
 #[cfg(feature = "wgpu")]
-fn reference_product(w: &HostTensor, x: &[f32], n: usize) -> Vec<f64> {
+fn reference_product(w: &HostTensor, x: &[f32], n: usize, f16_operands: bool) -> Vec<f64> {
     let (cols, rows) = (w.row_len(), w.rows());
-    let wf: Vec<f32> = match w.dtype {
-        GgmlType::F32 | GgmlType::BF16 => w
-            .to_f32()
-            .unwrap()
-            .into_iter()
-            .map(|x| f16::from_f32(x).to_f32())
-            .collect(),
-        _ => w.to_f32().unwrap(),
-    };
+    let round = |v: f32| f16::from_f32(v).to_f32();
+    let to_f16 = f16_operands || matches!(w.dtype, GgmlType::F32 | GgmlType::BF16);
+    let wf: Vec<f32> = w
+        .to_f32()
+        .unwrap()
+        .into_iter()
+        .map(|v| if to_f16 { round(v) } else { v })
+        .collect();
+    let xf: Vec<f32> = x
+        .iter()
+        .map(|&v| if f16_operands { round(v) } else { v })
+        .collect();
     let mut want = vec![0f64; n * rows];
     for ti in 0..n {
         for r in 0..rows {
             want[ti * rows + r] = (0..cols)
-                .map(|c| wf[r * cols + c] as f64 * x[ti * cols + c] as f64)
+                .map(|c| wf[r * cols + c] as f64 * xf[ti * cols + c] as f64)
                 .sum();
         }
     }
@@ -90,13 +96,23 @@ fn check_matmul(p: &mut Probe, seed: u64) {
             let w = tensor(&mut rng, t, rows, cols);
             let x = rnd(&mut rng, n * cols, 1.0);
             let got = p.matmul(&w, &x, n).unwrap();
-            let want = reference_product(&w, &x, n);
+            // The GEMV and the tiled GEMM sum f32 products of the operands as given; the
+            // matrix units' f16 fragments accumulate in f32 in their own order.
+            let path = p.matmul_path(t, n);
+            let coop = matches!(path, Some(GemmPath::Coop(_)));
+            let want = reference_product(&w, &x, n, coop);
             let e = rel_l2(&got, &want);
+            let bound = if coop {
+                metric::DOT_F32_VS_CUBLAS
+            } else {
+                metric::DOT_F32
+            };
             assert!(
-                e < metric::DOT_F32,
-                "{} {rows}x{cols} n={n} (subgroup sums: {}): rel L2 {e:e}",
+                e < bound,
+                "{} {rows}x{cols} n={n} (subgroup sums: {}, GEMM: {}): rel L2 {e:e} over {bound:e}",
                 t.name(),
-                p.k.subgroup
+                p.k.subgroup,
+                path.map_or("none (GEMV)".into(), |g| g.name()),
             );
         }
     }
@@ -276,13 +292,21 @@ quire_testkit::wgpu_test! {
             (HeadShape { q_heads: 2, kv_heads: 2, head_dim: 256 }, 128, None,
              vec![(1500, 1)]),
         ];
-        for case in &cases {
-            let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
-            eprintln!("{:?}: {plan:?}", case.0);
+        // The kernel as the adapter runs it (lane sums through subgroups where it has them),
+        // then with the workgroup-memory sums of adapters without subgroups.
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for case in &cases {
+                let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
+                let d = p.k.attn_split.kernel(&case.0);
+                assert_eq!(d.subgroup, subgroup, "{d:?}");
+                eprintln!("{:?}: {plan:?}, {}", case.0, d.describe());
+            }
+            // The first case splits its longest row over several ranges.
+            let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
+            assert!(plan.splits > 1, "{plan:?}");
         }
-        // The first case splits its longest row over several ranges.
-        let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
-        assert!(plan.splits > 1, "{plan:?}");
     }
 }
 

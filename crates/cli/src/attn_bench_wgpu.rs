@@ -143,6 +143,9 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
             .collect::<Vec<_>>()
             .join("+");
         splits = run.plan.map_or(1, |p| p.splits);
+        if run.plan.is_some() {
+            kernel += &format!(" [{}]", probe.k.attn_split.kernel(&shape).describe());
+        }
         gpu_timed = gpu;
         times.push((name, ns.iter().map(|t| t / 1e6).collect()));
     }

@@ -10,9 +10,12 @@
 //!   near an f16 rounding, moves by a whole step): it differs from itself with every norm weight
 //!   nudged by 1e-6 (`examples/act_quant_effect.rs`) by mean ~4e-2, worst row ~2.6e-1 on the
 //!   default model. Every backend is held to twice that sensitivity, measured in the test: one
-//!   with 8-bit activations that sums in another order (CPU, CUDA), and one with f32 activations
-//!   (wgpu: measured on lavapipe mean 3.5e-2, worst 3.1e-1, inside the chaos, while its f16 case
-//!   above is within 2e-3).
+//!   with 8-bit activations that sums in another order (CPU, CUDA), and one without them (wgpu:
+//!   f32 activations in its GEMV and tiled GEMM; on an adapter with matrix units, such as the
+//!   H100, prompt chunks of more than 8 tokens take its cooperative-matrix GEMM, which rounds
+//!   the dequantized weights and the activations to f16, the arithmetic the f16 case above
+//!   bounds). Measured: on lavapipe mean 3.5e-2, worst 3.1e-1, inside the chaos, its f16 case
+//!   within 2e-3; on the H100 mean 3.5e-2, worst 3.1e-1, its f16 case mean 1.2e-3, worst 9.0e-3.
 //!
 //! The CPU variant runs the CPU backend with its default numerics (the f16 V accumulator of
 //! llama.cpp's CPU flash attention) against the f32-accumulating oracle. The CUDA and wgpu

@@ -127,6 +127,46 @@ impl Probe {
         self.gpu.submit_wait(enc.finish())
     }
 
+    /// The GEMM path [`Probe::matmul`] takes for weights of `dtype` over `n` tokens, as the
+    /// executor picks it (`step::mm_kernel`, asked here rather than restated), or `None` for the
+    /// GEMV. Tests use it to say how the operands are rounded: the cooperative-matrix GEMM stages
+    /// weights and activations as f16 fragments; the tiled GEMM and the GEMV multiply the
+    /// dequantized weights and f32 activations as they are.
+    pub fn matmul_path(&self, dtype: quire_gguf::GgmlType, n: usize) -> Option<GemmPath> {
+        use quire_gguf::GgmlType as G;
+        let t = match dtype {
+            // Converted to f16 when uploaded.
+            G::F16 | G::F32 | G::BF16 => kernels::WType::F16,
+            G::Q8_0 => kernels::WType::Q8_0,
+            G::Q4_0 => kernels::WType::Q4_0,
+            G::Q4_1 => kernels::WType::Q4_1,
+            G::Q4_K => kernels::WType::Q4_K,
+            G::Q5_K => kernels::WType::Q5_K,
+            G::Q6_K => kernels::WType::Q6_K,
+            _ => return None,
+        };
+        let s = MmShape {
+            rows: 1,
+            cols: t.block().0,
+            n,
+            x_stride: t.block().0,
+            y_stride: 1,
+            y_off: 0,
+            add: false,
+            row_words: t.row_words(t.block().0),
+            row0: 0,
+        };
+        let (pipe, _, gemm) = super::step::mm_kernel(&self.k, t, &s);
+        if !gemm {
+            return None;
+        }
+        self.k
+            .gemm
+            .paths()
+            .into_iter()
+            .find(|&path| self.k.gemm.pipe(path, t) == Some(pipe))
+    }
+
     /// `x` · `w`ᵀ: `w` a `[rows, cols]` tensor (ggml order: dims [cols, rows]), `x` `[n, cols]`.
     /// Returns `[n, rows]`.
     pub fn matmul(
@@ -357,7 +397,7 @@ impl Probe {
             bytes,
             flops,
         };
-        let (list, plan) = if decode && n > 0 {
+        let (list, plan) = if decode && n > 0 && kernels::split_fits(&a.shape) {
             let plan =
                 kernels::SplitPlan::new(&a.shape, n, a.tokens.iter().map(keys).max().unwrap_or(1));
             let (pw, mw) = plan.scratch_words(&a.shape, n);
@@ -366,9 +406,10 @@ impl Probe {
             let p = kernels::split_params(&a.shape, n, a.block_size, window, plan);
             self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
             let k = &self.k;
+            let split = k.attn_split.pipe(&self.gpu, &a.shape)?;
             let sb = bind(
                 &self.gpu,
-                &k.attn_split,
+                &split,
                 (&pbuf, 0),
                 &[
                     (1, &qb),
@@ -390,7 +431,7 @@ impl Probe {
             let list = vec![
                 dispatch(
                     "attn_split",
-                    &k.attn_split,
+                    &split,
                     sb,
                     kernels::split_groups(&a.shape, n, plan),
                     bytes as u64,

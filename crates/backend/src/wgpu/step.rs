@@ -464,7 +464,8 @@ impl LayerOps for Step<'_> {
     fn attention(&mut self, layer: usize) -> Result<(), BackendError> {
         let b = self.bufs;
         let (kc, vc) = &self.cache[layer];
-        if let Some((plan, part, ml)) = self.split {
+        let split = self.split.filter(|_| kernels::split_fits(&self.shape));
+        if let Some((plan, part, ml)) = split {
             let (s, n) = (self.shape, self.n);
             let window = self.cfg.sliding_window.unwrap_or(0);
             let p = kernels::split_params(&s, n, self.kv.block_size, window, plan);
@@ -480,7 +481,8 @@ impl LayerOps for Step<'_> {
             ];
             let groups = kernels::split_groups(&s, n, plan);
             let key = Key::AttnSplit(layer);
-            self.push("attn_split", key, &k.attn_split, &buffers, p, groups)?;
+            let pipe = k.attn_split.pipe(self.gpu, &s)?;
+            self.push("attn_split", key, &pipe, &buffers, p, groups)?;
             let (bytes, flops) = attn_cost(&s, n, self.keys);
             self.cost(bytes, flops);
             let buffers = [(6, part), (7, ml), (8, &b.attn)];

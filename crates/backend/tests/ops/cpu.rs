@@ -28,7 +28,7 @@ impl CpuOps {
 }
 
 impl Ops for CpuOps {
-    fn matmul_form(&self, dtype: GgmlType) -> OpResult<MatmulForm> {
+    fn matmul_form(&self, dtype: GgmlType, _n: usize) -> OpResult<MatmulForm> {
         if !supported_matmul_type(dtype) {
             return Err(Skip(format!("no CPU matmul for {}", dtype.name())));
         }

@@ -84,7 +84,7 @@ fn converted_at_load(t: GgmlType) -> Skip {
 }
 
 impl Ops for CudaOps {
-    fn matmul_form(&self, dtype: GgmlType) -> OpResult<MatmulForm> {
+    fn matmul_form(&self, dtype: GgmlType, _n: usize) -> OpResult<MatmulForm> {
         match dtype {
             t if Self::is_quantized(t) => Ok(MatmulForm {
                 weights: Operand::Exact,

@@ -78,7 +78,8 @@ pub fn bound(op: Op) -> f64 {
         // The reference rounds the operands as the backend does; what is left is f32 summation
         // in another order over at most a few thousand products.
         Op::Matmul(Operand::Exact | Operand::Q8) => metric::DOT_F32,
-        // f16 operands through cuBLAS, which may split K and use its own order.
+        // f16 operands on matrix units (cuBLAS, wgpu's cooperative-matrix GEMM), which may
+        // split K and accumulate in their own order.
         Op::Matmul(Operand::F16) => metric::DOT_F32_VS_CUBLAS,
         // The same formula in another order: a few f32 roundings.
         Op::RmsNorm(Prec::F32) | Op::Swiglu(Prec::F32) | Op::Rope => metric::F32_ELEMENTWISE,
@@ -189,8 +190,10 @@ pub struct AttnOut {
 
 /// A backend's kernels on host data. Every output is poisoned with NaN before the kernel runs.
 pub trait Ops {
-    /// How this backend multiplies weights of `dtype` (`Skip`: it does not).
-    fn matmul_form(&self, dtype: GgmlType) -> OpResult<MatmulForm>;
+    /// How this backend multiplies weights of `dtype` over `n` tokens (`Skip`: it does not). A
+    /// backend whose kernel for `n` tokens rounds its operands otherwise than its kernel for
+    /// one says so per `n`: the reference rounds the same way and the bound follows from it.
+    fn matmul_form(&self, dtype: GgmlType, n: usize) -> OpResult<MatmulForm>;
     /// `x · wᵀ` (plus `add`, the residual, when given): `w` `[rows, cols]` (dims `[cols,
     /// rows]`), `x` `[n, cols]`; returns `[n, rows]`.
     fn matmul(

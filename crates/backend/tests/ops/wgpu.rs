@@ -1,6 +1,7 @@
 //! The wgpu backend's kernels through its probe (`wgpu::probe`: one dispatch on fresh buffers,
 //! the same pipelines the executor records).
 
+use quire_backend::wgpu::gemm::GemmPath;
 use quire_backend::wgpu::kernels::HeadShape;
 use quire_backend::wgpu::probe::{AttnInput, Probe};
 use quire_backend::HostTensor;
@@ -37,29 +38,38 @@ fn shape(h: super::Heads) -> HeadShape {
 }
 
 impl Ops for WgpuOps {
-    fn matmul_form(&self, dtype: GgmlType) -> OpResult<MatmulForm> {
-        match dtype {
-            // Quantized blocks are dequantized in the kernel and meet f32 activations.
+    fn matmul_form(&self, dtype: GgmlType, n: usize) -> OpResult<MatmulForm> {
+        let stored = match dtype {
+            // Quantized blocks are dequantized in the kernel.
             GgmlType::F16
             | GgmlType::Q8_0
             | GgmlType::Q4_0
             | GgmlType::Q4_1
             | GgmlType::Q4_K
             | GgmlType::Q5_K
-            | GgmlType::Q6_K => Ok(MatmulForm {
-                weights: Operand::Exact,
-                act: Operand::Exact,
-            }),
+            | GgmlType::Q6_K => Operand::Exact,
             // Converted to f16 when uploaded.
-            GgmlType::F32 | GgmlType::BF16 => Ok(MatmulForm {
+            GgmlType::F32 | GgmlType::BF16 => Operand::F16,
+            t => {
+                return Err(Skip(format!(
+                    "the wgpu backend has no {} kernel yet (refused at load)",
+                    t.name()
+                )))
+            }
+        };
+        Ok(match self.p.matmul_path(dtype, n) {
+            // The cooperative-matrix GEMM stages the dequantized weights and the activations as
+            // f16 fragments.
+            Some(GemmPath::Coop(_)) => MatmulForm {
                 weights: Operand::F16,
+                act: Operand::F16,
+            },
+            // The GEMV and the tiled GEMM: f32 activations, the weights as stored.
+            Some(GemmPath::Tiled) | None => MatmulForm {
+                weights: stored,
                 act: Operand::Exact,
-            }),
-            t => Err(Skip(format!(
-                "the wgpu backend has no {} kernel yet (refused at load)",
-                t.name()
-            ))),
-        }
+            },
+        })
     }
 
     fn matmul(
