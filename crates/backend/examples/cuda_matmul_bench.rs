@@ -6,12 +6,19 @@
 //! read per second, beside the copy ceiling (`--ceiling-gbs`, default 3000: a device-to-device copy
 //! on the H100 measured in ../shared/notes).
 //!
+//! A second table times the three paths a quantized weight can take for many tokens on the 8B
+//! shapes (Q4_0, Q4_K, Q6_K, Q8_0 at 1 to 512 tokens): the dp4a kernel (eight tokens per CTA),
+//! the int8 tensor-core kernel, and dequantization to f16 followed by cuBLAS (both timed together,
+//! as a step runs them). It prints microseconds, stored weight bytes per second and TFLOP/s per
+//! path; `qmat::TC_MIN_TOKENS` and `CudaOptions::dequant_gemm_tokens` are set from it.
+//!
 //! `cargo run --release -p quire-backend --features cuda --example cuda_matmul_bench [-- --reps 200]`
+//! (`--only many` runs the second table alone, `--only decode` the first).
 
 use half::f16;
 use quire_backend::cpu::quant::{quantize_row_q8a, BlockQ8A, QK};
 use quire_backend::cuda::gpu::{EventFlags, Gpu, HostBuf};
-use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
+use quire_backend::cuda::qmat::{QKernel, QuantKernels, Q8A_BYTES};
 use quire_gguf::GgmlType;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -29,6 +36,126 @@ fn median_spread(mut v: Vec<f64>) -> (f64, f64) {
     (m, (p90 - p10) / 2.0)
 }
 
+/// Times `launch` with CUDA events: 10 warm-up launches, then `reps` timed ones; the median and
+/// the half-spread between the 10th and 90th percentiles, in microseconds.
+fn time_us(
+    g: &Gpu,
+    reps: usize,
+    mut launch: impl FnMut() -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    for _ in 0..10 {
+        launch()?;
+    }
+    let mut times = Vec::with_capacity(reps);
+    let e0 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
+    let e1 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
+    for _ in 0..reps {
+        e0.record(&g.stream)?;
+        launch()?;
+        e1.record(&g.stream)?;
+        e1.synchronize()?;
+        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+    }
+    Ok(median_spread(times))
+}
+
+/// 8-bit activation blocks of `x` as the device holds them.
+fn q8_device_bytes(x: &[f32]) -> Vec<u8> {
+    let mut xq = vec![BlockQ8A::default(); x.len() / QK];
+    quantize_row_q8a(x, &mut xq);
+    let mut bytes = Vec::with_capacity(xq.len() * Q8A_BYTES);
+    for b in &xq {
+        bytes.extend(b.d.to_le_bytes());
+        bytes.extend(b.s.to_le_bytes());
+        bytes.extend(b.qs.iter().map(|&v| v as u8));
+    }
+    bytes
+}
+
+/// The many-token table: dp4a, tensor cores, and dequantize + cuBLAS, per type and token count.
+fn many_tokens(g: &Gpu, q: &QuantKernels, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
+    const TOKENS: [usize; 7] = [1, 8, 16, 32, 64, 128, 512];
+    let max_n = TOKENS[TOKENS.len() - 1];
+    println!();
+    println!("| rows x cols (out x k) | dtype | tokens | path | median us | +/- | weight GB/s | TFLOP/s |");
+    println!("|---|---|---:|---|---:|---:|---:|---:|");
+    for (out, k) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+        let pattern: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..max_n * k)
+            .map(|i| ((i * 104729 % 997) as f32 / 498.0) - 1.0)
+            .collect();
+        let dxq = g.upload(&q8_device_bytes(&x))?;
+        let dx16 = g.upload(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?;
+        let dy = g.alloc::<f32>(max_n * out)?;
+        let dwdq = g.alloc::<f16>(out * k)?;
+        for dtype in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+        ] {
+            let mut row = vec![];
+            quire_gguf::quantize_row(dtype, &pattern, &mut row)?;
+            let bytes = row.len() * out;
+            let dw = g.upload(&row.repeat(out))?;
+            for n in TOKENS {
+                for path in ["dp4a", "tensor cores", "dequant+cuBLAS"] {
+                    if path == "tensor cores" && !q.tc_ok(dw.ptr) {
+                        continue;
+                    }
+                    let (med, spread) = time_us(g, reps, || {
+                        // SAFETY: every address is a live allocation of this function (g.upload /
+                        // g.alloc) sized for `max_n` tokens of this shape, and each timed launch
+                        // is synchronised (event) before any of them drops.
+                        unsafe {
+                            match path {
+                                "dp4a" => q.matmul_with(
+                                    QKernel::Dp4a,
+                                    g,
+                                    dtype,
+                                    dw.ptr,
+                                    dxq.ptr,
+                                    dy.ptr,
+                                    n,
+                                    k,
+                                    out,
+                                    0.0,
+                                )?,
+                                "tensor cores" => q.matmul_with(
+                                    QKernel::TensorCore,
+                                    g,
+                                    dtype,
+                                    dw.ptr,
+                                    dxq.ptr,
+                                    dy.ptr,
+                                    n,
+                                    k,
+                                    out,
+                                    0.0,
+                                )?,
+                                _ => {
+                                    q.dequantize(g, dtype, dw.ptr, dwdq.ptr, out * k)?;
+                                    g.gemm_f16(dx16.ptr, dwdq.ptr, dy.ptr, n, k, out, 0.0)?
+                                }
+                            }
+                        }
+                        Ok(())
+                    })?;
+                    let gbs = bytes as f64 / (med * 1e-6) / 1e9;
+                    let tflops = 2.0 * (n * k * out) as f64 / (med * 1e-6) / 1e12;
+                    println!(
+                        "| {out} x {k} | {} | {n} | {path} | {med:.1} | {spread:.1} | {gbs:.0} | {tflops:.2} |",
+                        dtype.name()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: f64| {
@@ -38,6 +165,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_or(default, |v| v.parse().expect("a number"))
     };
     let reps = arg("--reps", 100.0) as usize;
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    if let Some(o) = only {
+        if o != "many" && o != "decode" {
+            return Err(format!("--only takes `many` or `decode`, not `{o}`").into());
+        }
+    }
     let ceiling = arg("--ceiling-gbs", 3000.0);
     let g = Gpu::new(0)?;
     let q = QuantKernels::new(&g)?;
@@ -46,6 +183,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "device: {} ({}), {reps} timed launches per case",
         g.name, g.arch
     );
+    if only == Some("many") {
+        return many_tokens(&g, &q, reps);
+    }
     println!(
         "| shape | k x out | dtype | tokens | median us | +/- | weight GB/s | % of {ceiling:.0} |"
     );
@@ -72,15 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let x: Vec<f32> = (0..8 * k)
             .map(|i| ((i * 104729 % 997) as f32 / 498.0) - 1.0)
             .collect();
-        let mut xq = vec![BlockQ8A::default(); 8 * k / QK];
-        quantize_row_q8a(&x, &mut xq);
-        let mut xq_bytes = Vec::with_capacity(xq.len() * Q8A_BYTES);
-        for b in &xq {
-            xq_bytes.extend(b.d.to_le_bytes());
-            xq_bytes.extend(b.s.to_le_bytes());
-            xq_bytes.extend(b.qs.iter().map(|&v| v as u8));
-        }
-        let dxq = g.upload(&xq_bytes)?;
+        let dxq = g.upload(&q8_device_bytes(&x))?;
         let dx16 = g.upload(&x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?;
         let dy = g.alloc::<f32>(8 * out)?;
         let (dxf, dnw) = (g.upload(&x[..k])?, g.upload(&vec![1.0f32; k])?);
@@ -145,20 +277,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     Ok(())
                 };
-                for _ in 0..10 {
-                    launch()?;
-                }
-                let mut times = Vec::with_capacity(reps);
-                let e0 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
-                let e1 = g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT))?;
-                for _ in 0..reps {
-                    e0.record(&g.stream)?;
-                    launch()?;
-                    e1.record(&g.stream)?;
-                    e1.synchronize()?;
-                    times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
-                }
-                let (med, spread) = median_spread(times);
+                let (med, spread) = time_us(&g, reps, launch)?;
                 let gbs = bytes.len() as f64 / (med * 1e-6) / 1e9;
                 println!(
                     "| {name} | {k} x {out} | {}{} | {n} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
@@ -173,6 +292,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
         }
+    }
+    if only != Some("decode") {
+        many_tokens(&g, &q, reps)?;
     }
     Ok(())
 }

@@ -40,8 +40,9 @@ const WEIGHT_TYPES: [GgmlType; 9] = [
 
 quire_testkit::executor_test! {
     /// Every weight type: rows not a multiple of any tile, one token (the GEMV kernels) and
-    /// several (the tiled ones), a long row, with and without the residual add (NaN-poisoned
-    /// output when without).
+    /// several (the tiled ones; 16, 64 and 67 tokens reach CUDA's tensor-core kernel, with rows
+    /// and tokens not multiples of its 64 × 64 tile), a long row, with and without the residual
+    /// add (NaN-poisoned output when without).
     fn matmul_matches_the_reference_for_every_weight_type(backend) {
         let mut dev = ops::ops(backend);
         let mut tally = Tally::new("matmul", backend);
@@ -60,6 +61,9 @@ quire_testkit::executor_test! {
                 (67, 2 * unit, 13),
                 (64, 4096, 1),
                 (64, 4096, 3),
+                (67, 3 * unit, 16),
+                (37, 2 * unit, 64),
+                (130, unit, 67),
             ];
             for (i, (rows, cols, n)) in shapes.into_iter().enumerate() {
                 let w = tensor(&mut rng, t, rows, cols);

@@ -1,7 +1,9 @@
 //! The quantized-weight kernels of `kernels/quant.cu` against the CPU backend: activation
 //! quantization (bit for bit, from f16 and f32 rows), RMSNorm and SwiGLU straight into 8-bit
-//! blocks, and the whole-matrix dequantization to f16 (bit for bit). The quantized matmuls and
-//! the quantized embedding gather are tested in backend_ops.rs, one body for every backend.
+//! blocks, the whole-matrix dequantization to f16 (bit for bit), and the tensor-core matmul
+//! against the dp4a one on the same blocks (equal up to the f32 summation order). The quantized
+//! matmuls against the CPU reference and the quantized embedding gather are tested in
+//! backend_ops.rs, one body for every backend.
 //! Outputs are poisoned with NaN first. Needs a GPU: ignored without one (see quire-testkit). Timing: `cargo run --release -p quire-backend --features cuda
 //! --example cuda_matmul_bench`.
 
@@ -14,7 +16,7 @@ use {
     quire_backend::cpu::ops,
     quire_backend::cpu::quant::{quantize_row_q8a_scalar, BlockQ8A, QK},
     quire_backend::cuda::gpu::{Gpu, KArg},
-    quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES},
+    quire_backend::cuda::qmat::{QKernel, QuantKernels, Q8A_BYTES},
     quire_gguf::GgmlType,
     rand::{rngs::StdRng, Rng, SeedableRng},
 };
@@ -233,6 +235,77 @@ quire_testkit::gpu_test! {
             let want: Vec<u16> = want.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
             let got: Vec<u16> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{} dequantize", dtype.name());
+        }
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// The tensor-core kernel against the dp4a kernel on the same weight and activation blocks,
+    /// every type: tiles cut at odd row and token counts (rows and tokens not multiples of 64),
+    /// K steps cut short (legacy rows of 3 and 11 blocks against the 8-block step), one token,
+    /// with and without the residual add (NaN-poisoned output when without). Each block's integer
+    /// dot is exact on both and its scale terms the same f32 expressions, so only the order of
+    /// the sums over at most 24 blocks differs: every value within 2e-5 of the output's RMS.
+    fn tensor_core_matmul_equals_the_dp4a_kernel() {
+        let g = gpu();
+        let q = QuantKernels::new(&g).unwrap();
+        let mut rng = StdRng::seed_from_u64(15);
+        for dtype in ALL {
+            let unit: usize = if is_kquant(dtype) { 256 } else { 32 };
+            let shapes = [
+                (130usize, 3 * unit, 67usize),
+                (67, 11 * 32, 64),
+                (64, unit, 9),
+                (5, 2 * unit, 130),
+                (200, unit, 1),
+            ];
+            for (rows, cols, n) in shapes {
+                if !cols.is_multiple_of(unit) {
+                    continue; // 11 blocks of 32 is no whole super-block
+                }
+                let w = rnd(&mut rng, rows * cols, 1.0);
+                let mut wb = vec![];
+                quire_gguf::quantize_row(dtype, &w, &mut wb).unwrap();
+                let x = rnd(&mut rng, n * cols, 2.0);
+                let xq = q8_bytes(&cpu_q8(&x));
+                let (dw, dq) = (g.upload(&wb).unwrap(), g.upload(&xq).unwrap());
+                assert!(q.tc_ok(dw.ptr), "this test needs an sm_80+ GPU");
+                for beta in [0.0f32, 1.0] {
+                    let y0 = if beta == 0.0 {
+                        vec![f32::NAN; n * rows]
+                    } else {
+                        rnd(&mut rng, n * rows, 1.0)
+                    };
+                    let mut outs = vec![];
+                    for kernel in [QKernel::Dp4a, QKernel::TensorCore] {
+                        let dy = g.upload(&y0).unwrap();
+                        // SAFETY: every address is a live allocation of this test (g.upload),
+                        // sized for the launch's shape, and the stream is synchronised (dtoh)
+                        // before any of them drops.
+                        unsafe {
+                            q.matmul_with(kernel, &g, dtype, dw.ptr, dq.ptr, dy.ptr, n, cols, rows, beta)
+                        }
+                        .unwrap();
+                        let mut y = vec![0f32; n * rows];
+                        g.dtoh(&dy, &mut y).unwrap();
+                        outs.push(y);
+                    }
+                    let (want, got) = (&outs[0], &outs[1]);
+                    let case = format!("{} {rows}x{cols} n={n} beta={beta}", dtype.name());
+                    let rms = (want.iter().map(|v| (v * v) as f64).sum::<f64>()
+                        / want.len() as f64)
+                        .sqrt() as f32;
+                    assert!(rms.is_finite() && rms > 0.0, "{case}: dp4a output RMS {rms}");
+                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 2e-5 * rms,
+                            "{case}: token {} row {}: tensor cores {a}, dp4a {b}",
+                            i / rows,
+                            i % rows
+                        );
+                    }
+                }
+            }
         }
     }
 }

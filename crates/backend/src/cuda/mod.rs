@@ -32,8 +32,12 @@ pub struct CudaOptions {
     /// weight to f16 for cuBLAS. MoE experts stay stored only in the 32-element types.
     pub quantized_weights: bool,
     /// With `quantized_weights`: matmuls of at least this many tokens (prefill) dequantize the
-    /// weight to f16 and use cuBLAS instead of the 8-bit kernels (much faster at large batches;
-    /// the activations are then not quantized). `usize::MAX` keeps every matmul on the 8-bit path.
+    /// weight to f16 and use cuBLAS instead of the 8-bit kernels (the activations are then not
+    /// quantized). `usize::MAX` keeps every matmul on the 8-bit path. The default keeps batched
+    /// decode of up to 127 sequences on the int8 tensor-core kernel, which reads the stored
+    /// weights once, where dequantizing writes and reads every weight as f16 each step; where
+    /// cuBLAS overtakes it for prompt chunks is the `cuda_matmul_bench` many-token table's
+    /// crossing of its "tensor cores" and "dequant+cuBLAS" rows.
     pub dequant_gemm_tokens: usize,
     /// The most tokens a step holds (the engine's `max_num_batched_tokens`): activations for that
     /// many are allocated at load, before the KV pool is sized from the free memory.
@@ -50,7 +54,7 @@ impl Default for CudaOptions {
             graphs: CudaEnv::get().graphs,
             gemv: CudaEnv::get().gemv,
             quantized_weights: true,
-            dequant_gemm_tokens: 64,
+            dequant_gemm_tokens: 128,
             max_num_batched_tokens: 512,
         }
     }

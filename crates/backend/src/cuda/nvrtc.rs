@@ -42,9 +42,14 @@ pub const SAMPLE: KernelSource = KernelSource {
     name: "sample.cu",
     src: include_str!("kernels/sample.cu"),
 };
+/// The dp4a matmuls and the tensor-core matmul for many tokens (mmq_tc.cu builds on quant.cu's
+/// blocks and unpacking, so the two are one module).
 pub const QUANT: KernelSource = KernelSource {
-    name: "quant.cu",
-    src: include_str!("kernels/quant.cu"),
+    name: "quant.cu + mmq_tc.cu",
+    src: concat!(
+        include_str!("kernels/quant.cu"),
+        include_str!("kernels/mmq_tc.cu")
+    ),
 };
 pub const GEMV: KernelSource = KernelSource {
     name: "gemv.cu",

@@ -3,7 +3,10 @@
 //! kept exactly as stored, multiplied by the dp4a kernels of `kernels/quant.cu` against
 //! activations quantized to 8 bits per block of 32. The quantized form reads 3.5× (Q4) or 1.9×
 //! (Q8_0) fewer bytes per decode step than f16, and it is the CPU backend's (and llama.cpp's)
-//! arithmetic, so a quantized model gives the same logits on both backends.
+//! arithmetic, so a quantized model gives the same logits on both backends. From
+//! [`TC_MIN_TOKENS`] tokens on, the matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`),
+//! which reads each weight once per 64 tokens instead of once per 8, with the same per-block
+//! arithmetic.
 
 use cudarc::driver::{CudaFunction, CudaModule};
 use half::f16;
@@ -22,6 +25,28 @@ pub const Q8A_BYTES: usize = 40;
 const MMQ_TOK: usize = 8;
 /// Weight rows per CTA (4 warps × 2 rows, `MMQ_WARPS × MMQ_ROWS` in quant.cu).
 const MMQ_ROWS_PER_CTA: usize = 8;
+/// The tensor-core kernel's tile (`TC_ROWS × TC_TOK` in mmq_tc.cu) and threads per CTA.
+const TC_ROWS: usize = 64;
+const TC_TOK: usize = 64;
+const TC_THREADS: u32 = 256;
+
+/// The fewest tokens [`QuantKernels::matmul`] sends to the tensor-core kernel (on sm_80 and newer).
+/// What decides it: below it the dp4a kernel's extra weight reads (⌈n / 8⌉ passes over the
+/// matrix) cost less than the tensor-core kernel's fixed work (staging every weight through
+/// shared memory, a 64-token tile mostly empty, fewer CTAs). The two cross between 8 and 16
+/// tokens by the byte count; `cuda_matmul_bench` times both per type and token count on the
+/// 8B shapes to set it from measurement.
+pub const TC_MIN_TOKENS: usize = 16;
+
+/// Which kernel multiplies a quantized weight (the benchmark times each; [`QuantKernels::matmul`]
+/// picks by token count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKernel {
+    /// dp4a: one token per CTA row pass at n = 1, eight tokens per CTA otherwise.
+    Dp4a,
+    /// int8 `mma.sync`: 64 rows × 64 tokens per CTA (sm_80 and newer).
+    TensorCore,
+}
 
 /// The stored types the quantized matmul kernels read.
 pub fn is_native_quant(dtype: GgmlType) -> bool {
@@ -129,8 +154,10 @@ pub struct QuantKernels {
     pub swiglu_q8: CudaFunction,
     pub quantize_f16: CudaFunction,
     pub quantize_f32: CudaFunction,
-    /// By type (`NATIVE` order): the one-token and the eight-token matmul.
-    mmq: [[CudaFunction; 2]; 6],
+    /// By type (`NATIVE` order): the one-token, the eight-token and the tensor-core matmul.
+    mmq: [[CudaFunction; 3]; 6],
+    /// The device has int8 `mma.sync` (sm_80+): the tensor-core kernels may be launched.
+    has_mma: bool,
     embed: [CudaFunction; 6],
     dequant: [CudaFunction; 6],
 }
@@ -148,6 +175,13 @@ const NATIVE: [(GgmlType, &str); 6] = [
 fn six<T>(v: Vec<T>) -> [T; 6] {
     v.try_into()
         .unwrap_or_else(|_| unreachable!("one per NATIVE type"))
+}
+
+/// `XY` of an `sm_XY` architecture name (0 when it is not one).
+fn sm_version(arch: &str) -> u32 {
+    arch.strip_prefix("sm_")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 fn type_index(dtype: GgmlType) -> usize {
@@ -169,19 +203,41 @@ impl QuantKernels {
         };
         let t1 = by_type("mmq_{}_t1")?;
         let t8 = by_type("mmq_{}_t8")?;
+        let tc = by_type("mmq_{}_tc")?;
         Ok(Self {
             rms_norm_q8: f("rms_norm_q8")?,
             swiglu_q8: f("swiglu_q8")?,
             quantize_f16: f("quantize_q8_f16")?,
             quantize_f32: f("quantize_q8_f32")?,
-            mmq: six(t1.into_iter().zip(t8).map(|(a, b)| [a, b]).collect()),
+            mmq: six(t1
+                .into_iter()
+                .zip(t8)
+                .zip(tc)
+                .map(|((a, b), c)| [a, b, c])
+                .collect()),
+            has_mma: sm_version(&gpu.arch) >= 80,
             embed: six(by_type("embed_{}")?),
             dequant: six(by_type("dequant_{}")?),
         })
     }
 
+    /// The kernel [`Self::matmul`] uses for `n` tokens on weights at address `w`.
+    pub fn pick(&self, n: usize, w: u64) -> QKernel {
+        if n >= TC_MIN_TOKENS && self.tc_ok(w) {
+            QKernel::TensorCore
+        } else {
+            QKernel::Dp4a
+        }
+    }
+
+    /// Whether the tensor-core kernel can run here on weights at `w`: sm_80+, and 16-byte aligned
+    /// (its K-quant rows are read in 16-byte loads).
+    pub fn tc_ok(&self, w: u64) -> bool {
+        self.has_mma && w.is_multiple_of(16)
+    }
+
     /// `y[n, out] (f32) = x · wᵀ + beta · y` for a quantized `w: [out, k_in]`; `xq: [n, k_in / 32]`
-    /// q8 blocks.
+    /// q8 blocks. The kernel is [`Self::pick`]'s.
     ///
     /// # Safety
     ///
@@ -201,6 +257,66 @@ impl QuantKernels {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
+        let kernel = self.pick(n, w);
+        // SAFETY: this fn's contract is `matmul_with`'s.
+        unsafe { self.matmul_with(kernel, gpu, dtype, w, xq, y, n, k_in, out, beta) }
+    }
+
+    /// [`Self::matmul`] with the kernel named (for the benchmark and the kernel-equality test).
+    /// [`QKernel::TensorCore`] where [`Self::tc_ok`] is false is an error.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::matmul`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn matmul_with(
+        &self,
+        kernel: QKernel,
+        gpu: &Gpu,
+        dtype: GgmlType,
+        w: u64,
+        xq: u64,
+        y: u64,
+        n: usize,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        use KArg::{F, I, P};
+        let args = [
+            P(w),
+            P(xq),
+            P(y),
+            I(out as i32),
+            I((k_in / 32) as i32),
+            I(n as i32),
+            F(beta),
+        ];
+        if kernel == QKernel::TensorCore {
+            if !self.tc_ok(w) {
+                return Err(BackendError::Cuda(format!(
+                    "the tensor-core quantized matmul needs sm_80 or newer (this device is {}) \
+                     and 16-byte aligned weights (address {w:#x})",
+                    gpu.arch
+                )));
+            }
+            let grid_y = n.div_ceil(TC_TOK);
+            if grid_y > 65535 {
+                return Err(BackendError::InvalidBatch(format!(
+                    "{n} tokens in one quantized matmul (at most {})",
+                    65535 * TC_TOK
+                )));
+            }
+            // SAFETY: the arguments are mmq_*_tc's list; the addresses are the caller's.
+            return unsafe {
+                gpu.launch(
+                    &self.mmq[type_index(dtype)][2],
+                    (out.div_ceil(TC_ROWS) as u32, grid_y as u32, 1),
+                    (TC_THREADS, 1, 1),
+                    &args,
+                )
+            };
+        }
         let (f, tok) = if n == 1 {
             (&self.mmq[type_index(dtype)][0], 1)
         } else {
@@ -213,22 +329,13 @@ impl QuantKernels {
                 65535 * MMQ_TOK
             )));
         }
-        use KArg::{F, I, P};
         // SAFETY: the arguments are mmq's list; the addresses are the caller's (this fn's contract).
         unsafe {
             gpu.launch(
                 f,
                 (out.div_ceil(MMQ_ROWS_PER_CTA) as u32, grid_y as u32, 1),
                 (128, 1, 1),
-                &[
-                    P(w),
-                    P(xq),
-                    P(y),
-                    I(out as i32),
-                    I((k_in / 32) as i32),
-                    I(n as i32),
-                    F(beta),
-                ],
+                &args,
             )
         }
     }
