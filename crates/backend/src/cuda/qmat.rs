@@ -165,6 +165,8 @@ pub struct QuantKernels {
     pub swiglu_q8: CudaFunction,
     pub quantize_f16: CudaFunction,
     pub quantize_f32: CudaFunction,
+    /// A read-only pass over a buffer (`read_roof(p, n16, out)`): the benchmark's memory roof.
+    pub read_roof: CudaFunction,
     /// By type (`NATIVE` order): the one-token, the eight-token and the tensor-core matmul.
     mmq: [[CudaFunction; 3]; 6],
     /// By type: the staged one-token and eight-token kernels.
@@ -224,6 +226,7 @@ impl QuantKernels {
             swiglu_q8: f("swiglu_q8")?,
             quantize_f16: f("quantize_q8_f16")?,
             quantize_f32: f("quantize_q8_f32")?,
+            read_roof: f("read_roof")?,
             mmq: six(t1
                 .into_iter()
                 .zip(t8)

@@ -461,6 +461,25 @@ MMV_ENTRY(mmv_q5_k_t8, T_Q5_K, 8)
 MMV_ENTRY(mmv_q6_k_t1, T_Q6_K, 1)
 MMV_ENTRY(mmv_q6_k_t8, T_Q6_K, 8)
 
+// The read roof for the benchmark: every 16 bytes of `p` read once, four loads in flight per
+// thread, nothing written (the xor is stored only when it equals a constant, so the compiler must
+// keep every load). n16: 16-byte words; grid-stride, any grid.
+extern "C" __global__ void read_roof(const uint4* __restrict__ p, long n16, unsigned* out) {
+    pdl_enter();
+    const long stride = (long)gridDim.x * blockDim.x;
+    unsigned x = 0;
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = p[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < 4; u++) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n16; i += stride) x ^= p[i].x ^ p[i].y ^ p[i].z ^ p[i].w;
+    if (x == 0x9e3779b9u) out[0] = x;
+}
+
 // Token embedding lookup from a quantized table (values as the CPU dequantizes them: d * q (- m)).
 // ids: [n]; table: [vocab, hidden / elems] stored blocks; x: [n, hidden] f32
 // Element i (0..elems) of one stored block.
