@@ -336,7 +336,9 @@ MMQ_ENTRY(mmq_q6_k_t8, T_Q6_K, 8)
 // before it computes on the current one (registers hold them meanwhile). The dot products then
 // read shared memory with `block_dot`, the arithmetic of the dp4a kernel unchanged (exact integer
 // dot per 32-block, the same f32 scale expressions): the results equal `mmq_*` up to the f32
-// summation order. Rows must start 16-byte aligned (the matrix base and the row length in bytes
+// summation order. For Q4_K a lane takes a sub-block pair instead (`q4k_pair_dot`): the 32 bytes
+// holding both (low and high nibbles) read once, 16 bytes at a time, and the super-block's d,
+// dmin and the pair's scales and mins decoded once for both. Rows must start 16-byte aligned (the matrix base and the row length in bytes
 // multiples of 16; `QuantKernels::mmv_ok`), otherwise the dp4a kernel runs.
 
 #define MMV_WARPS 4
@@ -352,6 +354,24 @@ template <> struct mmv_stage<T_Q8_0> { static const int blocks = 32; };  // 1088
 template <> struct mmv_stage<T_Q4_K> { static const int blocks = 8; };   // 1152
 template <> struct mmv_stage<T_Q5_K> { static const int blocks = 8; };   // 1408
 template <> struct mmv_stage<T_Q6_K> { static const int blocks = 8; };   // 1680
+
+// Q4_K sub-blocks 2c and 2c + 1 (the low and high nibbles of the same 32 bytes) against the
+// activation blocks a[0] and a[1], for the staged kernel: the 32 bytes read once (two 16-byte
+// reads of shared memory), the two scale/min pairs decoded once; each half is
+// block_dot<T_Q4_K>'s arithmetic (exact integer dot, then `affine_k`).
+__device__ __forceinline__ float q4k_pair_dot(const unsigned char* wb, int c, const q8a_t* a) {
+    const uint4* q = (const uint4*)(wb + 16 + 32 * c);
+    const uint4 q0 = q[0], q1 = q[1];
+    const int v[8] = {(int)q0.x, (int)q0.y, (int)q0.z, (int)q0.w,
+                      (int)q1.x, (int)q1.y, (int)q1.z, (int)q1.w};
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        lo = dp4a(v[i] & 0x0F0F0F0F, a[0].qs[i], lo);
+        hi = dp4a((v[i] >> 4) & 0x0F0F0F0F, a[1].qs[i], hi);
+    }
+    return affine_k(wb, 2 * c, a, lo) + affine_k(wb, 2 * c + 1, a + 1, hi);
+}
 
 // Issues this lane's 16-byte loads of the stage starting at stored block `s0` of each row.
 template <int TYPE>
@@ -409,9 +429,9 @@ __device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q
         if (s0 + SB < nsb) mmv_fetch<TYPE>(wr, s0 + SB, nsb, lane, next);  // in flight meanwhile
         const int nsub = min(SB, nsb - s0) * PER;
         const long b0 = (long)s0 * PER;
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int j = lane + 32 * c;
+        if constexpr (TYPE == T_Q4_K) {
+            // One pair of sub-blocks per lane (a stage is at most 64 sub-blocks).
+            const int j = 2 * lane;
             if (j < nsub) {
 #pragma unroll
                 for (int t = 0; t < TOK; t++) {
@@ -421,7 +441,28 @@ __device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q
                         for (int i = 0; i < MMV_ROWS; i++) {
                             const unsigned char* wb =
                                 (const unsigned char*)stage[warp][i] + (j / PER) * B;
-                            acc[i][t] += block_dot<TYPE>(wb, j % PER, ab);
+                            acc[i][t] += q4k_pair_dot(wb, (j % PER) >> 1, ab);
+                        }
+                    }
+                }
+            }
+        } else {
+            // Sub-blocks j and j + 32 per lane: consecutive lanes read consecutive activation
+            // blocks.
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                if (j < nsub) {
+#pragma unroll
+                    for (int t = 0; t < TOK; t++) {
+                        if (t < ntok) {
+                            const q8a_t* ab = a + (long)(t0 + t) * nb + b0 + j;
+#pragma unroll
+                            for (int i = 0; i < MMV_ROWS; i++) {
+                                const unsigned char* wb =
+                                    (const unsigned char*)stage[warp][i] + (j / PER) * B;
+                                acc[i][t] += block_dot<TYPE>(wb, j % PER, ab);
+                            }
                         }
                     }
                 }
