@@ -339,7 +339,9 @@ MMQ_ENTRY(mmq_q6_k_t8, T_Q6_K, 8)
 // summation order. For Q4_K a lane takes a sub-block pair instead (`q4k_pair_dot`): the 32 bytes
 // holding both (low and high nibbles) read once, 16 bytes at a time, and the super-block's d,
 // dmin and the pair's scales and mins decoded once for both. Rows must start 16-byte aligned (the matrix base and the row length in bytes
-// multiples of 16; `QuantKernels::mmv_ok`), otherwise the dp4a kernel runs.
+// multiples of 16; `QuantKernels::mmv_ok`), otherwise the dp4a kernel runs. The first stage's
+// loads go out before `pdl_enter` (the one kernel here that does not start with it): weights are
+// read-only, so only the activations and `y` must wait for the grid before.
 
 #define MMV_WARPS 4
 #define MMV_ROWS 2
@@ -401,7 +403,10 @@ __device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = (blockIdx.x * MMV_WARPS + warp) * MMV_ROWS;
     const int t0 = blockIdx.y * TOK;
-    if (r0 >= rows) return;  // the whole warp: no warp-wide step below is left waiting
+    if (r0 >= rows) {
+        pdl_enter();
+        return;  // the whole warp: no warp-wide step below is left waiting
+    }
     const int ntok = min(TOK, n - t0);
     const int nsb = nb / PER;
     const long row_bytes = (long)nsb * B;
@@ -416,7 +421,11 @@ __device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q
 #pragma unroll
         for (int t = 0; t < TOK; t++) acc[i][t] = 0.0f;
     uint4 next[MMV_ROWS][MMV_LOADS];
+    // The weights are never written by a kernel, so their first stage is requested before
+    // waiting on the grid before this one (whose output, the activations, is read only after):
+    // the loads overlap that grid's tail and this one's launch.
     mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    pdl_enter();
     for (int s0 = 0; s0 < nsb; s0 += SB) {
         const int n16 = (min(SB, nsb - s0) * B) >> 4;
         __syncwarp();  // every lane is done reading the previous stage
@@ -485,7 +494,6 @@ __device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q
     extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                  \
         NAME(const unsigned char* __restrict__ w, const q8a_t* __restrict__ a,                    \
              float* __restrict__ y, int rows, int nb, int n, float beta) {                        \
-        pdl_enter();                                                                              \
         mmv<TYPE, TOK>(w, a, y, rows, nb, n, beta);                                               \
     }
 
