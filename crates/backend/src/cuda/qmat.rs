@@ -472,3 +472,33 @@ impl QuantKernels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The staged kernel reads rows in 16-byte words: it is chosen only where every row starts
+    /// 16-byte aligned, which depends on the type's block bytes and the row length.
+    #[test]
+    fn staged_kernel_takes_only_16_byte_aligned_rows() {
+        let base = 0x7f00_0000_0100u64;
+        // Q4_K (144-byte super-blocks) and Q5_K (176): any whole number of super-blocks.
+        for k in [256, 768, 4096, 14336] {
+            assert!(QuantKernels::mmv_ok(GgmlType::Q4_K, k, base), "Q4_K k={k}");
+            assert!(QuantKernels::mmv_ok(GgmlType::Q5_K, k, base), "Q5_K k={k}");
+        }
+        // Q6_K (210 bytes): 8 super-blocks at a time; the 8B shapes qualify, 3 super-blocks not.
+        assert!(QuantKernels::mmv_ok(GgmlType::Q6_K, 4096, base));
+        assert!(QuantKernels::mmv_ok(GgmlType::Q6_K, 14336, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q6_K, 768, base));
+        // Q4_0 (18 bytes) and Q8_0 (34): 8 blocks; Q4_1 (20): 4.
+        assert!(QuantKernels::mmv_ok(GgmlType::Q4_0, 256, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q4_0, 96, base));
+        assert!(QuantKernels::mmv_ok(GgmlType::Q8_0, 4096, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q8_0, 576, base));
+        assert!(QuantKernels::mmv_ok(GgmlType::Q4_1, 128, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q4_1, 96, base));
+        // A base off the 16-byte grid never qualifies.
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q4_K, 4096, base + 8));
+    }
+}
