@@ -336,9 +336,10 @@ MMQ_ENTRY(mmq_q6_k_t8, T_Q6_K, 8)
 // before it computes on the current one (registers hold them meanwhile). The dot products then
 // read shared memory with `block_dot`, the arithmetic of the dp4a kernel unchanged (exact integer
 // dot per 32-block, the same f32 scale expressions): the results equal `mmq_*` up to the f32
-// summation order. For Q4_K a lane takes a sub-block pair instead (`q4k_pair_dot`): the 32 bytes
-// holding both (low and high nibbles) read once, 16 bytes at a time, and the super-block's d,
-// dmin and the pair's scales and mins decoded once for both. Rows must start 16-byte aligned (the matrix base and the row length in bytes
+// summation order. For Q4_K and Q6_K a lane takes a sub-block pair instead (`q4k_pair_dot`,
+// `q6k_pair_dot`): the two sub-blocks whose quants share bytes (low and high nibbles; Q6_K's
+// 2-bit high parts too), so each quant byte is read once (Q4_K: 16 bytes at a time), and the
+// super-block's d (and dmin) read once for both. Rows must start 16-byte aligned (the matrix base and the row length in bytes
 // multiples of 16; `QuantKernels::mmv_ok`), otherwise the dp4a kernel runs. The first stage's
 // loads go out before `pdl_enter` (the one kernel here that does not start with it): weights are
 // read-only, so only the activations and `y` must wait for the grid before.
@@ -373,6 +374,31 @@ __device__ __forceinline__ float q4k_pair_dot(const unsigned char* wb, int c, co
         hi = dp4a((v[i] >> 4) & 0x0F0F0F0F, a[1].qs[i], hi);
     }
     return affine_k(wb, 2 * c, a, lo) + affine_k(wb, 2 * c + 1, a + 1, hi);
+}
+
+// Q6_K sub-blocks j0 = 4h + k and j0 + 2 (k < 2: the low and high nibbles of the same 32 ql
+// bytes, the same 32 qh bytes) against the activation blocks a0 and a1, for the staged kernel:
+// each quant byte read once for both; each half is block_dot<T_Q6_K>'s arithmetic.
+__device__ __forceinline__ float q6k_pair_dot(const unsigned char* wb, int h, int k,
+                                              const q8a_t* a0, const q8a_t* a1) {
+    const unsigned short* ql = (const unsigned short*)(wb + 64 * h + 32 * k);
+    const unsigned short* qh = (const unsigned short*)(wb + 128 + 32 * h);
+    const signed char* sc = (const signed char*)(wb + 192);
+    int s0[2] = {0, 0}, s1[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int l = load_int_b2(ql + 2 * i), q = load_int_b2(qh + 2 * i);
+        const int c0 = (l & 0x0F0F0F0F) | (((q >> (2 * k)) & 0x03030303) << 4);
+        const int c1 = ((l >> 4) & 0x0F0F0F0F) | (((q >> (2 * k + 4)) & 0x03030303) << 4);
+        // (code - 32) · a, as code · a − 32 · Σa (codes are 0..63).
+        s0[i >> 2] += dp4a(c0, a0->qs[i], 0) - 32 * dp4a(0x01010101, a0->qs[i], 0);
+        s1[i >> 2] += dp4a(c1, a1->qs[i], 0) - 32 * dp4a(0x01010101, a1->qs[i], 0);
+    }
+    const int j0 = 4 * h + k, j1 = j0 + 2;
+    const int i0 = (int)sc[2 * j0] * s0[0] + (int)sc[2 * j0 + 1] * s0[1];
+    const int i1 = (int)sc[2 * j1] * s1[0] + (int)sc[2 * j1 + 1] * s1[1];
+    const float d = h2f(*(const half_t*)(wb + 208));
+    return __fmul_rn(__fmul_rn(d, a0->d), (float)i0) + __fmul_rn(__fmul_rn(d, a1->d), (float)i1);
 }
 
 // Issues this lane's 16-byte loads of the stage starting at stored block `s0` of each row.
@@ -438,19 +464,25 @@ __device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q
         if (s0 + SB < nsb) mmv_fetch<TYPE>(wr, s0 + SB, nsb, lane, next);  // in flight meanwhile
         const int nsub = min(SB, nsb - s0) * PER;
         const long b0 = (long)s0 * PER;
-        if constexpr (TYPE == T_Q4_K) {
-            // One pair of sub-blocks per lane (a stage is at most 64 sub-blocks).
-            const int j = 2 * lane;
-            if (j < nsub) {
+        if constexpr (TYPE == T_Q4_K || TYPE == T_Q6_K) {
+            // One pair of sub-blocks per lane: four per super-block, at most 8 super-blocks.
+            const int sb = lane >> 2, p = lane & 3;
+            if (sb < nsub / PER) {
 #pragma unroll
                 for (int t = 0; t < TOK; t++) {
                     if (t < ntok) {
-                        const q8a_t* ab = a + (long)(t0 + t) * nb + b0 + j;
+                        const q8a_t* ab = a + (long)(t0 + t) * nb + b0 + sb * PER;
 #pragma unroll
                         for (int i = 0; i < MMV_ROWS; i++) {
-                            const unsigned char* wb =
-                                (const unsigned char*)stage[warp][i] + (j / PER) * B;
-                            acc[i][t] += q4k_pair_dot(wb, (j % PER) >> 1, ab);
+                            const unsigned char* wb = (const unsigned char*)stage[warp][i] + sb * B;
+                            if constexpr (TYPE == T_Q4_K) {
+                                // Sub-blocks 2p and 2p + 1.
+                                acc[i][t] += q4k_pair_dot(wb, p, ab + 2 * p);
+                            } else {
+                                // Sub-blocks 4h + k and 4h + k + 2.
+                                const int h = p >> 1, k = p & 1, j0 = 4 * h + k;
+                                acc[i][t] += q6k_pair_dot(wb, h, k, ab + j0, ab + j0 + 2);
+                            }
                         }
                     }
                 }
