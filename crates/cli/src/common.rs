@@ -40,7 +40,7 @@ pub struct ModelArgs {
     pub gpu_weights: String,
     /// CPU arithmetic. `fast` (the default): decode attention vectorized over keys (polynomial exp
     /// with relative error below 1.2e-7, f32 accumulators, AVX-512 or AVX2 picked at run time) and
-    /// split over the threads, several times faster at long contexts; greedy text may part from
+    /// split over the threads: 1.3x exact at depth 8192 on a 2-core EPYC; greedy text may part from
     /// llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
     #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
     pub cpu_math: String,

@@ -33,11 +33,11 @@ pub struct CudaOptions {
     pub quantized_weights: bool,
     /// With `quantized_weights`: matmuls of at least this many tokens (prefill) dequantize the
     /// weight to f16 and use cuBLAS instead of the 8-bit kernels (the activations are then not
-    /// quantized). `usize::MAX` keeps every matmul on the 8-bit path. The default keeps batched
-    /// decode of up to 127 sequences on the int8 tensor-core kernel, which reads the stored
-    /// weights once, where dequantizing writes and reads every weight as f16 each step; where
-    /// cuBLAS overtakes it for prompt chunks is the `cuda_matmul_bench` many-token table's
-    /// crossing of its "tensor cores" and "dequant+cuBLAS" rows.
+    /// quantized). `usize::MAX` keeps every matmul on the 8-bit path. The default, 256, sits
+    /// between the crossing points `cuda_matmul_bench --only many` measured on an H100 (8B
+    /// shapes, Q4_0/Q4_K/Q6_K/Q8_0): at 128 tokens the int8 tensor-core kernel, which reads the
+    /// stored weights once, beats dequantize + cuBLAS on every shape (e.g. Q4_K 14336×4096:
+    /// 233 µs against 334), at 512 cuBLAS wins (636 against 374).
     pub dequant_gemm_tokens: usize,
     /// The most tokens a step holds (the engine's `max_num_batched_tokens`): activations for that
     /// many are allocated at load, before the KV pool is sized from the free memory.
@@ -54,7 +54,7 @@ impl Default for CudaOptions {
             graphs: CudaEnv::get().graphs,
             gemv: CudaEnv::get().gemv,
             quantized_weights: true,
-            dequant_gemm_tokens: 128,
+            dequant_gemm_tokens: 256,
             max_num_batched_tokens: 512,
         }
     }
