@@ -14,10 +14,11 @@ use {
     half::f16,
     quire_backend::wgpu::gemm::{self, GemmPath},
     quire_backend::wgpu::probe::Probe,
-    quire_backend::{HostTensor, TensorBytes},
+    quire_backend::HostTensor,
     quire_gguf::GgmlType,
     quire_testkit::metric::{self, rel_l2},
-    rand::{rngs::StdRng, Rng, SeedableRng},
+    quire_testkit::random::rnd,
+    rand::{rngs::StdRng, SeedableRng},
 };
 
 #[cfg(feature = "wgpu")]
@@ -27,32 +28,11 @@ fn probe() -> Probe {
         .unwrap_or_else(|e| quire_testkit::missing(quire_testkit::Backend::Wgpu, &e))
 }
 
-#[cfg(feature = "wgpu")]
-fn rnd(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-a..a)).collect()
-}
-
-/// A `[rows, cols]` tensor of type `t` from random values, and the values the device computes
-/// with (f32 and bf16 go to the device as f16).
+/// A `[rows, cols]` tensor of type `t` from random values (testkit's), and the values the
+/// device computes with (f32 and bf16 go to the device as f16).
 #[cfg(feature = "wgpu")]
 fn tensor(rng: &mut StdRng, t: GgmlType, rows: usize, cols: usize) -> (HostTensor, Vec<f32>) {
-    let v = rnd(rng, rows * cols, 1.0);
-    let mut bytes = Vec::new();
-    match t {
-        GgmlType::F32 => bytes.extend(v.iter().flat_map(|x| x.to_le_bytes())),
-        GgmlType::F16 => bytes.extend(v.iter().flat_map(|&x| f16::from_f32(x).to_le_bytes())),
-        GgmlType::BF16 => bytes.extend(
-            v.iter()
-                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()),
-        ),
-        _ => quire_gguf::quantize_row(t, &v, &mut bytes).expect("quantizes"),
-    }
-    let w = HostTensor {
-        name: format!("w_{}", t.name()),
-        dtype: t,
-        dims: vec![cols, rows],
-        bytes: TensorBytes::owned(bytes),
-    };
+    let w = quire_testkit::random::tensor(rng, t, rows, cols);
     let mut wf = w.to_f32().unwrap();
     if matches!(t, GgmlType::F32 | GgmlType::BF16) {
         wf.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32());
