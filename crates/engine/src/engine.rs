@@ -326,20 +326,31 @@ impl Engine {
         let vocab = self.exec.vocab_size();
         // Grammar masks depend only on the tokens so far: they are computed on another thread
         // while the forward pass runs, off its critical path.
+        let guided = sampling
+            .iter()
+            .any(|(id, _)| self.requests.get(id).is_some_and(|r| r.guide.is_some()));
         let requests = &mut self.requests;
-        let (logits, mut masks) = std::thread::scope(|scope| {
-            let masker = scope.spawn(|| {
-                let mut masks = HashMap::new();
-                for &(id, _) in &sampling {
-                    if let Some(guide) = requests.get_mut(&id).and_then(|r| r.guide.as_mut()) {
-                        masks.insert(id, guide.mask());
+        let (logits, mut masks) = if !guided {
+            // No grammar in this batch (penalties or log-probabilities brought it here): no thread.
+            (
+                execute(self.exec.as_mut(), &self.buf, &tables),
+                HashMap::new(),
+            )
+        } else {
+            std::thread::scope(|scope| {
+                let masker = scope.spawn(|| {
+                    let mut masks = HashMap::new();
+                    for &(id, _) in &sampling {
+                        if let Some(guide) = requests.get_mut(&id).and_then(|r| r.guide.as_mut()) {
+                            masks.insert(id, guide.mask());
+                        }
                     }
-                }
-                masks
-            });
-            let logits = execute(self.exec.as_mut(), &self.buf, &tables);
-            (logits, masker.join().unwrap_or_default())
-        });
+                    masks
+                });
+                let logits = execute(self.exec.as_mut(), &self.buf, &tables);
+                (logits, masker.join().unwrap_or_default())
+            })
+        };
         let logits = logits?;
         let mut picks = Vec::with_capacity(sampling.len());
         for &(id, row) in &sampling {
