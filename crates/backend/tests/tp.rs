@@ -217,14 +217,27 @@ fn opts() -> CpuOptions {
 /// (median, worst) per-row distance of the sharded group's logits from one executor's, and the
 /// same of one executor on the weights with norms nudged by 1e-6.
 fn distances(w: &ModelWeights, size: usize) -> ((f64, f64), (f64, f64)) {
+    let one = |w: &ModelWeights| -> Box<dyn Executor> {
+        Box::new(CpuExecutor::new(w, KV, opts()).unwrap())
+    };
+    let group = |w: &ModelWeights, n| tp::cpu_group(w, KV, opts(), n).unwrap();
+    distances_with(w, size, &one, &group)
+}
+
+type MakeOne<'a> = &'a dyn Fn(&ModelWeights) -> Box<dyn Executor>;
+type MakeGroup<'a> = &'a dyn Fn(&ModelWeights, usize) -> Box<dyn Executor>;
+
+fn distances_with(
+    w: &ModelWeights,
+    size: usize,
+    one: MakeOne,
+    group: MakeGroup,
+) -> ((f64, f64), (f64, f64)) {
     let script = Script::new(size as u64, &[37, 5, 70], w.config.vocab_size);
-    let mut one = CpuExecutor::new(w, KV, opts()).unwrap();
-    let want = script.run(&mut one);
-    let mut group = tp::cpu_group(w, KV, opts(), size).unwrap();
-    let got = script.run(group.as_mut());
+    let want = script.run(one(w).as_mut());
+    let got = script.run(group(w, size).as_mut());
     let nudged = w.with_norms_nudged(1e-6).unwrap();
-    let mut other = CpuExecutor::new(&nudged, KV, opts()).unwrap();
-    let moved = script.run(&mut other);
+    let moved = script.run(one(&nudged).as_mut());
     let vocab = w.config.vocab_size;
     (
         row_distances(&got, &want, vocab),
@@ -246,8 +259,12 @@ fn row_distances(got: &[Vec<f32>], want: &[Vec<f32>], vocab: usize) -> (f64, f64
 
 /// Holds the distances of `w`'s logits over `size` ranks to the bounds above.
 fn check(w: &ModelWeights, what: &str, size: usize) {
+    judge(w, what, size, distances(w, size));
+}
+
+fn judge(w: &ModelWeights, what: &str, size: usize, d: ((f64, f64), (f64, f64))) {
     let t = w.layers[0].wq.dtype;
-    let ((median, worst), (sens_median, sens_worst)) = distances(w, size);
+    let ((median, worst), (sens_median, sens_worst)) = d;
     eprintln!(
         "{what} {t} × {size} ranks: median row {median:.3e}, worst {worst:.3e} (nudged norms: \
          {sens_median:.3e}, {sens_worst:.3e})"
@@ -425,4 +442,48 @@ fn a_failing_rank_stops_the_group_without_a_hang() {
         second.contains("rank 1 of 2 failed") && second.contains("rank 1's test failure"),
         "{second}"
     );
+}
+
+/// The same comparisons on CUDA: groups of 2 (and 4 where the machine has them) GPUs through NCCL
+/// against one GPU, on prompt chunks and decode steps (small decode steps run as captured CUDA
+/// graphs, collectives included), bound as above with the sensitivity measured on one GPU.
+#[test]
+#[ignore = "needs 2 or more CUDA GPUs with NCCL and a build with --features cuda: run with \
+            --ignored on a multi-GPU machine"]
+fn cuda_groups_match_one_gpu() {
+    #[cfg(feature = "cuda")]
+    {
+        use quire_backend::cuda::{tp_group, CudaExecutor, CudaOptions};
+        let gpus =
+            quire_backend::cuda::device_count().unwrap_or_else(|e| quire_testkit::no_gpu(&e));
+        assert!(gpus >= 2, "this test needs 2 or more GPUs; {gpus} visible");
+        let o = CudaOptions {
+            num_blocks: Some(KV.num_blocks),
+            block_size: KV.block_size,
+            ..CudaOptions::default()
+        };
+        let one = |w: &ModelWeights| CudaExecutor::new(w, o).unwrap();
+        let group = |w: &ModelWeights, n| tp_group(w, o, n).unwrap();
+        let mut cases = vec![
+            (false, GgmlType::F16, 2),
+            (false, GgmlType::Q8_0, 2),
+            (false, GgmlType::Q4_K, 2),
+            (true, GgmlType::Q8_0, 2),
+        ];
+        if gpus >= 4 {
+            cases.extend([(false, GgmlType::F16, 4), (false, GgmlType::Q8_0, 4)]);
+        }
+        for (moe, t, n) in cases {
+            let w = model(&config(moe), t, 21);
+            let what = if moe { "CUDA MoE" } else { "CUDA dense" };
+            judge(&w, what, n, distances_with(&w, n, &one, &group));
+        }
+        let e = tp_group(&model(&config(false), GgmlType::F16, 1), o, gpus + 1)
+            .err()
+            .expect("more ranks than GPUs")
+            .to_string();
+        assert!(e.contains("GPUs") && e.contains("visible"), "{e}");
+    }
+    #[cfg(not(feature = "cuda"))]
+    quire_testkit::not_built_with_cuda()
 }

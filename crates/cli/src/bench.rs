@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
     #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
     pub cpu_math: String,
+    /// Split the model over N devices (tensor parallelism; see `quire generate --help`). The
+    /// memory and compute ceilings are then N devices' (the % columns compare with all of them)
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
     /// CPU threads, comma-separated [default: all cores]
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     pub threads: Vec<usize>,
@@ -473,6 +477,7 @@ fn record(
         "block_size": a.block_size,
         "kv_dtype": a.kv_dtype,
         "cpu_math": (a.backend == "cpu").then_some(&a.cpu_math),
+        "tensor_parallel_size": (a.tensor_parallel_size > 1).then_some(a.tensor_parallel_size),
         "repetitions": a.reps,
         "seed": a.seed,
         "weight_type": m.weight_type,
@@ -674,7 +679,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let gpu = match a.backend.as_str() {
         "cuda" => {
             let g = crate::gpu_ceilings::GpuCeilings::measure()?;
-            Some((g.roofs(), g.line(), g.device))
+            let (mut roofs, mut line) = (g.roofs(), g.line());
+            let n = a.tensor_parallel_size;
+            if n > 1 {
+                // N GPUs read their shares at once: the roofs are N times one GPU's.
+                roofs.mem_bw_gbps *= n as f64;
+                if let Some((peak, _)) = &mut roofs.compute {
+                    *peak *= n as f64;
+                }
+                line = format!("{line}; x{n} GPUs (tensor parallel)");
+            }
+            Some((roofs, line, g.device))
         }
         _ => None,
     };
@@ -698,6 +713,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             gpu_weights: a.gpu_weights.clone(),
             adapter: a.adapter.clone(),
             cpu_math: a.cpu_math.clone(),
+            tensor_parallel_size: a.tensor_parallel_size,
         };
         let t_load = Instant::now();
         let model = bar.suspend(|| load_model(&margs))?;

@@ -44,6 +44,14 @@ pub struct ModelArgs {
     /// llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
     #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
     pub cpu_math: String,
+    /// Split the model over N devices (tensor parallelism): attention heads and FFN columns are
+    /// divided among N ranks that add their partial products with an all-reduce after each
+    /// block. CUDA: GPUs 0..N-1, one thread per GPU in this process, NCCL (libnccl.so.2) loaded
+    /// at run time; NVLink multicast stays off (NCCL_NVLS_ENABLE=0). CPU: N ranks in this process
+    /// sharing its threads (a check of the split, not a speed-up). N must divide the attention
+    /// heads, and the KV heads must divide N or N them (extra ranks then share KV heads)
+    #[arg(long, default_value_t = 1, value_parser = parse_tp_size)]
+    pub tensor_parallel_size: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -83,6 +91,14 @@ pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {
     }
     // A directory is an HF model folder, anything else a GGUF file.
     quire_model::load(&path).with_context(|| format!("cannot load {}", path.display()))
+}
+
+fn parse_tp_size(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_threads(s: &str) -> Result<usize, String> {
@@ -128,7 +144,14 @@ pub fn executor(
     kv: KvCacheSpec,
     kv_dtype: &str,
 ) -> Result<Box<dyn Executor>> {
+    let tp = args.tensor_parallel_size;
     match args.backend.as_str() {
+        "cpu" if tp > 1 => Ok(quire_backend::tp::cpu_group(
+            &model.weights,
+            kv,
+            cpu_options(args, kv_dtype),
+            tp,
+        )?),
         "cpu" => Ok(Box::new(CpuExecutor::new(
             &model.weights,
             kv,
@@ -155,6 +178,9 @@ pub fn wgpu_executor(
 ) -> Result<Box<dyn Executor>> {
     if kv_dtype != "f16" {
         bail!("the wgpu backend keeps its KV cache in f16: use --kv-dtype f16");
+    }
+    if args.tensor_parallel_size > 1 {
+        bail!("the wgpu backend runs on one adapter: --tensor-parallel-size needs --backend cuda (or cpu)");
     }
     let opts = quire_backend::wgpu::WgpuOptions {
         adapter: args.adapter.clone(),
@@ -193,7 +219,7 @@ pub fn cuda_executor(
         max_num_batched_tokens: max_tokens,
         ..Default::default()
     };
-    match quire_backend::cuda::CudaExecutor::new(&model.weights, opts) {
+    match quire_backend::cuda::tp_group(&model.weights, opts, args.tensor_parallel_size) {
         Ok(e) => Ok(e),
         Err(quire_backend::BackendError::NotBuilt(b)) => {
             bail!("backend {b} was not built into this binary (build with `cargo build --release --features {b}`)")

@@ -16,9 +16,11 @@ use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, Kernels, Layer};
 use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
+use super::nccl::Comm;
 use super::profile::EventProfiler;
 use super::qmat::WMat;
 use crate::forward::{forward, Act, LayerOps, Next};
+use crate::tp::Shard;
 use crate::BackendError;
 
 /// One forward pass's shape and where its metadata lies on the device.
@@ -91,6 +93,8 @@ struct Fwd<'a> {
     /// The layer's bias, QK-norm and RoPE arguments (`qkv_post`), for a decode step's attention
     /// kernel, which applies them.
     rope_args: Option<RopeArgs>,
+    /// This rank's communicator, when the model is sharded (`crate::tp`).
+    tp: Option<(&'a Comm, Shard)>,
 }
 
 impl CudaExecutor {
@@ -128,6 +132,7 @@ impl CudaExecutor {
             moe: &s.moe,
             fused: None,
             rope_args: None,
+            tp: self.tp.as_ref().map(|(c, s)| (&**c, *s)),
         };
         f.prof.start(f.g)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
@@ -549,6 +554,37 @@ impl LayerOps for Fwd<'_> {
             * (m.gate_up.bytes_for(2 * mc.expert_intermediate_size, hd)
                 + m.down.bytes_for(hd, mc.expert_intermediate_size));
         self.prof.mark(g, "moe", Some(li), bytes, flops)
+    }
+
+    fn shard(&self) -> Option<Shard> {
+        self.tp.map(|(_, s)| s)
+    }
+
+    /// The residual rows summed over the group by NCCL, on the step's stream (so a captured
+    /// decode graph holds the collective too).
+    fn all_reduce(&mut self, li: usize) -> Result<(), BackendError> {
+        let Some((comm, _)) = self.tp else {
+            return Err(BackendError::Config(
+                "an all-reduce in an unsharded model".into(),
+            ));
+        };
+        let count = self.st.n * self.c.hidden_size;
+        let stream = self.g.stream.cu_stream() as *mut std::ffi::c_void;
+        // SAFETY: `x` holds the step's `n × hidden` f32 residual rows, as `Bufs` says; the stream
+        // is this device's.
+        unsafe { comm.all_reduce_f32(self.b.x, count, stream) }?;
+        self.prof
+            .mark(self.g, "all_reduce", Some(li), count * 4 * 2, count)
+    }
+
+    /// `rms_norm` wrote the MoE's inputs from `x` eagerly (`hf`, `h`/`q8`), so `x` may go.
+    fn zero_residual(&mut self) -> Result<(), BackendError> {
+        let bytes = self.st.n * self.c.hidden_size * 4;
+        // SAFETY: `x` holds the step's `n × hidden` f32 rows, as `Bufs` says.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(self.b.x, 0, bytes, self.g.stream.cu_stream())
+        }
+        .map_err(super::gpu::cuda_err("clearing the residual rows"))
     }
 
     /// The output norm and projection of the rows listed in `logits_idx`, into `logits` (or, for

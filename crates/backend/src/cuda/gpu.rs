@@ -167,6 +167,11 @@ fn check_libraries() -> Result<(), BackendError> {
 }
 
 impl Gpu {
+    /// Fails, naming the library, when the CUDA driver cannot be loaded.
+    pub fn check_driver() -> Result<(), BackendError> {
+        check_libraries()
+    }
+
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
         check_libraries()?;
         let n = CudaContext::device_count().map_err(cuda_err("cuDeviceGetCount"))?;

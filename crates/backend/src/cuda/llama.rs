@@ -6,6 +6,7 @@
 //! A step runs the shared layer sequence (`crate::forward`) with the kernels of `forward.rs`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaFunction, CudaGraph};
@@ -17,10 +18,12 @@ use super::forward::Step;
 use super::gpu::{DBuf, Gpu};
 use super::meta::{pack_meta_padded, MappedMeta};
 use super::moe::{MoeKernels, MoeLayer};
+use super::nccl::Comm;
 use super::qmat::{QuantKernels, WMat};
 use super::sample::SampleKernel;
 use super::scratch::Scratch;
 use super::CudaOptions;
+use crate::tp::Shard;
 use crate::{
     BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat, SampleParams,
 };
@@ -85,6 +88,8 @@ pub struct CudaExecutor {
     /// `embed_f16_meta`; `None` for quantized embeddings). Measured on the H100: within ±0.6% of
     /// the copy, ahead in most alternating pairs.
     pub(super) meta_mapped: Option<MappedMeta>,
+    /// The communicator and rank of a sharded model (`crate::tp`).
+    pub(super) tp: Option<(Arc<Comm>, Shard)>,
 }
 
 /// What a captured decode graph was captured for: a replay must match all of it.
@@ -132,6 +137,19 @@ impl CudaExecutor {
     #[allow(clippy::new_ret_no_self)]
     pub fn new(w: &ModelWeights, opts: CudaOptions) -> Result<Box<dyn Executor>, BackendError> {
         Ok(Box::new(Self::create(w, opts)?))
+    }
+
+    /// Rank `shard.rank` of a tensor-parallel group on device `opts.device`: `w` is that rank's
+    /// part of the model (`tp::shard_weights`), `comm` its communicator.
+    pub fn new_rank(
+        w: &ModelWeights,
+        opts: CudaOptions,
+        comm: Arc<Comm>,
+        shard: Shard,
+    ) -> Result<Box<dyn Executor>, BackendError> {
+        let mut me = Self::create(w, opts)?;
+        me.tp = Some((comm, shard));
+        Ok(Box::new(me))
     }
 }
 

@@ -350,6 +350,7 @@ impl CudaExecutor {
             dequant_gemm_tokens: opts.dequant_gemm_tokens,
             graphs: HashMap::new(),
             meta_mapped,
+            tp: None,
             gpu,
         })
     }

@@ -79,6 +79,8 @@ mod meta;
 #[cfg(feature = "cuda")]
 pub mod moe;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod profile;
@@ -89,10 +91,24 @@ pub mod sample;
 #[cfg(feature = "cuda")]
 mod scratch;
 #[cfg(feature = "cuda")]
+pub mod tp;
+#[cfg(feature = "cuda")]
 pub mod trace;
 
 #[cfg(feature = "cuda")]
 pub use llama::CudaExecutor;
+#[cfg(feature = "cuda")]
+pub use tp::{device_count, tp_group};
+
+/// Stand-in when the backend is not compiled in.
+#[cfg(not(feature = "cuda"))]
+pub fn tp_group(
+    _w: &crate::ModelWeights,
+    _opts: CudaOptions,
+    _size: usize,
+) -> Result<Box<dyn crate::Executor>, crate::BackendError> {
+    Err(crate::BackendError::NotBuilt("cuda"))
+}
 
 /// Stand-in when the backend is not compiled in: construction fails with a clear message.
 #[cfg(not(feature = "cuda"))]

@@ -189,7 +189,8 @@ fn run_call(ex: &mut dyn Executor, b: &ForwardBatch, call: &Call, lead: bool) ->
 impl TpExecutor {
     /// Starts `size` rank threads, each building its executor with `make`; `abort` stops the
     /// collectives those executors share. Fails, with every rank stopped, when any rank fails or
-    /// the ranks disagree on the KV cache or vocabulary.
+    /// the ranks disagree on the KV block size or vocabulary. The group's KV pool is the
+    /// smallest rank's.
     pub fn new(
         size: usize,
         abort: Arc<dyn Abort>,
@@ -236,13 +237,22 @@ impl TpExecutor {
             .map(|s| s.expect("every rank replied"))
             .collect();
         let (kv, vocab, name) = seen[0];
-        if let Some(r) = seen.iter().position(|&(k, v, _)| k != kv || v != vocab) {
+        if let Some(r) = seen
+            .iter()
+            .position(|&(k, v, _)| k.block_size != kv.block_size || v != vocab)
+        {
             let e = BackendError::Config(format!(
-                "its KV cache ({:?}) or vocabulary ({}) differs from rank 0's ({kv:?}, {vocab})",
-                seen[r].0, seen[r].1
+                "its KV blocks ({} tokens) or vocabulary ({}) differ from rank 0's ({}, {vocab})",
+                seen[r].0.block_size, seen[r].1, kv.block_size
             ));
             return Err(me.fail(r, e));
         }
+        // Ranks that sized their pools from their own free memory may differ by a few blocks:
+        // the group hands out only the ids every rank holds.
+        let kv = KvCacheSpec {
+            num_blocks: seen.iter().map(|s| s.0.num_blocks).min().unwrap_or(0),
+            ..kv
+        };
         (me.kv, me.vocab, me.name) = (kv, vocab, name);
         Ok(me)
     }
