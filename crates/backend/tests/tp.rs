@@ -478,7 +478,16 @@ fn cuda_groups_match_one_gpu() {
             let what = if moe { "CUDA MoE" } else { "CUDA dense" };
             judge(&w, what, n, distances_with(&w, n, &one, &group));
         }
-        let e = tp_group(&model(&config(false), GgmlType::F16, 1), o, gpus + 1)
+        // Bit for bit the same logits from two groups on the same batches (NCCL's sum order is
+        // fixed for a fixed group and size).
+        let w = model(&config(false), GgmlType::Q8_0, 5);
+        let script = Script::new(9, &[37, 5, 70], w.config.vocab_size);
+        let a = script.run(group(&w, 2).as_mut());
+        let b = script.run(group(&w, 2).as_mut());
+        assert!(a == b, "two runs of a 2-GPU group differ");
+        // 8 heads: a size that splits them but exceeds the GPUs.
+        let too_many = (gpus + 1).next_power_of_two();
+        let e = tp_group(&model(&config(false), GgmlType::F16, 1), o, too_many)
             .err()
             .expect("more ranks than GPUs")
             .to_string();

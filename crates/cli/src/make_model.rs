@@ -80,6 +80,9 @@ pub enum Preset {
     /// Meta-Llama-3-8B
     #[value(name = "llama3-8b")]
     Llama3_8b,
+    /// Meta-Llama-3-70B (141 GB in f16: for tensor parallelism over several GPUs)
+    #[value(name = "llama3-70b")]
+    Llama3_70b,
     /// Llama-3.2-1B (tied embeddings)
     #[value(name = "llama3.2-1b")]
     Llama32_1b,
@@ -156,8 +159,9 @@ struct Shape {
 }
 
 impl Preset {
-    const ALL: [Preset; 6] = [
+    const ALL: [Preset; 7] = [
         Preset::Llama3_8b,
+        Preset::Llama3_70b,
         Preset::Llama32_1b,
         Preset::Smollm2_135m,
         Preset::Qwen3_8b,
@@ -199,6 +203,16 @@ impl Preset {
         };
         match self {
             Preset::Llama3_8b => llama,
+            // meta-llama/Meta-Llama-3-70B config.json: hidden 8192, intermediate 28672, 80 layers,
+            // 64 heads, 8 KV heads (head_dim 128), vocab 128256, rope theta 500000, untied.
+            Preset::Llama3_70b => Shape {
+                name: "Llama-3-70B",
+                hidden: 8192,
+                inter: 28672,
+                layers: 80,
+                heads: 64,
+                ..llama
+            },
             Preset::Llama32_1b => Shape {
                 name: "Llama-3.2-1B",
                 hidden: 2048,
@@ -659,6 +673,7 @@ mod tests {
         let params = |p: Preset| totals(&tensor_specs(&p.shape()), Dtype::F16).0;
         // Published parameter counts: 8.03B, 1.24B, 134.5M, 8.19B.
         assert_eq!(params(Preset::Llama3_8b), 8_030_261_248);
+        assert_eq!(params(Preset::Llama3_70b), 70_553_706_496);
         assert_eq!(params(Preset::Llama32_1b), 1_235_814_400);
         assert_eq!(params(Preset::Smollm2_135m), 134_515_008);
         assert_eq!(params(Preset::Qwen3_8b), 8_190_735_360);

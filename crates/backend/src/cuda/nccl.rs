@@ -5,7 +5,8 @@
 //! and an abort that frees ranks stuck in a collective when one rank fails.
 //!
 //! NVLink multicast (NVLS) stays off: `NCCL_NVLS_ENABLE=0` is set before NCCL starts unless the
-//! user set it (a process that uses multicast can take a host's shared GPUs out of service).
+//! user set it (a process that uses multicast can take a host's shared GPUs out of service); so
+//! is `NCCL_RUNTIME_CONNECT=0` (see `open`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,10 +49,16 @@ fn lib() -> Result<&'static Lib, BackendError> {
 }
 
 fn open() -> Result<Lib, String> {
-    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
-        // SAFETY: set once, before NCCL (the only reader) is loaded; quire's other threads do not
-        // touch the environment.
-        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    // NVLink multicast off; and peers connected when the communicators are made, not lazily at
+    // a collective's first use, which NCCL cannot do inside a CUDA-graph capture (measured on 4
+    // H200s: "failed to peer with device 1: operation not permitted when stream is capturing"
+    // at the first 64-sequence decode step).
+    for (k, v) in [("NCCL_NVLS_ENABLE", "0"), ("NCCL_RUNTIME_CONNECT", "0")] {
+        if std::env::var_os(k).is_none() {
+            // SAFETY: set once, before NCCL (their only reader) is loaded; quire's other threads
+            // do not touch the environment.
+            unsafe { std::env::set_var(k, v) };
+        }
     }
     let mut tried = Vec::new();
     for name in LIBRARY {

@@ -125,8 +125,8 @@ mod tests {
         });
         for round in 0..50 {
             let want0 = (0.0f32 + round as f32) + (0.1 + round as f32) + (0.2 + round as f32);
-            for r in 0..3 {
-                assert_eq!(outs[r][round], outs[0][round]);
+            for rank in &outs {
+                assert_eq!(rank[round], outs[0][round]);
             }
             assert_eq!(outs[0][round][0], want0);
             assert_eq!(outs[0][round][1], 1e8 + 1e8 + 1e8);
