@@ -142,12 +142,12 @@ quire_testkit::simd_test! {
         // The 4-row tile and the one-row kernel compute each (row, token) the same way.
         for g in 0..n / 4 {
             let tile = fast_gemm::gemm_tile(GgmlType::Q4_1, [0, 1, 2, 3].map(|k| w.row(4 + k)), &act.q, &scales, g).unwrap();
-            for k in 0..4 {
-                let one = fast_gemm::gemm_row(GgmlType::Q4_1, w.row(4 + k), &act.q, &scales, g).unwrap();
-                for t in 0..4 {
-                    assert_eq!(tile[t][k].to_bits(), one[t].to_bits(), "g={g} k={k} t={t}");
-                }
-            }
+            let ones: [[f32; 4]; 4] = std::array::from_fn(|k| {
+                fast_gemm::gemm_row(GgmlType::Q4_1, w.row(4 + k), &act.q, &scales, g).unwrap()
+            });
+            let bits = |v: [[f32; 4]; 4]| v.map(|row| row.map(f32::to_bits));
+            let by_token: [[f32; 4]; 4] = std::array::from_fn(|t| std::array::from_fn(|k| ones[k][t]));
+            assert_eq!(bits(tile), bits(by_token), "g={g}");
         }
         // Exact mode still gives the one-token kernels' bits.
         let mut exact = vec![f32::NAN; n * rows];
