@@ -8,7 +8,10 @@ use quire_gguf::GgmlType;
 use super::quant::{dot_row, dot_row_x4, has_x4, needs_q8, quantize_row_q8a, BlockQ8A, QK};
 use super::rows::{dot_rows4, has_rows4, prefetch, PREFETCH_GROUPS, ROWS};
 use super::team::{DisjointPtr, Parallel};
+use super::CpuMath;
 use crate::{BackendError, HostTensor, TensorBytes};
+
+pub mod fast_gemm;
 
 /// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
 #[derive(Debug, Clone)]
@@ -246,6 +249,87 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
                     let v = dot_row(w.dtype, w.row(r), xt, xqt);
                     // SAFETY: (t, r) is written by exactly one task; index < n * rows.
                     unsafe { *out_ptr.at(t * w.rows + r) = v };
+                }
+            }
+            tile = tile_end;
+        }
+    };
+    par.run_tasks(tasks, &run);
+}
+
+/// [`matmul`] in arithmetic mode `math`: `Fast` computes batches of 4 or more tokens with the
+/// register-tiled kernel of [`fast_gemm`] where it has one for the weight type (f32 accumulation,
+/// another summation order); `Exact`, one token, or other types take [`matmul`] unchanged.
+pub fn matmul_math(
+    par: &dyn Parallel,
+    math: CpuMath,
+    w: &QMatrix,
+    x: &[f32],
+    act: &Activations,
+    out: &mut [f32],
+) {
+    let n = x.len() / w.cols;
+    if math == CpuMath::Fast && n >= fast_gemm::TOKENS && fast_gemm::has_fast_gemm(w.dtype) {
+        matmul_tiled(par, w, x, act, out);
+    } else {
+        matmul(par, w, x, act, out);
+    }
+}
+
+/// The fast-mode product: tiles of 4 weight rows × 4 tokens (`fast_gemm`), tasks over row tiles
+/// as in [`matmul`]; tokens past the last whole group of 4 take the one-token kernels.
+fn matmul_tiled(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
+    use fast_gemm::{gemm_row, gemm_tile, TokenScales, ROWS as TR, TOKENS};
+    let n = x.len() / w.cols;
+    assert_eq!(out.len(), n * w.rows);
+    let nb = w.cols / QK;
+    let groups = n / TOKENS;
+    let scales = TokenScales::new(w.dtype, &act.q, nb, groups);
+    let tiles = w.rows.div_ceil(TILE_ROWS);
+    let tasks = (par.threads() * 4).min(tiles).max(1);
+    let tiles_per_task = tiles.div_ceil(tasks);
+    let out_ptr = DisjointPtr::new(out);
+    // SAFETY (for every write below): (t, r) is written by exactly one task (r in its rows);
+    // t < n and r < rows, so the index is inside `out`.
+    let put = |t: usize, r: usize, v: f32| unsafe { *out_ptr.at(t * w.rows + r) = v };
+    let run = |task: usize| {
+        let r0 = task * tiles_per_task * TILE_ROWS;
+        let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
+        let mut tile = r0;
+        while tile < r1 {
+            let tile_end = (tile + TILE_ROWS).min(r1);
+            for g in 0..groups {
+                let mut r = tile;
+                while r + TR <= tile_end {
+                    let v = gemm_tile(
+                        w.dtype,
+                        std::array::from_fn(|k| w.row(r + k)),
+                        &act.q,
+                        &scales,
+                        g,
+                    )
+                    .expect("checked by the caller");
+                    for (t, row) in v.iter().enumerate() {
+                        for (k, &v) in row.iter().enumerate() {
+                            put(g * TOKENS + t, r + k, v);
+                        }
+                    }
+                    r += TR;
+                }
+                for r in r..tile_end {
+                    let v = gemm_row(w.dtype, w.row(r), &act.q, &scales, g).expect("checked");
+                    for (t, &v) in v.iter().enumerate() {
+                        put(g * TOKENS + t, r, v);
+                    }
+                }
+            }
+            for t in groups * TOKENS..n {
+                let (xt, xqt) = (
+                    &x[t * w.cols..(t + 1) * w.cols],
+                    &act.q[t * nb..(t + 1) * nb],
+                );
+                for r in tile..tile_end {
+                    put(t, r, dot_row(w.dtype, w.row(r), xt, xqt));
                 }
             }
             tile = tile_end;

@@ -9,7 +9,7 @@ use quire_core::ModelConfig;
 use quire_gguf::GgmlType;
 
 use super::attention::{paged_attention_math, AttnParams, KvElem};
-use super::matmul::{matmul, matmul_swiglu, Activations, QMatrix};
+use super::matmul::{matmul_math, matmul_swiglu, Activations, QMatrix};
 use super::moe::{MoeLayer, MoeScratch};
 use super::ops;
 use super::profile::Profiler;
@@ -142,6 +142,7 @@ impl LayerOps for CpuStep<'_> {
     ) -> Result<(), BackendError> {
         let (b, f) = mm_cost(w, self.n());
         let (pool, name, layer) = (self.pool, Act::matmul_name(src, dst), Some(layer));
+        let math = self.math;
         let Scratch {
             x,
             h,
@@ -157,14 +158,14 @@ impl LayerOps for CpuStep<'_> {
         match (src, dst, add) {
             (Act::H, Act::Qkv, false) => self
                 .prof
-                .time(name, layer, b, f, || matmul(pool, w, h, q8, qkv)),
+                .time(name, layer, b, f, || matmul_math(pool, math, w, h, q8, qkv)),
             (Act::Attn, Act::X, _) => self.prof.time(name, layer, b, f, || {
                 q8.prepare(pool, attn, w.cols, w.dtype);
-                matmul(pool, w, attn, q8, tmp);
+                matmul_math(pool, math, w, attn, q8, tmp);
                 add_or_set(x, tmp, add);
             }),
             (Act::Swiglu, Act::X, _) => self.prof.time(name, layer, b, f, || {
-                matmul(pool, w, act, q8_act, tmp);
+                matmul_math(pool, math, w, act, q8_act, tmp);
                 add_or_set(x, tmp, add);
             }),
             _ => {
@@ -267,7 +268,7 @@ impl LayerOps for CpuStep<'_> {
             return Ok(());
         }
         self.prof.time("matmul_gate_up", Some(layer), b, f, || {
-            matmul(pool, gate_up, &s.h, &s.q8, &mut s.gu)
+            matmul_math(pool, self.math, gate_up, &s.h, &s.q8, &mut s.gu)
         });
         self.prof.time(
             "swiglu",
@@ -337,7 +338,7 @@ impl LayerOps for CpuStep<'_> {
         self.prof.time("output", None, b, f, || {
             ops::rms_norm(&s.last, norm, c.rms_norm_eps, &mut s.h[..nl * hd]);
             s.q8.prepare(pool, &s.h[..nl * hd], hd, w.dtype);
-            matmul(pool, w, &s.h[..nl * hd], &s.q8, &mut s.logits);
+            matmul_math(pool, self.math, w, &s.h[..nl * hd], &s.q8, &mut s.logits);
         });
         Ok(())
     }
