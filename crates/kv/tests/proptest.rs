@@ -152,7 +152,14 @@ fn run(
                 }
             }
             Op::Spec { seq, k, accept } => {
-                spec_step(&mut m, &mut shadow, &mut seqs[seq], SeqId(seq as u64), k, accept);
+                spec_step(
+                    &mut m,
+                    &mut shadow,
+                    &mut seqs[seq],
+                    SeqId(seq as u64),
+                    k,
+                    accept,
+                );
             }
             Op::Free { seq } => {
                 let id = SeqId(seq as u64);
@@ -225,7 +232,10 @@ fn spec_step(
     let freed = m.truncate(id, kept);
     assert_eq!(freed, table.len() - cdiv(kept, bs));
     assert_eq!(m.block_table(id), &table[..cdiv(kept, bs)]);
-    assert_eq!(m.num_free_blocks(), before_free + before_table.len() + freed - table.len());
+    assert_eq!(
+        m.num_free_blocks(),
+        before_free + before_table.len() + freed - table.len()
+    );
     s.known += accept;
     s.computed = Some(kept);
 }
