@@ -105,6 +105,14 @@ pub struct BenchArgs {
     /// `tg128 chainK`. The plain tests copy every step's logits to the host, as llama-bench does
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(2..=64))]
     pub chain: Option<u16>,
+    /// Speculative decoding instead of the kernel tests: `ngram:K[,K..]` runs built-in prompts
+    /// that repeat or edit a 250-token passage through the engine (batch 1, greedy, -n tokens),
+    /// with speculation off and with each K, and prints decode tok/s, speedup and acceptance
+    #[arg(long, value_name = "ngram:K[,K..]")]
+    pub spec: Option<String>,
+    /// With --spec: n-gram lengths matched, MIN,MAX
+    #[arg(long, value_name = "MIN,MAX", default_value = "1,3")]
+    pub spec_ngram: String,
     /// The value of `-pg` when written as llama-bench does (`-pg 512,128` parses as `-p g`)
     #[arg(hide = true)]
     pub pg_values: Vec<String>,
@@ -645,6 +653,9 @@ fn markdown(records: &[Map<String, Value>], stamp: &RunStamp, ceil_lines: &[Stri
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(spec) = &a.spec {
+        return crate::spec_bench::run(&a, spec);
+    }
     let format: Format = a.output.parse()?;
     if a.reps == 0 {
         bail!("-r must be at least 1");

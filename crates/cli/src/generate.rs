@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::common::{build_engine, load_model, EngineArgs, ModelArgs};
+use crate::spec_args::SpecArgs;
 
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
@@ -120,6 +121,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
     pub engine: EngineArgs,
 }
 
@@ -155,7 +158,22 @@ fn timings_json(t: &RequestTimings) -> serde_json::Value {
         "decode_tok_s": t.decode_tok_s,
         "ttft_ms": t.ttft_ms,
         "total_ms": t.total_ms,
+        "spec_proposed_tokens": t.spec_proposed_tokens,
+        "spec_accepted_tokens": t.spec_accepted_tokens,
     })
+}
+
+/// `, speculation: A/P accepted (R%)` when anything was proposed.
+fn spec_summary(t: &RequestTimings) -> String {
+    if t.spec_proposed_tokens == 0 {
+        return String::new();
+    }
+    format!(
+        ", speculation: {}/{} proposed tokens accepted ({:.0}%)",
+        t.spec_accepted_tokens,
+        t.spec_proposed_tokens,
+        100.0 * t.spec_accepted_tokens as f64 / t.spec_proposed_tokens as f64
+    )
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -183,6 +201,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let t_engine = std::time::Instant::now();
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    engine.set_speculation(a.spec.config()?)?;
     // Reading the model and building the engine (weights on the device, KV cache).
     let load_ms = file_ms + t_engine.elapsed().as_secs_f64() * 1e3;
     let id = engine.add_request(tokens.clone(), a.sampling.params()?)?;
@@ -216,13 +235,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 } else {
                     writeln!(out)?;
                     eprintln!(
-                        "[{} prompt tokens, {} generated, finish: {}] prefill {:.1} tok/s, decode {:.1} tok/s, time to first token {:.1} ms",
+                        "[{} prompt tokens, {} generated, finish: {}] prefill {:.1} tok/s, decode {:.1} tok/s, time to first token {:.1} ms{}",
                         tokens.len(),
                         completion.len(),
                         reason.as_str(),
                         t.prefill_tok_s,
                         t.decode_tok_s,
-                        t.ttft_ms
+                        t.ttft_ms,
+                        spec_summary(&t)
                     );
                 }
                 return Ok(());
@@ -264,6 +284,7 @@ fn run_file(
     let text = std::fs::read_to_string(input)
         .with_context(|| format!("cannot read {}", input.display()))?;
     let mut engine = build_engine(model, &a.model, &a.engine, 0)?;
+    engine.set_speculation(a.spec.config()?)?;
     let base = a.sampling.params()?;
     let mut ids = std::collections::HashMap::new();
     let mut prompts = Vec::new();

@@ -22,6 +22,8 @@ mod roofline;
 mod roofs;
 mod serve;
 mod serve_bench;
+mod spec_args;
+mod spec_bench;
 mod stepper;
 #[cfg(feature = "wgpu")]
 mod wgpu_ceilings;

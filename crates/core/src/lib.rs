@@ -88,6 +88,9 @@ pub struct SamplingParams {
     /// Structured output: every sampled token keeps the text a prefix of this grammar's language
     /// (the engine masks the other tokens out before sampling).
     pub constraint: Option<Constraint>,
+    /// Let the engine speculate for this request when it has speculative decoding on (false opts
+    /// out; outputs are the same either way, only the speed differs).
+    pub speculative: bool,
 }
 
 /// A grammar the output must follow (OpenAI's `response_format`, and the regex and grammar forms
@@ -134,6 +137,7 @@ impl Default for SamplingParams {
             logprobs: false,
             top_logprobs: 0,
             constraint: None,
+            speculative: true,
         }
     }
 }

@@ -17,7 +17,8 @@ use quire_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::constrain::{Grammars, Guide};
 use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
-use crate::sampler::{Sampled, Sampler};
+use crate::sampler::{argmax, Sampled, Sampler};
+use crate::spec::{accept_greedy, accept_sampled, ngram_propose, SpecConfig};
 use crate::stop::{find_stop, held_back};
 use crate::EngineError;
 
@@ -54,6 +55,9 @@ pub struct RequestTimings {
     /// Tokens after the first over the time after the first.
     pub decode_tok_s: f64,
     pub total_ms: f64,
+    /// Speculative decoding: tokens proposed for this request and how many the target accepted.
+    pub spec_proposed_tokens: usize,
+    pub spec_accepted_tokens: usize,
 }
 
 /// What one step produced for one request.
@@ -83,6 +87,8 @@ struct RequestState {
     /// Set when the grammar ends the request after this step's token: `Stop` (complete),
     /// `Grammar` (a dead end: no token allowed).
     grammar_end: Option<FinishReason>,
+    spec_proposed: usize,
+    spec_accepted: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
@@ -98,6 +104,11 @@ pub struct EngineStats {
     pub computed_tokens_total: u64,
     pub prompt_tokens_last_step: usize,
     pub decode_tokens_last_step: usize,
+    /// Speculative decoding: proposed tokens, accepted ones, and verify steps (one per request
+    /// and step that carried proposals). Mean tokens per verify step: `1 + accepted / steps`.
+    pub spec_proposed_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub spec_verify_steps: u64,
 }
 
 pub struct Engine {
@@ -113,6 +124,7 @@ pub struct Engine {
     stats: EngineStats,
     /// Built the first time a request asks for structured output.
     grammars: Option<Grammars>,
+    spec: SpecConfig,
 }
 
 impl Engine {
@@ -144,7 +156,21 @@ impl Engine {
             row: Vec::new(),
             stats: EngineStats::default(),
             grammars: None,
+            spec: SpecConfig::default(),
         }
+    }
+
+    /// Turns speculative decoding (n-gram prompt lookup) on or off for requests added from now
+    /// on and those running. Greedy outputs are unchanged by it, sampled ones follow the same
+    /// distribution; requests with penalties, log-probabilities or a grammar never speculate.
+    pub fn set_speculation(&mut self, spec: SpecConfig) -> Result<(), EngineError> {
+        spec.validate().map_err(EngineError::InvalidRequest)?;
+        self.spec = spec;
+        Ok(())
+    }
+
+    pub fn speculation(&self) -> SpecConfig {
+        self.spec
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -200,6 +226,8 @@ impl Engine {
                 num_output: 0,
                 guide,
                 grammar_end: None,
+                spec_proposed: 0,
+                spec_accepted: 0,
             },
         );
         Ok(id)
@@ -243,6 +271,7 @@ impl Engine {
     /// forward pass over the mixed batch, then a token for every sequence that samples), and
     /// `update_from_output` (the scheduler's bookkeeping, stop checks, detokenizing).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        self.propose();
         let out = self.sched.schedule();
         self.stats.steps += 1;
         if out.scheduled.is_empty() {
@@ -252,12 +281,44 @@ impl Engine {
         Ok(self.update_from_output(&out, picks, Instant::now()))
     }
 
-    /// Runs the scheduled batch and picks the next token of every sequence that samples this step,
-    /// each with its own sampler. Changes no request state beyond the samplers' random streams.
+    /// Attaches n-gram proposals to every running request in decode that may speculate.
+    fn propose(&mut self) {
+        let k = self.spec.num_tokens;
+        if k == 0 {
+            return;
+        }
+        let running = self.sched.running_seq_ids().to_vec();
+        for id in running {
+            let speculates = self.requests.get(&id).is_some_and(|r| {
+                r.sampler.params.speculative && r.sampler.is_plain() && r.guide.is_none()
+            });
+            if !speculates || self.cfg.top_logprobs > 0 {
+                continue;
+            }
+            let (Some(tokens), Some(done)) = (
+                self.sched.all_token_ids(id),
+                self.sched.num_computed_tokens(id),
+            ) else {
+                continue;
+            };
+            if done + 1 != tokens.len() {
+                continue; // still in its prompt
+            }
+            let proposal = ngram_propose(tokens, self.spec.ngram_min, self.spec.ngram_max, k);
+            if !proposal.is_empty() {
+                self.sched.set_spec_tokens(id, proposal);
+            }
+        }
+    }
+
+    /// Runs the scheduled batch and picks the next tokens of every sequence that samples this
+    /// step, each with its own sampler: one token, or for a sequence verifying proposals the
+    /// accepted ones plus the target's own. Changes no request state beyond the samplers' random
+    /// streams.
     fn execute_model(
         &mut self,
         out: &SchedulerOutput,
-    ) -> Result<Vec<(SeqId, Sampled)>, EngineError> {
+    ) -> Result<Vec<(SeqId, Vec<Sampled>)>, EngineError> {
         let block_size = self.exec.kv_spec().block_size;
         let rows = self.buf.fill(out, block_size);
         let requests = &self.requests;
@@ -269,17 +330,30 @@ impl Engine {
                     .get(&s.seq_id)
                     .is_some_and(|r| s.num_computed_tokens >= r.prompt_len)
             })
-            .count();
+            .map(|s| s.num_new_tokens)
+            .sum();
         self.stats.prompt_tokens_last_step =
             out.num_batched_tokens - self.stats.decode_tokens_last_step;
         let tables: Vec<&[BlockId]> = out.scheduled.iter().map(|s| &s.block_table[..]).collect();
-        // The scheduled sequences that sample, with their row of logits.
+        // The scheduled sequences that sample, with their first row of logits.
         let sampling: Vec<(SeqId, usize)> = out
             .scheduled
             .iter()
             .zip(&rows)
             .filter_map(|(s, row)| Some((s.seq_id, (*row)?)))
             .filter(|(id, _)| self.requests.contains_key(id))
+            .collect();
+        // Proposals under verification, per sequence (only plain requests carry any).
+        let proposals: HashMap<SeqId, &[TokenId]> = out
+            .scheduled
+            .iter()
+            .filter(|s| s.num_spec_tokens > 0)
+            .map(|s| {
+                (
+                    s.seq_id,
+                    &s.token_ids[s.token_ids.len() - s.num_spec_tokens..],
+                )
+            })
             .collect();
         // When every sampling row wants the plain argmax, the backend may pick on the device;
         // when every row's pick depends on its logits alone (no penalties, no log-probabilities),
@@ -291,23 +365,20 @@ impl Engine {
                     .all(|(id, _)| plain(&self.requests[id].sampler))
         };
         let greedy = all_rows(Sampler::is_plain_greedy);
-        let device = !greedy && all_rows(Sampler::is_plain);
-        let token_only = |ids: Vec<u32>| {
-            sampling
-                .iter()
-                .map(|&(id, row)| {
-                    let pick = Sampled {
-                        token: TokenId(ids[row]),
-                        logprob: None,
-                        top: Vec::new(),
-                    };
-                    (id, pick)
-                })
-                .collect()
-        };
+        // Sampled verification needs whole logits rows: the host does it.
+        let device = !greedy && all_rows(Sampler::is_plain) && proposals.is_empty();
         if greedy {
             let ids = execute_greedy(self.exec.as_mut(), &self.buf, &tables)?;
-            return Ok(token_only(ids));
+            let mut picks = Vec::with_capacity(sampling.len());
+            for &(id, row) in &sampling {
+                let props = proposals.get(&id).copied().unwrap_or_default();
+                let toks = accept_greedy(props, &ids[row..row + 1 + props.len()]);
+                if let (false, Some(req)) = (props.is_empty(), self.requests.get_mut(&id)) {
+                    count_spec(&mut self.stats, req, props.len(), toks.len());
+                }
+                picks.push((id, toks.into_iter().map(plain_pick).collect()));
+            }
+            return Ok(picks);
         }
         if device {
             // One row's parameters each, with this step's uniform draw from its own stream.
@@ -321,7 +392,10 @@ impl Engine {
                 }
             }
             let ids = execute_sample(self.exec.as_mut(), &self.buf, &tables, &params)?;
-            return Ok(token_only(ids));
+            return Ok(sampling
+                .iter()
+                .map(|&(id, row)| (id, vec![plain_pick(TokenId(ids[row]))]))
+                .collect());
         }
         let vocab = self.exec.vocab_size();
         // Grammar masks depend only on the tokens so far: they are computed on another thread
@@ -354,6 +428,23 @@ impl Engine {
         let logits = logits?;
         let mut picks = Vec::with_capacity(sampling.len());
         for &(id, row) in &sampling {
+            if let Some(props) = proposals.get(&id) {
+                let Some(req) = self.requests.get_mut(&id) else {
+                    continue;
+                };
+                let rows: Vec<&[f32]> = (row..=row + props.len())
+                    .map(|r| &logits[r * vocab..(r + 1) * vocab])
+                    .collect();
+                let toks = if req.sampler.params.is_greedy() {
+                    let ids: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
+                    accept_greedy(props, &ids)
+                } else {
+                    accept_sampled(&mut req.sampler, props, &rows)
+                };
+                count_spec(&mut self.stats, req, props.len(), toks.len());
+                picks.push((id, toks.into_iter().map(plain_pick).collect()));
+                continue;
+            }
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
@@ -375,12 +466,7 @@ impl Engine {
                     // A dead end: finish the request instead of sampling from nothing.
                     req.grammar_end = Some(FinishReason::Grammar);
                     let token = self.stop_tokens.first().copied().unwrap_or(TokenId(0));
-                    let pick = Sampled {
-                        token,
-                        logprob: None,
-                        top: Vec::new(),
-                    };
-                    picks.push((id, pick));
+                    picks.push((id, vec![plain_pick(token)]));
                     continue;
                 }
             }
@@ -399,39 +485,79 @@ impl Engine {
                     }
                 }
             }
-            picks.push((id, pick));
+            picks.push((id, vec![pick]));
         }
         Ok(picks)
     }
 
     /// Hands the step's tokens to the scheduler (which appends them to each request's tokens and
     /// finishes those at their length limit), then turns each into its request's output: stop
-    /// tokens and stop strings, the text delta, and timings for finished requests.
+    /// tokens and stop strings, the text delta, and timings for finished requests. A request that
+    /// got several tokens (accepted proposals) takes them in order and stops at the first that
+    /// ends it.
     fn update_from_output(
         &mut self,
         out: &SchedulerOutput,
-        picks: Vec<(SeqId, Sampled)>,
+        mut picks: Vec<(SeqId, Vec<Sampled>)>,
         now: Instant,
     ) -> Vec<RequestOutput> {
-        let sampled: Vec<(SeqId, TokenId)> = picks.iter().map(|(id, p)| (*id, p.token)).collect();
+        // Nothing after a stop token is output: the scheduler never sees it either.
+        for (id, toks) in &mut picks {
+            let ignore_eos = self
+                .requests
+                .get(id)
+                .is_some_and(|r| r.sampler.params.ignore_eos);
+            if !ignore_eos {
+                if let Some(at) = toks
+                    .iter()
+                    .position(|p| self.stop_tokens.contains(&p.token))
+                {
+                    toks.truncate(at + 1);
+                }
+            }
+        }
+        let sampled: Vec<(SeqId, Vec<TokenId>)> = picks
+            .iter()
+            .map(|(id, p)| (*id, p.iter().map(|s| s.token).collect()))
+            .collect();
         let length_done: HashMap<SeqId, FinishReason> = self
             .sched
-            .update_from_output(out, &sampled)
+            .update_from_output_multi(out, &sampled)
             .into_iter()
             .collect();
         let mut outputs = Vec::with_capacity(picks.len());
-        for (id, pick) in picks {
+        for (id, toks) in picks {
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
-            let output = req.take_token(
-                id,
-                pick,
-                &self.tokenizer,
-                &self.stop_tokens,
-                &length_done,
-                now,
-            );
+            let n = toks.len();
+            let mut merged: Option<RequestOutput> = None;
+            for (i, pick) in toks.into_iter().enumerate() {
+                // The scheduler's length verdict is about the last token it took.
+                let length = if i + 1 == n {
+                    length_done.get(&id).copied()
+                } else {
+                    None
+                };
+                let o = req.take_token(id, pick, &self.tokenizer, &self.stop_tokens, length, now);
+                let done = o.finish_reason.is_some();
+                merged = Some(match merged {
+                    None => o,
+                    Some(mut m) => {
+                        m.tokens.extend(o.tokens);
+                        m.text_delta.push_str(&o.text_delta);
+                        RequestOutput {
+                            tokens: m.tokens,
+                            text_delta: m.text_delta,
+                            ..o
+                        }
+                    }
+                });
+                if done {
+                    break;
+                }
+            }
+            let Some(output) = merged else { continue };
             if let Some(reason) = output.finish_reason {
                 if !length_done.contains_key(&id) {
                     self.sched.finish(id, reason);
@@ -441,6 +567,26 @@ impl Engine {
             outputs.push(output);
         }
         outputs
+    }
+}
+
+/// Records one verify step's proposals and accepted tokens (all but the target's own).
+fn count_spec(stats: &mut EngineStats, req: &mut RequestState, proposed: usize, emitted: usize) {
+    let accepted = emitted.saturating_sub(1);
+    stats.spec_proposed_tokens += proposed as u64;
+    stats.spec_accepted_tokens += accepted as u64;
+    stats.spec_verify_steps += 1;
+    req.spec_proposed += proposed;
+    req.spec_accepted += accepted;
+}
+
+/// A token without log-probabilities (device picks and verified proposals: such requests asked
+/// for none).
+fn plain_pick(token: TokenId) -> Sampled {
+    Sampled {
+        token,
+        logprob: None,
+        top: Vec::new(),
     }
 }
 
@@ -454,7 +600,7 @@ impl RequestState {
         pick: Sampled,
         tokenizer: &Tokenizer,
         stop_tokens: &[TokenId],
-        length_done: &HashMap<SeqId, FinishReason>,
+        length_done: Option<FinishReason>,
         now: Instant,
     ) -> RequestOutput {
         self.first_token.get_or_insert(now);
@@ -484,7 +630,7 @@ impl RequestState {
             finish = self.grammar_end.take();
         }
         if finish.is_none() {
-            finish = length_done.get(&id).copied();
+            finish = length_done;
         }
         if finish.is_some() && !cut {
             // The text ends here: release bytes the detokenizer held for an unfinished character.
@@ -532,6 +678,8 @@ fn timings_of(req: &RequestState, now: Instant) -> RequestTimings {
             0.0
         },
         total_ms: now.duration_since(req.arrival).as_secs_f64() * 1e3,
+        spec_proposed_tokens: req.spec_proposed,
+        spec_accepted_tokens: req.spec_accepted,
     }
 }
 

@@ -6,10 +6,12 @@ pub mod constrain;
 pub mod engine;
 pub mod runner;
 pub mod sampler;
+pub mod spec;
 pub mod stop;
 
 pub use engine::{Engine, EngineConfig, EngineStats, RequestOutput, RequestTimings};
 pub use sampler::{Sampled, Sampler};
+pub use spec::SpecConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

@@ -17,8 +17,9 @@ pub struct BatchBuffers {
 }
 
 impl BatchBuffers {
-    /// Fills the buffers from a scheduler step. Returns, per scheduled sequence, the row of its
-    /// logits in the output (if it samples this step).
+    /// Fills the buffers from a scheduler step. Returns, per scheduled sequence, the first row of
+    /// its logits in the output (if it samples this step); a sequence verifying `k` proposals has
+    /// `1 + k` consecutive rows, one per position from its last known token on.
     pub fn fill(&mut self, out: &SchedulerOutput, block_size: usize) -> Vec<Option<usize>> {
         self.token_ids.clear();
         self.positions.clear();
@@ -39,7 +40,9 @@ impl BatchBuffers {
             self.ranges.push((start, len, s.num_computed_tokens + len));
             if s.samples {
                 rows.push(Some(self.logits_indices.len()));
-                self.logits_indices.push((start + len - 1) as u32);
+                let first = start + len - 1 - s.num_spec_tokens;
+                self.logits_indices
+                    .extend((first..start + len).map(|i| i as u32));
             } else {
                 rows.push(None);
             }

@@ -139,6 +139,68 @@ impl Sampler {
         sample_row_with(logits, &self.row_params(u), &mut self.cand)
     }
 
+    /// One uniform draw in `[0, 1)` from the request's own stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.random::<f64>()
+    }
+
+    /// The distribution a draw from `logits` follows under this request's filters (top-k, top-p,
+    /// min-p, temperature), as `(token, probability)` with probability > 0, most likely first —
+    /// the same candidates and weights [`quire_backend::sample_row`] draws from. Greedy: a point
+    /// mass on the argmax.
+    pub fn target_probs(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+        let p = &self.params;
+        if p.is_greedy() {
+            return vec![(argmax(logits), 1.0)];
+        }
+        let mut c: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (l, i as u32))
+            .collect();
+        if c.is_empty() {
+            return vec![(0, 1.0)];
+        }
+        let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, desc);
+            c.truncate(p.top_k);
+        }
+        c.sort_unstable_by(desc);
+        let mx = c[0].0;
+        // The cuts use the unscaled distribution in f32, as the sampler does.
+        let unscaled: Vec<f32> = c.iter().map(|&(l, _)| (l - mx).exp()).collect();
+        let z: f32 = unscaled.iter().sum();
+        let mut keep = c.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0f32;
+            for (i, &u) in unscaled.iter().enumerate() {
+                cum += u / z;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = p.min_p * (unscaled[0] / z);
+            let above = unscaled.iter().take_while(|&&u| u / z >= floor).count();
+            keep = keep.min(above.max(1));
+        }
+        c.truncate(keep);
+        let w: Vec<f64> = c
+            .iter()
+            .map(|&(l, _)| (((l - mx) / p.temperature) as f64).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        c.iter()
+            .zip(w)
+            .map(|(&(_, id), w)| (id, w / total))
+            .filter(|e| e.1 > 0.0)
+            .collect()
+    }
+
     /// The request's filters for [`quire_backend::sample_row`] with the uniform draw `u`.
     fn row_params(&self, u: f64) -> SampleParams {
         let p = &self.params;

@@ -272,6 +272,29 @@ impl KvCacheManager {
         }
     }
 
+    /// Gives back the blocks of `seq` past the first `num_tokens` tokens (rejected speculative
+    /// tokens): the table keeps `ceil(num_tokens / block_size)` blocks and the rest return to the
+    /// pool, tail first. Blocks holding only unverified tokens were never hashed (only blocks full
+    /// of *known* tokens are), so nothing rejected can reach the prefix cache. Returns the number
+    /// of blocks freed; an unknown sequence frees nothing.
+    pub fn truncate(&mut self, seq: SeqId, num_tokens: usize) -> usize {
+        let bs = self.config.block_size;
+        let Some(entry) = self.seqs.get_mut(&seq) else {
+            return 0;
+        };
+        let keep = cdiv(num_tokens, bs);
+        if entry.block_table.len() <= keep {
+            return 0;
+        }
+        let dropped: Vec<BlockId> = entry.block_table.drain(keep..).collect();
+        entry.block_hashes.truncate(num_tokens / bs);
+        for &b in dropped.iter().rev() {
+            // Cannot fail: the table held a reference on each.
+            let _ = self.pool.free_block(b);
+        }
+        dropped.len()
+    }
+
     /// Releases all of `seq`'s blocks, tail first, so that with caching on a sequence's last
     /// blocks are evicted before its (more shareable) first ones. Blocks that drop to no reference
     /// go to the free list and stay cached. Freeing an unknown (or already freed) sequence is an

@@ -5,6 +5,9 @@
 //! free and referenced, ref counts = block-table membership, no free-list duplicates); a failed
 //! allocation changes nothing; a second free is an error, not a panic; a prefix hit only returns
 //! blocks whose shadow contents equal the queried tokens; nobody writes into a shared block.
+//! Speculative steps write `k` unverified tokens past the known ones, then roll back to the
+//! accepted ones: rejected slots hold a token no plan contains, so a prefix hit on a block that
+//! was hashed with rejected contents fails the shadow comparison.
 //! At the end, after freeing everything, every block is free.
 
 use proptest::prelude::*;
@@ -21,7 +24,16 @@ enum Op {
     Free {
         seq: usize,
     },
+    /// A decode of sequence `seq` with `k` proposed tokens of which the first `accept` match.
+    Spec {
+        seq: usize,
+        k: usize,
+        accept: usize,
+    },
 }
+
+/// What rejected proposals write: no plan holds it.
+const REJECTED: TokenId = TokenId(99);
 
 const NUM_SEQS: usize = 6;
 
@@ -29,6 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..NUM_SEQS, 1usize..12).prop_map(|(seq, chunk)| Op::Step { seq, chunk }),
         1 => (0..NUM_SEQS).prop_map(|seq| Op::Free { seq }),
+        2 => (0..NUM_SEQS, 1usize..9, 0usize..9)
+            .prop_map(|(seq, k, accept)| Op::Spec { seq, k, accept: accept.min(k) }),
     ]
 }
 
@@ -137,6 +151,16 @@ fn run(
                     assert_eq!(m.num_free_blocks(), before_free);
                 }
             }
+            Op::Spec { seq, k, accept } => {
+                spec_step(
+                    &mut m,
+                    &mut shadow,
+                    &mut seqs[seq],
+                    SeqId(seq as u64),
+                    k,
+                    accept,
+                );
+            }
             Op::Free { seq } => {
                 let id = SeqId(seq as u64);
                 let s = &mut seqs[seq];
@@ -165,6 +189,55 @@ fn run(
     }
     let st = m.stats();
     assert!(st.prefix_cache_hits <= st.prefix_cache_queries);
+}
+
+/// One verify step: the last known token plus `k` proposals are computed, the first `accept`
+/// proposals (the plan's next tokens) are kept and the rest rolled back with `truncate`.
+fn spec_step(
+    m: &mut KvCacheManager,
+    shadow: &mut [Vec<Option<TokenId>>],
+    s: &mut Seq,
+    id: SeqId,
+    k: usize,
+    accept: usize,
+) {
+    let bs = m.block_size();
+    // Only a sequence in decode (every known token but the last computed) speculates.
+    let Some(c) = s.computed else { return };
+    if c == s.known && s.known < s.plan.len() {
+        s.known += 1;
+    }
+    if c + 1 != s.known {
+        return;
+    }
+    let accept = accept.min(s.plan.len() - s.known);
+    let known = &s.plan[..s.known];
+    let before_free = m.num_free_blocks();
+    let before_table = m.block_table(id).to_vec();
+    if !m.allocate_slots(id, known, c, 1 + k, &[]) {
+        assert_eq!(m.block_table(id), &before_table[..]);
+        assert_eq!(m.num_free_blocks(), before_free);
+        return;
+    }
+    let table = m.block_table(id).to_vec();
+    assert_eq!(table.len(), cdiv(c + 1 + k, bs));
+    for pos in c..c + 1 + k {
+        let b = table[pos / bs];
+        assert_eq!(m.pool().ref_cnt(b), 1, "writing into a shared block");
+        let accepted = pos <= c + accept;
+        shadow[b.as_usize()][pos % bs] = Some(if accepted { s.plan[pos] } else { REJECTED });
+    }
+    m.check_invariants().unwrap();
+    let kept = c + 1 + accept;
+    let freed = m.truncate(id, kept);
+    assert_eq!(freed, table.len() - cdiv(kept, bs));
+    assert_eq!(m.block_table(id), &table[..cdiv(kept, bs)]);
+    assert_eq!(
+        m.num_free_blocks(),
+        before_free + before_table.len() + freed - table.len()
+    );
+    s.known += accept;
+    s.computed = Some(kept);
 }
 
 proptest! {

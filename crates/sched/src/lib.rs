@@ -8,6 +8,13 @@
 //! When the KV cache runs out, the most recently admitted running request is preempted (its
 //! blocks freed, to be recomputed later — with prefix caching, mostly from cache).
 //!
+//! Speculative decoding: the engine may attach up to K proposed tokens to a request in decode
+//! ([`Scheduler::set_spec_tokens`]). Its next step then feeds the last known token plus the
+//! proposals (1 + K tokens against the budget and the KV cache), the engine reports the accepted
+//! proposals plus one token of its own ([`Scheduler::update_from_output_multi`]), and the blocks
+//! past the accepted tokens go back to the pool. Proposals are never hashed into the prefix
+//! cache: only blocks full of known tokens are.
+//!
 //! One step is: `schedule()` → the engine runs the model on the scheduled tokens and samples for
 //! every [`ScheduledSeq`] with `samples == true` → `update_from_output()`. The engine must call
 //! `update_from_output` before the next `schedule`.
@@ -60,10 +67,14 @@ pub struct ScheduledSeq {
     pub seq_id: SeqId,
     /// Tokens already in the KV cache before this step (including prefix-cache hits).
     pub num_computed_tokens: usize,
+    /// Tokens fed this step, proposals included.
     pub num_new_tokens: usize,
-    /// The tokens to feed: known tokens `[num_computed_tokens .. num_computed_tokens +
-    /// num_new_tokens]`, at those positions.
+    /// The tokens to feed, at positions `num_computed_tokens..`: known tokens, then the
+    /// `num_spec_tokens` proposals.
     pub token_ids: Vec<TokenId>,
+    /// Proposed tokens at the end of `token_ids` (0 without speculation). The engine needs logits
+    /// for the last `1 + num_spec_tokens` positions.
+    pub num_spec_tokens: usize,
     /// The request's whole block table after this step's allocation.
     pub block_table: Vec<BlockId>,
     /// After this step every known token is computed: the engine samples the next token from the

@@ -20,6 +20,9 @@ pub(crate) struct Request {
     pub status: RequestStatus,
     /// Preempted and not admitted again since.
     pub preempted: bool,
+    /// Proposed continuation (speculative decoding) to verify in the next decode step; not
+    /// known tokens until the engine accepts them.
+    pub spec_token_ids: Vec<TokenId>,
 }
 
 impl Request {
@@ -31,6 +34,7 @@ impl Request {
             num_computed_tokens: 0,
             status: RequestStatus::Waiting,
             preempted: false,
+            spec_token_ids: Vec::new(),
         }
     }
 

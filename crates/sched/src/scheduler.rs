@@ -153,7 +153,8 @@ impl Scheduler {
         while idx < self.running.len() && budget > 0 {
             let seq_id = self.running[idx];
             let req = &self.requests[&seq_id];
-            let num_new = self.chunk(req.num_uncomputed_tokens(), budget);
+            let num_spec = self.num_spec(req, budget);
+            let num_new = self.chunk(req.num_uncomputed_tokens(), budget) + num_spec;
             if num_new == 0 {
                 // Waiting for a sampled token the engine has not reported.
                 idx += 1;
@@ -184,7 +185,7 @@ impl Scheduler {
                 break;
             }
             out.scheduled
-                .push(self.scheduled_seq(seq_id, num_new, false));
+                .push(self.scheduled_seq(seq_id, num_new, num_spec, false));
             budget -= num_new;
             idx += 1;
         }
@@ -210,8 +211,9 @@ impl Scheduler {
                 req.status = RequestStatus::Running;
                 req.num_computed_tokens = num_hit;
                 let resumed = std::mem::take(&mut req.preempted);
+                req.spec_token_ids.clear();
                 out.scheduled
-                    .push(self.scheduled_seq(seq_id, num_new, resumed));
+                    .push(self.scheduled_seq(seq_id, num_new, 0, resumed));
                 budget -= num_new;
             }
         }
@@ -232,16 +234,59 @@ impl Scheduler {
         capped.min(budget)
     }
 
-    fn scheduled_seq(&self, seq_id: SeqId, num_new: usize, resumed: bool) -> ScheduledSeq {
+    /// Proposals a request verifies this step: only in decode (one uncomputed token), leaving
+    /// room for that token in the budget, and never so many that accepting them all plus the
+    /// engine's own token would pass `max_tokens` or `max_model_len`.
+    fn num_spec(&self, req: &Request, budget: usize) -> usize {
+        if req.num_uncomputed_tokens() != 1 || req.spec_token_ids.is_empty() {
+            return 0;
+        }
+        let outputs_left = req.max_tokens.saturating_sub(req.num_output_tokens() + 1);
+        let len_left = self
+            .config
+            .max_model_len
+            .saturating_sub(req.num_tokens() + 1);
+        req.spec_token_ids
+            .len()
+            .min(budget.saturating_sub(1))
+            .min(outputs_left)
+            .min(len_left)
+    }
+
+    /// Attaches proposed tokens to a running request in decode, replacing earlier ones; they are
+    /// verified in its next scheduled step. Ignored (false) for other requests.
+    pub fn set_spec_tokens(&mut self, seq_id: SeqId, tokens: Vec<TokenId>) -> bool {
+        match self.requests.get_mut(&seq_id) {
+            Some(req)
+                if req.status == RequestStatus::Running && req.num_uncomputed_tokens() == 1 =>
+            {
+                req.spec_token_ids = tokens;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn scheduled_seq(
+        &self,
+        seq_id: SeqId,
+        num_new: usize,
+        num_spec: usize,
+        resumed: bool,
+    ) -> ScheduledSeq {
         let req = &self.requests[&seq_id];
         let start = req.num_computed_tokens;
+        let num_known = num_new - num_spec;
+        let mut token_ids = req.all_token_ids[start..start + num_known].to_vec();
+        token_ids.extend_from_slice(&req.spec_token_ids[..num_spec]);
         ScheduledSeq {
             seq_id,
             num_computed_tokens: start,
             num_new_tokens: num_new,
-            token_ids: req.all_token_ids[start..start + num_new].to_vec(),
+            token_ids,
+            num_spec_tokens: num_spec,
             block_table: self.kv.block_table(seq_id).to_vec(),
-            samples: start + num_new == req.num_tokens(),
+            samples: start + num_known == req.num_tokens(),
             resumed_from_preemption: resumed,
         }
     }
@@ -254,6 +299,7 @@ impl Scheduler {
         let req = self.requests.get_mut(&seq_id).expect("running request");
         req.status = RequestStatus::Waiting;
         req.num_computed_tokens = 0;
+        req.spec_token_ids.clear();
         req.preempted = true;
         self.waiting.push_front(seq_id);
         self.stats.num_preemptions += 1;
@@ -271,31 +317,67 @@ impl Scheduler {
         out: &SchedulerOutput,
         sampled: &[(SeqId, TokenId)],
     ) -> Vec<(SeqId, FinishReason)> {
+        let multi: Vec<(SeqId, Vec<TokenId>)> =
+            sampled.iter().map(|&(s, t)| (s, vec![t])).collect();
+        self.update_from_output_multi(out, &multi)
+    }
+
+    /// [`Scheduler::update_from_output`] for speculative steps: each entry carries the accepted
+    /// proposals followed by the engine's own next token. Accepted proposals count as computed
+    /// (their KV was written this step); the KV blocks past the computed tokens are given back.
+    /// Tokens that disagree with the proposals, or come after a `Length` finish, are dropped.
+    pub fn update_from_output_multi(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(SeqId, Vec<TokenId>)],
+    ) -> Vec<(SeqId, FinishReason)> {
+        let mut spec: HashMap<SeqId, Vec<TokenId>> = HashMap::new();
         for s in &out.scheduled {
             let Some(req) = self.requests.get_mut(&s.seq_id) else {
                 continue; // finished or aborted since
             };
+            let num_known = s.num_new_tokens - s.num_spec_tokens;
             // Guards against a stale or repeated output.
             if req.status == RequestStatus::Running
                 && req.num_computed_tokens == s.num_computed_tokens
-                && s.num_computed_tokens + s.num_new_tokens <= req.num_tokens()
+                && s.num_computed_tokens + num_known <= req.num_tokens()
             {
-                req.num_computed_tokens += s.num_new_tokens;
+                req.num_computed_tokens += num_known;
+                req.spec_token_ids.clear();
+                if s.num_spec_tokens > 0 {
+                    spec.insert(s.seq_id, s.token_ids[num_known..].to_vec());
+                }
             }
         }
         let mut finished = Vec::new();
-        for &(seq_id, token) in sampled {
-            let Some(req) = self.requests.get_mut(&seq_id) else {
+        for (seq_id, tokens) in sampled {
+            let Some(req) = self.requests.get_mut(seq_id) else {
                 continue;
             };
             if req.status != RequestStatus::Running || req.num_uncomputed_tokens() != 0 {
                 continue;
             }
-            req.all_token_ids.push(token);
-            if req.num_output_tokens() >= req.max_tokens
-                || req.num_tokens() >= self.config.max_model_len
-            {
-                finished.push((seq_id, FinishReason::Length));
+            let proposals = spec.remove(seq_id).unwrap_or_default();
+            for (i, &token) in tokens.iter().enumerate() {
+                req.all_token_ids.push(token);
+                let done = req.num_output_tokens() >= req.max_tokens
+                    || req.num_tokens() >= self.config.max_model_len;
+                if done {
+                    finished.push((*seq_id, FinishReason::Length));
+                }
+                // An accepted proposal: its KV is in the cache.
+                if done || proposals.get(i) != Some(&token) {
+                    break;
+                }
+                req.num_computed_tokens += 1;
+            }
+        }
+        // Give back the blocks of rejected proposals (and of unreported ones).
+        for s in out.scheduled.iter().filter(|s| s.num_spec_tokens > 0) {
+            if let Some(req) = self.requests.get(&s.seq_id) {
+                if req.status == RequestStatus::Running {
+                    self.kv.truncate(s.seq_id, req.num_computed_tokens);
+                }
             }
         }
         for &(seq_id, reason) in &finished {

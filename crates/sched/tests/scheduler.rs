@@ -74,6 +74,7 @@ fn seq(
         num_computed_tokens,
         num_new_tokens: token_ids.len(),
         token_ids,
+        num_spec_tokens: 0,
         block_table: blocks(block_table),
         samples,
         resumed_from_preemption,
@@ -471,4 +472,78 @@ fn add_request_rejects_what_can_never_run() {
         }
     )
     .is_err());
+}
+
+#[test]
+fn speculative_step_feeds_proposals_and_rolls_back_rejected_blocks() {
+    let mut s = sched(Cfg {
+        budget: 6,
+        caching: true,
+        ..Cfg::default()
+    });
+    // Prompt of 6 tokens: blocks 0, 1 (block size 4).
+    s.add_request(A, toks(0..6), 10).unwrap();
+    let out = step(&mut s);
+    assert_eq!(out.scheduled[0].num_new_tokens, 6);
+    update(&mut s, &out, &[(A, 50)]);
+    // Known 7 tokens, 6 computed. Five proposals: the budget (6) leaves room for all of them.
+    assert!(s.set_spec_tokens(A, toks(60..65)));
+    let out = step(&mut s);
+    let a = &out.scheduled[0];
+    assert_eq!(a.num_spec_tokens, 5);
+    assert_eq!(a.num_new_tokens, 6);
+    assert_eq!(a.token_ids, [vec![TokenId(50)], toks(60..65)].concat());
+    // Positions 6..12 need blocks 0, 1, 2.
+    assert_eq!(a.block_table, blocks(&[0, 1, 2]));
+    assert!(a.samples);
+    assert_eq!(out.num_batched_tokens, 6);
+    // Two proposals accepted (60, 61), then the target's own token 99.
+    let fin = s.update_from_output_multi(&out, &[(A, vec![TokenId(60), TokenId(61), TokenId(99)])]);
+    s.check_invariants().unwrap();
+    assert!(fin.is_empty());
+    assert_eq!(
+        s.all_token_ids(A).unwrap(),
+        &[
+            toks(0..6),
+            vec![TokenId(50), TokenId(60), TokenId(61), TokenId(99)]
+        ]
+        .concat()[..]
+    );
+    // 6 prompt + 50 + 60 + 61 computed; 99 is not.
+    assert_eq!(s.num_computed_tokens(A), Some(9));
+    assert_eq!(s.kv().block_table(A), &blocks(&[0, 1, 2])[..]);
+    // All rejected: back to 1 + 0 accepted; block 2 holds position 9 still (kept).
+    assert!(s.set_spec_tokens(A, toks(70..75)));
+    let out = step(&mut s);
+    assert_eq!(out.scheduled[0].num_spec_tokens, 5);
+    assert_eq!(out.scheduled[0].block_table, blocks(&[0, 1, 2, 3]));
+    s.update_from_output_multi(&out, &[(A, vec![TokenId(98)])]);
+    s.check_invariants().unwrap();
+    assert_eq!(s.num_computed_tokens(A), Some(10));
+    // Block 3 held only rejected tokens: freed.
+    assert_eq!(s.kv().block_table(A), &blocks(&[0, 1, 2])[..]);
+    assert_eq!(s.kv().num_used_blocks(), 3);
+}
+
+#[test]
+fn proposals_never_pass_max_tokens_or_the_budget() {
+    let mut s = sched(Cfg {
+        budget: 3,
+        ..Cfg::default()
+    });
+    s.add_request(A, toks(0..3), 4).unwrap();
+    let out = step(&mut s);
+    update(&mut s, &out, &[(A, 7)]);
+    // One output so far, at most 4: room for 2 proposals plus the target's token; the budget of
+    // 3 allows 2 as well.
+    s.set_spec_tokens(A, toks(60..70));
+    let out = step(&mut s);
+    assert_eq!(out.scheduled[0].num_spec_tokens, 2);
+    let fin = s.update_from_output_multi(&out, &[(A, vec![TokenId(60), TokenId(61), TokenId(5)])]);
+    assert_eq!(fin, vec![(A, FinishReason::Length)]);
+    s.check_invariants().unwrap();
+    assert_eq!(s.kv().num_used_blocks(), 0);
+    // A request still in its prompt ignores proposals.
+    s.add_request(B, toks(0..8), 4).unwrap();
+    assert!(!s.set_spec_tokens(B, toks(60..62)));
 }

@@ -81,6 +81,8 @@ pub struct GenRequest {
     pub best_of: Option<i64>,
     pub echo: Option<bool>,
     pub ignore_eos: Option<bool>,
+    /// Extra field: `false` opts this request out of speculative decoding (output unchanged).
+    pub speculative: Option<bool>,
     pub suffix: Option<String>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub tools: Option<Vec<Value>>,
@@ -255,6 +257,7 @@ impl GenRequest {
         }
         p.seed = self.seed.map(|s| s as u64);
         p.ignore_eos = self.ignore_eos.unwrap_or(false);
+        p.speculative = self.speculative.unwrap_or(true);
         p.stop = match &self.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],

@@ -176,6 +176,35 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "quire_spec_proposed_tokens_total",
+            "Speculative decoding: tokens proposed for verification.",
+            s.spec_proposed_tokens,
+        );
+        counter(
+            &mut out,
+            "quire_spec_accepted_tokens_total",
+            "Speculative decoding: proposed tokens the model accepted.",
+            s.spec_accepted_tokens,
+        );
+        counter(
+            &mut out,
+            "quire_spec_verify_steps_total",
+            "Speculative decoding: request steps that verified proposals.",
+            s.spec_verify_steps,
+        );
+        let mean_len = if s.spec_verify_steps > 0 {
+            1.0 + s.spec_accepted_tokens as f64 / s.spec_verify_steps as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            out,
+            "# HELP quire_spec_mean_accepted_length Tokens emitted per verify step (1 + accepted / \
+             steps; 0 before any).\n# TYPE quire_spec_mean_accepted_length gauge\n\
+             quire_spec_mean_accepted_length {mean_len}"
+        );
+        counter(
+            &mut out,
             "quire_prompt_tokens_total",
             "Prompt tokens of admitted requests.",
             self.prompt_tokens,
@@ -259,6 +288,9 @@ mod tests {
             "quire_preemptions_total",
             "quire_prefix_cache_queries_total",
             "quire_prefix_cache_hits_total",
+            "quire_spec_proposed_tokens_total",
+            "quire_spec_accepted_tokens_total",
+            "quire_spec_mean_accepted_length 0",
             "quire_prompt_tokens_total",
             "quire_generation_tokens_total",
             "quire_requests_total{finish_reason=\"length\"} 1",

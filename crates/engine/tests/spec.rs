@@ -1,0 +1,289 @@
+//! Speculative decoding on the default model (CPU): greedy outputs are token-identical with the
+//! n-gram proposer on and off — on many prompts, with speculative and plain requests in one
+//! batch, stop strings and short `max_tokens`, and in a KV cache so small that requests are
+//! preempted — and sampled outputs follow the target's own distribution (a chi-square test of a
+//! token produced by a verify step against the probabilities the target gives it).
+
+use std::collections::HashMap;
+
+use quire_backend::cpu::{CpuExecutor, CpuOptions};
+use quire_backend::KvCacheSpec;
+use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
+use quire_engine::{Engine, EngineConfig, Sampler, SpecConfig};
+
+fn load() -> quire_model::LoadedModel {
+    quire_model::load_gguf(&quire_core::default_model::model_for_tests())
+        .expect("default model loads")
+}
+
+fn engine(m: &quire_model::LoadedModel, num_blocks: usize, spec: usize) -> Engine {
+    let kv = KvCacheSpec {
+        num_blocks,
+        block_size: 16,
+    };
+    let exec = CpuExecutor::new(&m.weights, kv, CpuOptions::default()).unwrap();
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 256,
+        ..Default::default()
+    };
+    let mut e = Engine::new(Box::new(exec), m.tokenizer.clone(), cfg);
+    e.set_speculation(SpecConfig {
+        num_tokens: spec,
+        ..SpecConfig::default()
+    })
+    .unwrap();
+    e
+}
+
+/// A passage the model is asked to repeat: n-gram lookup finds long matches.
+const PASSAGE: &str = "The old lighthouse stood on the northern cliff for two hundred years. \
+Every night its keeper climbed the spiral stairs, trimmed the wick and polished the great lens, \
+so that the fishing boats could find their way home through fog and storm. When the keeper grew \
+old, his daughter took over the work, and she kept the light burning for forty more winters.";
+
+fn prompts(m: &quire_model::LoadedModel) -> Vec<Vec<TokenId>> {
+    let mut texts: Vec<String> = reference_prompts();
+    texts.push(format!(
+        "Repeat the following passage exactly.\n\n{PASSAGE}\n\nRepeated passage:\n\n"
+    ));
+    texts.push(format!("{PASSAGE}\n\n{PASSAGE}\n\n"));
+    texts.push(format!(
+        "Copy this text, replacing 'lighthouse' with 'tower':\n{PASSAGE}\nCopy:\n"
+    ));
+    texts
+        .iter()
+        .map(|t| m.tokenizer.encode(t, true, true).unwrap())
+        .collect()
+}
+
+fn reference_prompts() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/data/smollm2-135m-q4_1.greedy.jsonl"
+    );
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["prompt"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+type Outcome = (Vec<u32>, String, FinishReason);
+
+/// Steps until every request finished; returns each request's tokens, text and finish reason.
+fn drain(e: &mut Engine) -> HashMap<SeqId, Outcome> {
+    let mut acc: HashMap<SeqId, (Vec<u32>, String)> = HashMap::new();
+    let mut done = HashMap::new();
+    let mut steps = 0;
+    while e.has_unfinished() {
+        steps += 1;
+        assert!(steps < 100_000, "engine does not make progress");
+        for o in e.step().unwrap() {
+            let a = acc.entry(o.id).or_default();
+            a.0.extend(o.tokens.iter().map(|t| t.token.0));
+            a.1.push_str(&o.text_delta);
+            if let Some(r) = o.finish_reason {
+                let (t, s) = acc.remove(&o.id).unwrap_or_default();
+                done.insert(o.id, (t, s, r));
+            }
+        }
+    }
+    done
+}
+
+/// Request `i`'s parameters: varied lengths, one with a stop string, every third opted out.
+fn params(i: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: [96, 5, 40, 64][i % 4],
+        stop: if i % 5 == 2 {
+            vec![" the".into()]
+        } else {
+            Vec::new()
+        },
+        speculative: i % 3 != 1,
+        ..Default::default()
+    }
+}
+
+/// Runs every prompt in one batch; returns outcomes in prompt order and the engine's stats.
+fn run_batch(
+    m: &quire_model::LoadedModel,
+    prompts: &[Vec<TokenId>],
+    num_blocks: usize,
+    spec: usize,
+) -> (Vec<Outcome>, quire_engine::EngineStats) {
+    let mut e = engine(m, num_blocks, spec);
+    let ids: Vec<SeqId> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| e.add_request(p.clone(), params(i)).unwrap())
+        .collect();
+    let mut out = drain(&mut e);
+    let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
+    (outcomes, e.stats())
+}
+
+#[test]
+fn greedy_is_token_identical_with_speculation_on_and_off() {
+    let m = load();
+    let prompts = prompts(&m);
+    let (plain, _) = run_batch(&m, &prompts, 256, 0);
+    for k in [3, 8] {
+        let (spec, stats) = run_batch(&m, &prompts, 256, k);
+        for (i, (a, b)) in plain.iter().zip(&spec).enumerate() {
+            assert_eq!(a, b, "prompt {i}, K = {k}");
+        }
+        assert!(stats.spec_verify_steps > 0, "K = {k}: nothing was proposed");
+        assert!(
+            stats.spec_accepted_tokens * 4 > stats.spec_verify_steps,
+            "K = {k}: acceptance is implausibly low on repeat prompts: {stats:?}"
+        );
+        assert!(stats.spec_accepted_tokens <= stats.spec_proposed_tokens);
+    }
+}
+
+#[test]
+fn greedy_is_token_identical_when_speculation_meets_preemption() {
+    let m = load();
+    let prompts = prompts(&m);
+    // 24 blocks of 16 tokens for 11 requests of up to ~190 tokens: preemption.
+    let (plain, _) = run_batch(&m, &prompts, 24, 0);
+    let (spec, stats) = run_batch(&m, &prompts, 24, 6);
+    assert!(
+        stats.preemptions_total > 0,
+        "the cache was not tight: {stats:?}"
+    );
+    assert!(stats.spec_accepted_tokens > 0);
+    assert_eq!(stats.kv_blocks_used, 0, "blocks leaked: {stats:?}");
+    for (i, (a, b)) in plain.iter().zip(&spec).enumerate() {
+        assert_eq!(a, b, "prompt {i}");
+    }
+}
+
+/// Upper 0.1% point of the chi-square distribution with `df` degrees of freedom
+/// (Wilson–Hilferty approximation).
+fn chi2_critical(df: f64) -> f64 {
+    let z = 3.09;
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+/// Chi-square statistic of `counts` against `probs` (token → probability), with tokens whose
+/// expected count is below 5 pooled into one bucket; returns (statistic, degrees of freedom).
+fn chi2(counts: &HashMap<u32, usize>, probs: &[(u32, f64)], n: usize) -> (f64, f64) {
+    let (mut stat, mut buckets) = (0.0, 0usize);
+    let (mut rest_obs, mut rest_exp) = (0usize, 0.0);
+    for &(id, p) in probs {
+        let exp = p * n as f64;
+        let obs = counts.get(&id).copied().unwrap_or(0);
+        if exp >= 5.0 {
+            stat += (obs as f64 - exp).powi(2) / exp;
+            buckets += 1;
+        } else {
+            rest_obs += obs;
+            rest_exp += exp;
+        }
+    }
+    let known: std::collections::HashSet<u32> = probs.iter().map(|e| e.0).collect();
+    rest_obs += counts
+        .iter()
+        .filter(|(id, _)| !known.contains(id))
+        .map(|e| e.1)
+        .sum::<usize>();
+    if rest_exp > 0.0 {
+        stat += (rest_obs as f64 - rest_exp).powi(2) / rest_exp;
+        buckets += 1;
+    } else {
+        assert_eq!(
+            rest_obs, 0,
+            "tokens the target gives no probability were drawn"
+        );
+    }
+    (stat, (buckets - 1) as f64)
+}
+
+#[test]
+fn sampled_tokens_follow_the_target_distribution() {
+    let m = load();
+    // The first output token is sampled from the prompt (no proposals yet); the second comes out
+    // of a verify step. Condition on the first being the likely one, then compare the second's
+    // counts with the target's probabilities after prompt + that token.
+    let prompt = m
+        .tokenizer
+        .encode(&format!("{PASSAGE}\n\n{PASSAGE}\n\n{PASSAGE}"), true, true)
+        .unwrap();
+    let temperature = 1.5;
+    // Room for the proposals: a request never speculates past its max_tokens.
+    let sampling = |seed: u64, spec: usize| SamplingParams {
+        temperature,
+        max_tokens: 2 + spec,
+        ignore_eos: true,
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let draws = 1200;
+    let mut firsts = Vec::new();
+    for (spec, seed0) in [(0usize, 0u64), (3, 1_000_000)] {
+        let mut e = engine(&m, 512, spec);
+        let ids: Vec<SeqId> = (0..draws)
+            .map(|i| {
+                e.add_request(prompt.clone(), sampling(seed0 + i as u64, spec))
+                    .unwrap()
+            })
+            .collect();
+        let out = drain(&mut e);
+        let stats = e.stats();
+        if spec > 0 {
+            assert!(stats.spec_verify_steps as usize > draws / 2, "{stats:?}");
+        }
+        firsts.push((
+            ids.iter().map(|id| out[id].0.clone()).collect::<Vec<_>>(),
+            stats,
+        ));
+    }
+    // The most common first token, and the target's distribution of the second after it.
+    let mut count0: HashMap<u32, usize> = HashMap::new();
+    for (toks, _) in &firsts {
+        for t in toks {
+            *count0.entry(t[0]).or_default() += 1;
+        }
+    }
+    let (&first, _) = count0.iter().max_by_key(|e| *e.1).unwrap();
+    let mut seq: Vec<u32> = prompt.iter().map(|t| t.0).collect();
+    seq.push(first);
+    let mut exec = CpuExecutor::new(
+        &m.weights,
+        KvCacheSpec {
+            num_blocks: seq.len().div_ceil(16),
+            block_size: 16,
+        },
+        CpuOptions::default(),
+    )
+    .unwrap();
+    let logits =
+        quire_engine::runner::forward_single(&mut exec, &seq, &[seq.len() as u32 - 1]).unwrap();
+    let sampler = Sampler::new(sampling(0, 0));
+    let probs = sampler.target_probs(&logits);
+    for (spec, (toks, _)) in [0, 3].iter().zip(&firsts) {
+        let mut counts: HashMap<u32, usize> = HashMap::new();
+        let mut n = 0;
+        for t in toks.iter().filter(|t| t[0] == first) {
+            *counts.entry(t[1]).or_default() += 1;
+            n += 1;
+        }
+        assert!(
+            n > draws / 4,
+            "too few draws with the likely first token: {n}"
+        );
+        let (stat, df) = chi2(&counts, &probs, n);
+        let crit = chi2_critical(df);
+        eprintln!("K = {spec}: n = {n}, chi2 = {stat:.1}, df = {df}, critical {crit:.1}");
+        assert!(
+            stat < crit,
+            "K = {spec}: second token does not follow the target (chi2 {stat:.1} >= {crit:.1})"
+        );
+    }
+}
