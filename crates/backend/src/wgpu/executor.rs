@@ -316,6 +316,7 @@ impl WgpuExecutor {
                 ]);
             }
         }
+        kernels::fill_tiles(&mut tok, kernels::attn_tile_tokens(&self.shape));
         let mut rope = Vec::with_capacity(n * self.cfg.rope_dim);
         let mut cs = Vec::new();
         for &pos in batch.positions {
@@ -360,6 +361,7 @@ impl WgpuExecutor {
             n,
             nl,
             keys,
+            tiles: attn_tiles(batch, &self.shape),
             split: plan.map(|p| {
                 let (part, ml) = self.scratch.as_ref().expect("planned");
                 (p, part, ml)
@@ -584,6 +586,12 @@ impl WgpuExecutor {
             }
         }
     }
+}
+
+/// The prompt attention's query tiles in `batch` (as `kernels::fill_tiles` cuts them).
+fn attn_tiles(batch: &ForwardBatch, s: &kernels::HeadShape) -> usize {
+    let qt = kernels::attn_tile_tokens(s);
+    batch.seqs.iter().map(|q| q.query_len.div_ceil(qt)).sum()
 }
 
 fn words_bytes(w: &[u32]) -> Vec<u8> {

@@ -144,10 +144,16 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             vec!["gemm"],
         ));
     }
+    for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
+        v.push((
+            format!("attention{suffix}"),
+            attention_source(sub),
+            vec!["main"],
+        ));
+    }
     for (name, src) in [
         ("rms_norm", RMS_NORM),
         ("qkv_post", QKV_POST),
-        ("attention", ATTENTION),
         ("swiglu", SWIGLU),
         ("argmax", ARGMAX),
         ("read_bw", READ_BW),
@@ -183,7 +189,9 @@ pub struct Kernels {
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
+    /// The tiled prompt attention, and whether its row sums go through subgroups.
     pub attention: wgpu::ComputePipeline,
+    pub attention_subgroup: bool,
     /// The split decode kernel's pipelines, one per head geometry (made on first use).
     pub attn_split: DecodeSplit,
     pub attn_merge: wgpu::ComputePipeline,
@@ -223,7 +231,12 @@ impl Kernels {
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
-            attention: gpu.pipeline("attention", ATTENTION, "main")?,
+            attention: gpu.pipeline(
+                "attention",
+                &attention_source(subgroup && attn_subgroup_fits(gpu)),
+                "main",
+            )?,
+            attention_subgroup: subgroup && attn_subgroup_fits(gpu),
             attn_split: DecodeSplit {
                 subgroup: gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo),
                 pipes: Default::default(),
@@ -374,6 +387,65 @@ pub fn qkv_groups(s: &HeadShape, n: usize) -> [u32; 3] {
     [(s.q_heads + 2 * s.kv_heads) as u32, n as u32, 1]
 }
 
+/// The prompt attention module (attention.wgsl) with its row sums through subgroup shuffles or
+/// through workgroup memory.
+pub fn attention_source(subgroup: bool) -> String {
+    let (prelude, sums) = section(ATTENTION, if subgroup { "SUBGROUP" } else { "SHARED" });
+    format!("{prelude}\n{sums}")
+}
+
+/// Whether the prompt attention's 8 lanes of a row lie in one subgroup on this device (its
+/// subgroups are a power of two of at least 8 invocations).
+fn attn_subgroup_fits(gpu: &Gpu) -> bool {
+    gpu.caps
+        .subgroup
+        .is_some_and(|(lo, _)| lo.is_power_of_two() && lo >= ATTN_LANES)
+}
+
+/// The prompt attention kernel's query rows per workgroup, lanes per row and words of its K/V
+/// tile (attention.wgsl's ROWS, LANES and KVW).
+pub const ATTN_ROWS: usize = 16;
+pub const ATTN_LANES: u32 = 8;
+const ATTN_KVW: usize = 2048;
+const ATTN_MAX_KT: usize = 64;
+
+/// Tokens per query tile of the prompt attention: as many as keep every query head of a KV
+/// group within its 16 rows.
+pub fn attn_tile_tokens(s: &HeadShape) -> usize {
+    (ATTN_ROWS / (s.q_heads / s.kv_heads).max(1)).max(1)
+}
+
+/// Keys per K/V tile of the prompt attention: a multiple of 8 whose rows fit the tile's words.
+pub fn attn_tile_keys(s: &HeadShape) -> usize {
+    let fit = ATTN_KVW / (s.head_dim / 2).max(1);
+    (fit.min(ATTN_MAX_KT) / 8 * 8).max(8)
+}
+
+/// Cuts the tokens of a token table (`TOK_WORDS` words per token, words 0..5 filled) into the
+/// prompt attention's query tiles: runs of at most `qt` consecutive tokens of one sequence (the
+/// same first new position, first row and block table). Writes tile i's first token and token
+/// count into words 5 and 6 of entry i; returns the number of tiles.
+pub fn fill_tiles(tok: &mut [u32], qt: usize) -> usize {
+    let n = tok.len() / TOK_WORDS;
+    let seq = |tok: &[u32], t: usize| -> [u32; 3] {
+        let w = &tok[t * TOK_WORDS..];
+        [w[2], w[3], w[4]]
+    };
+    let mut tiles = 0;
+    let mut t = 0;
+    while t < n {
+        let mut e = t + 1;
+        while e < n && e - t < qt.max(1) && seq(tok, e) == seq(tok, t) {
+            e += 1;
+        }
+        tok[tiles * TOK_WORDS + 5] = t as u32;
+        tok[tiles * TOK_WORDS + 6] = (e - t) as u32;
+        tiles += 1;
+        t = e;
+    }
+    tiles
+}
+
 /// The attention kernel's parameters (`window` 0: none).
 pub fn attn_params(s: &HeadShape, n: usize, block_size: usize, window: usize) -> Params {
     params(&[
@@ -389,11 +461,14 @@ pub fn attn_params(s: &HeadShape, n: usize, block_size: usize, window: usize) ->
         (s.q_size() + s.kv_size()) as u32,
         s.q_size() as u32,
         (s.q_heads / s.kv_heads) as u32,
+        attn_tile_tokens(s) as u32,
+        attn_tile_keys(s) as u32,
     ])
 }
 
-pub fn attn_groups(s: &HeadShape, n: usize) -> [u32; 3] {
-    [s.kv_heads as u32, n as u32, 1]
+/// The prompt attention's grid for `tiles` query tiles.
+pub fn attn_groups(s: &HeadShape, tiles: usize) -> [u32; 3] {
+    [s.kv_heads as u32, tiles as u32, 1]
 }
 
 /// The unit of the split decode kernel's key ranges, and the most key ranges one row is split

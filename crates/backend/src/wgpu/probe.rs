@@ -364,6 +364,7 @@ impl Probe {
         for (i, t) in a.tokens.iter().enumerate() {
             tok[i * kernels::TOK_WORDS..][..5].copy_from_slice(t);
         }
+        let tiles = kernels::fill_tiles(&mut tok, kernels::attn_tile_tokens(&a.shape));
         let tb = self.input("tokens", &bytes_u32(&tok))?;
         let tab = self.input("tables", &bytes_u32(a.tables))?;
         let out = self.output("out", n * a.shape.q_size())?;
@@ -461,7 +462,7 @@ impl Probe {
                 "attention",
                 &k.attention,
                 b,
-                kernels::attn_groups(&a.shape, n),
+                kernels::attn_groups(&a.shape, tiles),
                 bytes as u64,
                 flops as u64,
             )];

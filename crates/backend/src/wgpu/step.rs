@@ -245,6 +245,8 @@ pub struct Step<'a> {
     pub nl: usize,
     /// Keys attended over the step, summed over its tokens (for the profile's bytes).
     pub keys: usize,
+    /// Query tiles of the prompt attention (kernels::fill_tiles).
+    pub tiles: usize,
     /// Decode rows only: the split of the decode attention kernels and their scratch buffers
     /// (partial V sums, partial maxima and sums).
     pub split: Option<(kernels::SplitPlan, &'a wgpu::Buffer, &'a wgpu::Buffer)>,
@@ -513,7 +515,7 @@ impl LayerOps for Step<'_> {
             (5, &b.tables),
             (6, &b.attn),
         ];
-        let groups = kernels::attn_groups(&self.shape, self.n);
+        let groups = kernels::attn_groups(&self.shape, self.tiles);
         let k = self.k;
         let pipe = &k.attention;
         self.push(
