@@ -401,3 +401,39 @@ fn query_tiles_cover_every_token_of_a_sequence_once() {
     // The token words stay as they were.
     assert_eq!(&tok[14 * TOK_WORDS..][..5], &[48, 14, 40, 6, 7]);
 }
+
+quire_testkit::wgpu_test! {
+    fn down_gemv_with_the_swiglu_in_its_input_matches_the_product() {
+        // The decode down projection reading [gate | up] rows through silu(gate) · up, against
+        // the f64 product of the dequantized weights with the activation computed on the host
+        // (f32, as the unfused kernel writes it): every weight type, odd rows, 1..8 tokens.
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(11);
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for t in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+                let k = t.block_size().max(8);
+                for (rows, cols, n) in [(37, 3 * k, 1), (21, 2 * k, 5), (17, 5 * k, 8)] {
+                    let w = tensor(&mut rng, t, rows, cols);
+                    let gu = rnd(&mut rng, n * 2 * cols, 3.0);
+                    let act: Vec<f32> = (0..n * cols)
+                        .map(|i| {
+                            let (ti, c) = (i / cols, i % cols);
+                            let g = gu[ti * 2 * cols + c];
+                            g / (1.0 + (-g).exp()) * gu[ti * 2 * cols + cols + c]
+                        })
+                        .collect();
+                    let got = p.matmul_swiglu(&w, &gu, n).unwrap();
+                    let want = reference_product(&w, &act, n, false);
+                    let e = rel_l2(&got, &want);
+                    assert!(
+                        e < metric::DOT_F32,
+                        "{t:?} {rows}x{cols} n={n} (subgroup sums: {subgroup}): rel L2 {e:e}"
+                    );
+                }
+            }
+        }
+    }
+}

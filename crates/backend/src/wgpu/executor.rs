@@ -41,6 +41,9 @@ pub struct WgpuExecutor {
     scratch: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
     timer: Option<Timer>,
+    /// Whether a decode step's down GEMV takes the SwiGLU into its input (on by default; off
+    /// only to compare the two forms).
+    fuse_swiglu: bool,
 }
 
 /// Dispatches per submission of an unprofiled step: small enough that the device starts early
@@ -189,9 +192,21 @@ impl WgpuExecutor {
             profile: Vec::new(),
             timer: None,
             scratch: None,
+            fuse_swiglu: true,
             k,
             gpu,
         })
+    }
+
+    /// Turns the fusions that cut dispatches (the SwiGLU into the down GEMV) on or off; the
+    /// output is the same either way, within f32 rounding.
+    pub fn set_fusions(&mut self, on: bool) {
+        self.fuse_swiglu = on;
+    }
+
+    /// Dispatches the last recorded step ran (zero-sized ones skipped): the count a fusion cuts.
+    pub fn last_dispatches(&self) -> usize {
+        self.list.iter().filter(|d| d.runs()).count()
     }
 
     /// The adapter this executor runs on.
@@ -362,6 +377,8 @@ impl WgpuExecutor {
             nl,
             keys,
             tiles: attn_tiles(batch, &self.shape),
+            fuse_swiglu: self.fuse_swiglu,
+            swiglu_pending: false,
             split: plan.map(|p| {
                 let (part, ml) = self.scratch.as_ref().expect("planned");
                 (p, part, ml)

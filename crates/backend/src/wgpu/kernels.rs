@@ -115,10 +115,12 @@ pub fn type_source(t: WType) -> String {
 }
 
 /// The GEMV/embedding module for weights of type `t`, with the subgroup reduction or the
-/// workgroup-memory one.
-pub fn matmul_source(t: WType, subgroup: bool) -> String {
+/// workgroup-memory one, reading its activations as stored or (`swiglu`) as silu(gate) · up of
+/// [gate | up] rows.
+pub fn matmul_source(t: WType, subgroup: bool, swiglu: bool) -> String {
     let (core, reduce) = section(MATMUL, if subgroup { "SUBGROUP" } else { "SHARED" });
-    format!("{}\n{core}\n{reduce}", type_source(t))
+    let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
+    format!("{}\n{core}\n{reduce}\n{xv}", type_source(t))
 }
 
 /// Every WGSL module the backend compiles, with its name and entry points (the naga
@@ -130,8 +132,13 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
         for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
             v.push((
                 format!("matmul_{}{suffix}", t.name()),
-                matmul_source(t, sub),
+                matmul_source(t, sub, false),
                 vec!["gemv", "embed"],
+            ));
+            v.push((
+                format!("matmul_swiglu_{}{suffix}", t.name()),
+                matmul_source(t, sub, true),
+                vec!["gemv"],
             ));
         }
     }
@@ -186,6 +193,8 @@ pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// The pipelines, made once.
 pub struct Kernels {
     matmul: Vec<wgpu::ComputePipeline>,
+    /// The GEMV reading silu(gate) · up of [gate | up] rows (the decode down projection).
+    matmul_swiglu: Vec<wgpu::ComputePipeline>,
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
@@ -219,15 +228,20 @@ impl Kernels {
             )));
         }
         let mut matmul = Vec::new();
+        let mut matmul_swiglu = Vec::new();
         let mut embed = Vec::new();
         for t in WType::ALL {
-            let src = matmul_source(t, subgroup);
+            let src = matmul_source(t, subgroup, false);
             let name = format!("matmul_{}", t.name());
             matmul.push(gpu.pipeline(&name, &src, "gemv")?);
             embed.push(gpu.pipeline(&name, &src, "embed")?);
+            let src = matmul_source(t, subgroup, true);
+            let name = format!("matmul_swiglu_{}", t.name());
+            matmul_swiglu.push(gpu.pipeline(&name, &src, "gemv")?);
         }
         Ok(Kernels {
             matmul,
+            matmul_swiglu,
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
@@ -255,6 +269,10 @@ impl Kernels {
 
     pub fn matmul(&self, t: WType) -> &wgpu::ComputePipeline {
         &self.matmul[t.index()]
+    }
+
+    pub fn matmul_swiglu(&self, t: WType) -> &wgpu::ComputePipeline {
+        &self.matmul_swiglu[t.index()]
     }
 
     pub fn embed(&self, t: WType) -> &wgpu::ComputePipeline {
