@@ -2,6 +2,9 @@
 //! f16 paged KV cache per layer, and runs each step as a few command buffers, each submitted as
 //! soon as it is encoded (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
 //! token ids for greedy steps (argmax on the device), come back to the host.
+//!
+//! A decode step's down projection takes the SwiGLU into its input (one dispatch fewer per
+//! layer); `QUIRE_WGPU_UNFUSED=1` turns that off, so the two forms can be compared.
 
 use std::time::Instant;
 
@@ -192,7 +195,9 @@ impl WgpuExecutor {
             profile: Vec::new(),
             timer: None,
             scratch: None,
-            fuse_swiglu: true,
+            // QUIRE_WGPU_UNFUSED=1 runs every op as its own dispatch, to compare the forms.
+            fuse_swiglu: std::env::var_os("QUIRE_WGPU_UNFUSED")
+                .is_none_or(|v| v.is_empty() || v == "0"),
             k,
             gpu,
         })
