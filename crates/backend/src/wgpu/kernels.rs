@@ -1,9 +1,9 @@
 //! The WGSL kernels of the wgpu backend: their sources, the pipelines made from them once at
 //! load, and the parameter blocks each dispatch reads. Every shader uses plain f32 math with f16
-//! data in u32 words (`unpack2x16float`), so none needs SHADER_F16. The decode GEMV sums with
-//! subgroup operations where the device has SUBGROUP and through workgroup memory otherwise
-//! (both variants are built from one source); every other kernel uses workgroup memory, so
-//! every adapter runs them all.
+//! data in u32 words (`unpack2x16float`), so none needs SHADER_F16. The decode GEMV, the split
+//! decode attention and the tiled prompt attention sum with subgroup operations where the device
+//! has SUBGROUP and through workgroup memory otherwise (both variants are built from one
+//! source); every other kernel uses workgroup memory, so every adapter runs them all.
 
 use super::gpu::Gpu;
 use crate::BackendError;
@@ -424,7 +424,7 @@ fn attn_subgroup_fits(gpu: &Gpu) -> bool {
 /// tile (attention.wgsl's ROWS, LANES and KVW).
 pub const ATTN_ROWS: usize = 16;
 pub const ATTN_LANES: u32 = 8;
-const ATTN_KVW: usize = 2048;
+const ATTN_KVW: usize = 2112;
 const ATTN_MAX_KT: usize = 64;
 
 /// Tokens per query tile of the prompt attention: as many as keep every query head of a KV
@@ -433,9 +433,10 @@ pub fn attn_tile_tokens(s: &HeadShape) -> usize {
     (ATTN_ROWS / (s.q_heads / s.kv_heads).max(1)).max(1)
 }
 
-/// Keys per K/V tile of the prompt attention: a multiple of 8 whose rows fit the tile's words.
+/// Keys per K/V tile of the prompt attention: a multiple of 8 whose rows (head_dim / 2 words
+/// and one of padding) fit the tile's words.
 pub fn attn_tile_keys(s: &HeadShape) -> usize {
-    let fit = ATTN_KVW / (s.head_dim / 2).max(1);
+    let fit = ATTN_KVW / (s.head_dim / 2 + 1);
     (fit.min(ATTN_MAX_KT) / 8 * 8).max(8)
 }
 

@@ -38,7 +38,7 @@ struct P {
     out_stride: u32, // elements per output row
     group: u32,      // query heads per KV head
     qt: u32,         // tokens per query tile
-    kt: u32,         // keys per K/V tile (a multiple of 8, kt * head_dim / 2 <= KVW)
+    kt: u32,         // keys per K/V tile (a multiple of 8, kt * (head_dim / 2 + 1) <= KVW)
 }
 
 // Per token, 8 words: position, cache slot, first position of its sequence's new tokens, batch
@@ -55,13 +55,13 @@ struct P {
 const WG: u32 = 128u;
 const ROWS: u32 = 16u;
 const LANES: u32 = 8u;
-const KVW: u32 = 2048u; // words of the K/V tile
+const KVW: u32 = 2112u; // words of the K/V tile
 const MAX_KT: u32 = 64u;
 const MAX_PAIRS: u32 = 16u; // pairs of dims per lane: head_dim 256 / 2 / LANES
 const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<f32, 4096>;  // [ROWS, head_dim]
-var<workgroup> kvs: array<u32, KVW>;  // [kt, head_dim / 2]: the K tile, then the V tile
+var<workgroup> kvs: array<u32, KVW>;  // [kt, head_dim / 2 + 1]: the K tile, then the V tile
 var<workgroup> sc: array<f32, 1024>;  // [ROWS, kt]: probabilities
 var<workgroup> span: vec2<u32>;       // the tile's first key and last key + 1
 
@@ -93,6 +93,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let g = p.group;
     let kt = p.kt;
     let nrows = cnt * g;
+    // Words per key row of the tile: one of padding, so the 8 lanes of a row, which score
+    // different keys at the same dims, read different banks.
+    let ks = half + 1u;
     let first_new = tok[t0 * 8u + 2u];
     let new_row = tok[t0 * 8u + 3u];
     let toff = tok[t0 * 8u + 4u];
@@ -145,7 +148,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     let per = kt / LANES;
     for (var k0 = sp.x; k0 < sp.y; k0 += kt) {
         for (var w = li; w < kt * half; w += WG) {
-            kvs[w] = kv_word(true, k0 + w / half, sp.y, kvh, w % half, first_new, new_row, toff);
+            kvs[w / half * ks + w % half] = kv_word(true, k0 + w / half, sp.y, kvh, w % half, first_new, new_row, toff);
         }
         workgroupBarrier();
         var s: array<f32, 8>; // MAX_KT / LANES
@@ -157,7 +160,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             if live && j >= first && j <= pos {
                 var d = 0.0;
                 for (var i = 0u; i < half; i++) {
-                    let k = unpack2x16float(kvs[jj * half + i]);
+                    let k = unpack2x16float(kvs[jj * ks + i]);
                     d += qs[row * hd + 2u * i] * k.x + qs[row * hd + 2u * i + 1u] * k.y;
                 }
                 x = d * p.scale;
@@ -183,7 +186,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         }
         workgroupBarrier();
         for (var w = li; w < kt * half; w += WG) {
-            kvs[w] = kv_word(false, k0 + w / half, sp.y, kvh, w % half, first_new, new_row, toff);
+            kvs[w / half * ks + w % half] = kv_word(false, k0 + w / half, sp.y, kvh, w % half, first_new, new_row, toff);
         }
         workgroupBarrier();
         let cnt_k = min(kt, sp.y - k0);
@@ -192,7 +195,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             for (var e = 0u; e < MAX_PAIRS; e++) {
                 let i = lane + LANES * e;
                 if i < half {
-                    let v = unpack2x16float(kvs[jj * half + i]);
+                    let v = unpack2x16float(kvs[jj * ks + i]);
                     acc[2u * e] += pr * v.x;
                     acc[2u * e + 1u] += pr * v.y;
                 }
