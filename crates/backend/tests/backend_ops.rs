@@ -277,6 +277,14 @@ fn attention_shapes() -> Vec<AttnShape> {
         (h(4, 2, 256), 16, None, vec![(30, 1), (12, 17), (0, 5)]),
         (h(12, 6, 64), 32, Some(1), vec![(60, 1), (20, 19)]),
         (h(8, 8, 64), 16, Some(1000), vec![(399, 1), (0, 64)]),
+        // Long prompt chunks of odd lengths, fresh and after a cached prefix, GQA 4 at head dim
+        // 128 (the wgpu kernel cuts them into query tiles with a short last one).
+        (
+            h(8, 2, 128),
+            16,
+            None,
+            vec![(0, 130), (45, 33), (9, 7), (300, 1)],
+        ),
     ]
 }
 

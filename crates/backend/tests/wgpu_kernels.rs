@@ -3,7 +3,9 @@
 //! fallback for adapters without subgroups (every weight type, odd row counts, 1..8 tokens and
 //! more), the decode attention split over key ranges then merged, with its lane sums through
 //! subgroups and through workgroup memory (long, odd and windowed contexts on testkit's
-//! random paged batches: scattered block tables, NaN-poisoned unused slots), and timed runs.
+//! random paged batches: scattered block tables, NaN-poisoned unused slots), the tiled prompt
+//! attention (odd chunk lengths on cached prefixes, windows, GQA 1 to 4, both row-sum forms)
+//! and its query tiles, and timed runs.
 //! Plain CPU references, the testkit's metric; outputs are poisoned with NaN before each run. Needs an adapter (lavapipe will do):
 //! ignored unless QUIRE_REQUIRE_WGPU is set at build time (see quire-testkit).
 
@@ -344,5 +346,94 @@ quire_testkit::wgpu_test! {
         let fresh = p.attention(&input).unwrap();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert!(bits(&once.out) == bits(&fresh.out), "five timed runs = one run");
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn tiled_prompt_attention_matches_dense_attention() {
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(9);
+        // Prompt chunks (the tiled kernel): query lengths 1, 7, 33 and 130 (tiles cut mid-chunk,
+        // a last tile of one token), fresh and on cached prefixes (a chunk that starts
+        // mid-sequence and mid-block), beside decode rows in one batch; GQA 1, 3 and 4; head
+        // dims 64 and 128; the testkit's shuffled block tables with NaN in every unused slot.
+        let h = |q_heads, kv_heads, head_dim| HeadShape { q_heads, kv_heads, head_dim };
+        let cases: [AttnCase; 7] = [
+            (h(4, 4, 64), 16, None, vec![(0, 7), (45, 33), (0, 1), (300, 1)]),
+            (h(6, 2, 64), 16, None, vec![(0, 130), (19, 7), (77, 1)]),
+            (h(8, 2, 128), 32, None, vec![(0, 33), (150, 130), (3, 1)]),
+            (h(12, 3, 128), 16, None, vec![(61, 7), (0, 33), (200, 1)]),
+            (h(3, 1, 64), 64, None, vec![(0, 130), (130, 33)]),
+            // Sliding windows shorter than the chunk (rows of one tile start at different keys).
+            (h(8, 2, 64), 16, Some(20), vec![(90, 33), (0, 130)]),
+            (h(4, 1, 128), 32, Some(100), vec![(250, 130), (5, 7)]),
+        ];
+        // As the adapter runs it (row sums through subgroups where they hold 8 lanes), then
+        // with the workgroup-memory sums.
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for case in &cases {
+                let plan = check_attention(&mut p, &mut rng, case);
+                assert!(plan.is_none(), "prompt chunks take the tiled kernel: {plan:?}");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn query_tiles_cover_every_token_of_a_sequence_once() {
+    use quire_backend::wgpu::kernels::{fill_tiles, TOK_WORDS};
+    // Three sequences of 5, 1 and 9 tokens (first rows 0, 5, 6), tiles of at most 4 tokens.
+    let mut tok = vec![0u32; 15 * TOK_WORDS];
+    for (first, len, toff) in [(0u32, 5u32, 0u32), (5, 1, 3), (6, 9, 7)] {
+        for t in first..first + len {
+            let w = &mut tok[t as usize * TOK_WORDS..][..5];
+            w.copy_from_slice(&[t - first + 40, t, 40, first, toff]);
+        }
+    }
+    let tiles = fill_tiles(&mut tok, 4);
+    let got: Vec<(u32, u32)> = (0..tiles)
+        .map(|i| (tok[i * TOK_WORDS + 5], tok[i * TOK_WORDS + 6]))
+        .collect();
+    assert_eq!(got, [(0, 4), (4, 1), (5, 1), (6, 4), (10, 4), (14, 1)]);
+    // The token words stay as they were.
+    assert_eq!(&tok[14 * TOK_WORDS..][..5], &[48, 14, 40, 6, 7]);
+}
+
+quire_testkit::wgpu_test! {
+    fn down_gemv_with_the_swiglu_in_its_input_matches_the_product() {
+        // The decode down projection reading [gate | up] rows through silu(gate) · up, against
+        // the f64 product of the dequantized weights with the activation computed on the host
+        // (f32, as the unfused kernel writes it): every weight type, odd rows, 1..8 tokens.
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(11);
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for t in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                      GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+                let k = t.block_size().max(8);
+                for (rows, cols, n) in [(37, 3 * k, 1), (21, 2 * k, 5), (17, 5 * k, 8)] {
+                    let w = tensor(&mut rng, t, rows, cols);
+                    let gu = rnd(&mut rng, n * 2 * cols, 3.0);
+                    let act: Vec<f32> = (0..n * cols)
+                        .map(|i| {
+                            let (ti, c) = (i / cols, i % cols);
+                            let g = gu[ti * 2 * cols + c];
+                            g / (1.0 + (-g).exp()) * gu[ti * 2 * cols + cols + c]
+                        })
+                        .collect();
+                    let got = p.matmul_swiglu(&w, &gu, n).unwrap();
+                    let want = reference_product(&w, &act, n, false);
+                    let e = rel_l2(&got, &want);
+                    assert!(
+                        e < metric::DOT_F32,
+                        "{t:?} {rows}x{cols} n={n} (subgroup sums: {subgroup}): rel L2 {e:e}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -3,13 +3,17 @@
 //! shuffled block ids, unused slots NaN), parity against the dense f64 reference, and every
 //! dispatch timed by GPU timestamps (wall clock where the adapter has none, said in the output).
 //! Decode mode runs the split decode kernels (split + merge, timed together as one dispatch, as
-//! the engine runs them), prefill mode the general kernel. "dense" is the same kernels over each
-//! sequence's blocks laid out contiguously.
+//! the engine runs them), prefill mode the tiled prompt kernel (a causal chunk of --query-len
+//! tokens per sequence; TFLOP/s counts the causal work, 4 · keys · q_heads · head_dim per
+//! token). "dense" is the same kernels over each sequence's blocks laid out contiguously.
+//! The 8B prompt shape: `quire attn-bench --backend wgpu --mode prefill --query-len 512
+//! --batch 1 --q-heads 32 --kv-heads 8 --head-dim 128 --block-size 32 --max-blocks 16
+//! --active-blocks 16`.
 
 use anyhow::{bail, Context, Result};
 use half::f16;
 use quire_backend::cpu::attention::{dense_reference, AttnParams};
-use quire_backend::wgpu::kernels::HeadShape;
+use quire_backend::wgpu::kernels::{self, HeadShape};
 use quire_backend::wgpu::probe::{AttnInput, Probe};
 use quire_perf::{RunStamp, Summary, Table};
 use rand::rngs::StdRng;
@@ -145,6 +149,9 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         splits = run.plan.map_or(1, |p| p.splits);
         if run.plan.is_some() {
             kernel += &format!(" [{}]", probe.k.attn_split.kernel(&shape).describe());
+        } else {
+            let sub = probe.k.attention_subgroup;
+            kernel += &format!(" [{}]", kernels::attn_describe(&shape, sub));
         }
         gpu_timed = gpu;
         times.push((name, ns.iter().map(|t| t / 1e6).collect()));

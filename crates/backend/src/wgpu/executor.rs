@@ -2,6 +2,9 @@
 //! f16 paged KV cache per layer, and runs each step as a few command buffers, each submitted as
 //! soon as it is encoded (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
 //! token ids for greedy steps (argmax on the device), come back to the host.
+//!
+//! A decode step's down projection takes the SwiGLU into its input (one dispatch fewer per
+//! layer); `QUIRE_WGPU_UNFUSED=1` turns that off, so the two forms can be compared.
 
 use std::time::Instant;
 
@@ -41,6 +44,9 @@ pub struct WgpuExecutor {
     scratch: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
     timer: Option<Timer>,
+    /// Whether a decode step's down GEMV takes the SwiGLU into its input (on by default; off
+    /// only to compare the two forms).
+    fuse_swiglu: bool,
 }
 
 /// Dispatches per submission of an unprofiled step: small enough that the device starts early
@@ -189,9 +195,23 @@ impl WgpuExecutor {
             profile: Vec::new(),
             timer: None,
             scratch: None,
+            // QUIRE_WGPU_UNFUSED=1 runs every op as its own dispatch, to compare the forms.
+            fuse_swiglu: std::env::var_os("QUIRE_WGPU_UNFUSED")
+                .is_none_or(|v| v.is_empty() || v == "0"),
             k,
             gpu,
         })
+    }
+
+    /// Turns the fusions that cut dispatches (the SwiGLU into the down GEMV) on or off; the
+    /// output is the same either way, within f32 rounding.
+    pub fn set_fusions(&mut self, on: bool) {
+        self.fuse_swiglu = on;
+    }
+
+    /// Dispatches the last recorded step ran (zero-sized ones skipped): the count a fusion cuts.
+    pub fn last_dispatches(&self) -> usize {
+        self.list.iter().filter(|d| d.runs()).count()
     }
 
     /// The adapter this executor runs on.
@@ -316,6 +336,7 @@ impl WgpuExecutor {
                 ]);
             }
         }
+        kernels::fill_tiles(&mut tok, kernels::attn_tile_tokens(&self.shape));
         let mut rope = Vec::with_capacity(n * self.cfg.rope_dim);
         let mut cs = Vec::new();
         for &pos in batch.positions {
@@ -360,6 +381,9 @@ impl WgpuExecutor {
             n,
             nl,
             keys,
+            tiles: attn_tiles(batch, &self.shape),
+            fuse_swiglu: self.fuse_swiglu,
+            swiglu_pending: false,
             split: plan.map(|p| {
                 let (part, ml) = self.scratch.as_ref().expect("planned");
                 (p, part, ml)
@@ -584,6 +608,12 @@ impl WgpuExecutor {
             }
         }
     }
+}
+
+/// The prompt attention's query tiles in `batch` (as `kernels::fill_tiles` cuts them).
+fn attn_tiles(batch: &ForwardBatch, s: &kernels::HeadShape) -> usize {
+    let qt = kernels::attn_tile_tokens(s);
+    batch.seqs.iter().map(|q| q.query_len.div_ceil(qt)).sum()
 }
 
 fn words_bytes(w: &[u32]) -> Vec<u8> {

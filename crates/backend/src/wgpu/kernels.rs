@@ -1,9 +1,9 @@
 //! The WGSL kernels of the wgpu backend: their sources, the pipelines made from them once at
 //! load, and the parameter blocks each dispatch reads. Every shader uses plain f32 math with f16
-//! data in u32 words (`unpack2x16float`), so none needs SHADER_F16. The decode GEMV sums with
-//! subgroup operations where the device has SUBGROUP and through workgroup memory otherwise
-//! (both variants are built from one source); every other kernel uses workgroup memory, so
-//! every adapter runs them all.
+//! data in u32 words (`unpack2x16float`), so none needs SHADER_F16. The decode GEMV, the split
+//! decode attention and the tiled prompt attention sum with subgroup operations where the device
+//! has SUBGROUP and through workgroup memory otherwise (both variants are built from one
+//! source); every other kernel uses workgroup memory, so every adapter runs them all.
 
 use super::gpu::Gpu;
 use crate::BackendError;
@@ -115,10 +115,12 @@ pub fn type_source(t: WType) -> String {
 }
 
 /// The GEMV/embedding module for weights of type `t`, with the subgroup reduction or the
-/// workgroup-memory one.
-pub fn matmul_source(t: WType, subgroup: bool) -> String {
+/// workgroup-memory one, reading its activations as stored or (`swiglu`) as silu(gate) · up of
+/// [gate | up] rows.
+pub fn matmul_source(t: WType, subgroup: bool, swiglu: bool) -> String {
     let (core, reduce) = section(MATMUL, if subgroup { "SUBGROUP" } else { "SHARED" });
-    format!("{}\n{core}\n{reduce}", type_source(t))
+    let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
+    format!("{}\n{core}\n{reduce}\n{xv}", type_source(t))
 }
 
 /// Every WGSL module the backend compiles, with its name and entry points (the naga
@@ -130,8 +132,13 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
         for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
             v.push((
                 format!("matmul_{}{suffix}", t.name()),
-                matmul_source(t, sub),
+                matmul_source(t, sub, false),
                 vec!["gemv", "embed"],
+            ));
+            v.push((
+                format!("matmul_swiglu_{}{suffix}", t.name()),
+                matmul_source(t, sub, true),
+                vec!["gemv"],
             ));
         }
     }
@@ -144,10 +151,16 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             vec!["gemm"],
         ));
     }
+    for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
+        v.push((
+            format!("attention{suffix}"),
+            attention_source(sub),
+            vec!["main"],
+        ));
+    }
     for (name, src) in [
         ("rms_norm", RMS_NORM),
         ("qkv_post", QKV_POST),
-        ("attention", ATTENTION),
         ("swiglu", SWIGLU),
         ("argmax", ARGMAX),
         ("read_bw", READ_BW),
@@ -180,10 +193,14 @@ pub const ATTN_MAX_HEAD_DIM: usize = 256;
 /// The pipelines, made once.
 pub struct Kernels {
     matmul: Vec<wgpu::ComputePipeline>,
+    /// The GEMV reading silu(gate) · up of [gate | up] rows (the decode down projection).
+    matmul_swiglu: Vec<wgpu::ComputePipeline>,
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
+    /// The tiled prompt attention, and whether its row sums go through subgroups.
     pub attention: wgpu::ComputePipeline,
+    pub attention_subgroup: bool,
     /// The split decode kernel's pipelines, one per head geometry (made on first use).
     pub attn_split: DecodeSplit,
     pub attn_merge: wgpu::ComputePipeline,
@@ -211,19 +228,29 @@ impl Kernels {
             )));
         }
         let mut matmul = Vec::new();
+        let mut matmul_swiglu = Vec::new();
         let mut embed = Vec::new();
         for t in WType::ALL {
-            let src = matmul_source(t, subgroup);
+            let src = matmul_source(t, subgroup, false);
             let name = format!("matmul_{}", t.name());
             matmul.push(gpu.pipeline(&name, &src, "gemv")?);
             embed.push(gpu.pipeline(&name, &src, "embed")?);
+            let src = matmul_source(t, subgroup, true);
+            let name = format!("matmul_swiglu_{}", t.name());
+            matmul_swiglu.push(gpu.pipeline(&name, &src, "gemv")?);
         }
         Ok(Kernels {
             matmul,
+            matmul_swiglu,
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
-            attention: gpu.pipeline("attention", ATTENTION, "main")?,
+            attention: gpu.pipeline(
+                "attention",
+                &attention_source(subgroup && attn_subgroup_fits(gpu)),
+                "main",
+            )?,
+            attention_subgroup: subgroup && attn_subgroup_fits(gpu),
             attn_split: DecodeSplit {
                 subgroup: gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo),
                 pipes: Default::default(),
@@ -242,6 +269,10 @@ impl Kernels {
 
     pub fn matmul(&self, t: WType) -> &wgpu::ComputePipeline {
         &self.matmul[t.index()]
+    }
+
+    pub fn matmul_swiglu(&self, t: WType) -> &wgpu::ComputePipeline {
+        &self.matmul_swiglu[t.index()]
     }
 
     pub fn embed(&self, t: WType) -> &wgpu::ComputePipeline {
@@ -374,6 +405,66 @@ pub fn qkv_groups(s: &HeadShape, n: usize) -> [u32; 3] {
     [(s.q_heads + 2 * s.kv_heads) as u32, n as u32, 1]
 }
 
+/// The prompt attention module (attention.wgsl) with its row sums through subgroup shuffles or
+/// through workgroup memory.
+pub fn attention_source(subgroup: bool) -> String {
+    let (prelude, sums) = section(ATTENTION, if subgroup { "SUBGROUP" } else { "SHARED" });
+    format!("{prelude}\n{sums}")
+}
+
+/// Whether the prompt attention's 8 lanes of a row lie in one subgroup on this device (its
+/// subgroups are a power of two of at least 8 invocations).
+fn attn_subgroup_fits(gpu: &Gpu) -> bool {
+    gpu.caps
+        .subgroup
+        .is_some_and(|(lo, _)| lo.is_power_of_two() && lo >= ATTN_LANES)
+}
+
+/// The prompt attention kernel's query rows per workgroup, lanes per row and words of its K/V
+/// tile (attention.wgsl's ROWS, LANES and KVW).
+pub const ATTN_ROWS: usize = 16;
+pub const ATTN_LANES: u32 = 8;
+const ATTN_KVW: usize = 2112;
+const ATTN_MAX_KT: usize = 64;
+
+/// Tokens per query tile of the prompt attention: as many as keep every query head of a KV
+/// group within its 16 rows.
+pub fn attn_tile_tokens(s: &HeadShape) -> usize {
+    (ATTN_ROWS / (s.q_heads / s.kv_heads).max(1)).max(1)
+}
+
+/// Keys per K/V tile of the prompt attention: a multiple of 8 whose rows (head_dim / 2 words
+/// and one of padding) fit the tile's words.
+pub fn attn_tile_keys(s: &HeadShape) -> usize {
+    let fit = ATTN_KVW / (s.head_dim / 2 + 1);
+    (fit.min(ATTN_MAX_KT) / 8 * 8).max(8)
+}
+
+/// Cuts the tokens of a token table (`TOK_WORDS` words per token, words 0..5 filled) into the
+/// prompt attention's query tiles: runs of at most `qt` consecutive tokens of one sequence (the
+/// same first new position, first row and block table). Writes tile i's first token and token
+/// count into words 5 and 6 of entry i; returns the number of tiles.
+pub fn fill_tiles(tok: &mut [u32], qt: usize) -> usize {
+    let n = tok.len() / TOK_WORDS;
+    let seq = |tok: &[u32], t: usize| -> [u32; 3] {
+        let w = &tok[t * TOK_WORDS..];
+        [w[2], w[3], w[4]]
+    };
+    let mut tiles = 0;
+    let mut t = 0;
+    while t < n {
+        let mut e = t + 1;
+        while e < n && e - t < qt.max(1) && seq(tok, e) == seq(tok, t) {
+            e += 1;
+        }
+        tok[tiles * TOK_WORDS + 5] = t as u32;
+        tok[tiles * TOK_WORDS + 6] = (e - t) as u32;
+        tiles += 1;
+        t = e;
+    }
+    tiles
+}
+
 /// The attention kernel's parameters (`window` 0: none).
 pub fn attn_params(s: &HeadShape, n: usize, block_size: usize, window: usize) -> Params {
     params(&[
@@ -389,11 +480,14 @@ pub fn attn_params(s: &HeadShape, n: usize, block_size: usize, window: usize) ->
         (s.q_size() + s.kv_size()) as u32,
         s.q_size() as u32,
         (s.q_heads / s.kv_heads) as u32,
+        attn_tile_tokens(s) as u32,
+        attn_tile_keys(s) as u32,
     ])
 }
 
-pub fn attn_groups(s: &HeadShape, n: usize) -> [u32; 3] {
-    [s.kv_heads as u32, n as u32, 1]
+/// The prompt attention's grid for `tiles` query tiles.
+pub fn attn_groups(s: &HeadShape, tiles: usize) -> [u32; 3] {
+    [s.kv_heads as u32, tiles as u32, 1]
 }
 
 /// The unit of the split decode kernel's key ranges, and the most key ranges one row is split

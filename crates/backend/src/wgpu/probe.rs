@@ -214,6 +214,38 @@ impl Probe {
         Ok(to_f32(&self.gpu.download(&y, (n * rows * 4) as u64)?))
     }
 
+    /// The decode GEMV with the SwiGLU fused into its input: `x` · `w`ᵀ where row t of `x` is
+    /// silu(gate) · up of row t of `gu` (`[n, 2 cols]`, `[gate | up]`), as a decode step's down
+    /// projection runs. Returns `[n, rows]`.
+    pub fn matmul_swiglu(
+        &mut self,
+        w: &HostTensor,
+        gu: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let (cols, rows) = (w.row_len(), w.rows());
+        let m = DMatrix::stack(&mut self.gpu, &w.name, &[w], cols)?;
+        let xb = self.input("gate_up", &bytes_f32(gu))?;
+        let y = self.output("y", n * rows)?;
+        for part in &m.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols,
+                n,
+                x_stride: 2 * cols,
+                y_stride: rows,
+                y_off: part.y_off,
+                add: false,
+                row_words: part.ty.row_words(cols),
+                row0: part.row0,
+            };
+            let pipe = self.k.matmul_swiglu(part.ty).clone();
+            let bufs = [(1, &part.buf), (2, &xb), (3, &y)];
+            self.run(&pipe, s.params(), &bufs, s.matmul_groups())?;
+        }
+        Ok(to_f32(&self.gpu.download(&y, (n * rows * 4) as u64)?))
+    }
+
     /// The prompt GEMM through `path`: `y` (`[n, y_stride]`, given) (+)= `x` · `w`ᵀ into its
     /// columns `y_off..y_off + rows`, `x` `[n, x_stride]` of which the first `w.row_len()`
     /// columns are read. Returns the whole `y`; `None` where the device lacks `path`.
@@ -364,6 +396,7 @@ impl Probe {
         for (i, t) in a.tokens.iter().enumerate() {
             tok[i * kernels::TOK_WORDS..][..5].copy_from_slice(t);
         }
+        let tiles = kernels::fill_tiles(&mut tok, kernels::attn_tile_tokens(&a.shape));
         let tb = self.input("tokens", &bytes_u32(&tok))?;
         let tab = self.input("tables", &bytes_u32(a.tables))?;
         let out = self.output("out", n * a.shape.q_size())?;
@@ -461,7 +494,7 @@ impl Probe {
                 "attention",
                 &k.attention,
                 b,
-                kernels::attn_groups(&a.shape, n),
+                kernels::attn_groups(&a.shape, tiles),
                 bytes as u64,
                 flops as u64,
             )];

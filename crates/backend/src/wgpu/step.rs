@@ -23,6 +23,8 @@ pub enum Key {
     Embed(u32),
     Norm(u32, bool),
     Matmul(u32, u8),
+    /// The GEMV that reads silu(gate) · up (its own pipeline, so its own bind group).
+    MatmulSwiglu(u32),
     /// The prompt GEMM of a weight part: a bind group of its own, since each pipeline's layout
     /// is derived from its shader and a group made for one does not fit another.
     Gemm(u32, u8),
@@ -245,6 +247,12 @@ pub struct Step<'a> {
     pub nl: usize,
     /// Keys attended over the step, summed over its tokens (for the profile's bytes).
     pub keys: usize,
+    /// Query tiles of the prompt attention (kernels::fill_tiles).
+    pub tiles: usize,
+    /// Whether the down GEMV may take the SwiGLU into its input (a decode step's gate_up then
+    /// records no activation dispatch), and whether gate_up left it pending.
+    pub fuse_swiglu: bool,
+    pub swiglu_pending: bool,
     /// Decode rows only: the split of the decode attention kernels and their scratch buffers
     /// (partial V sums, partial maxima and sums).
     pub split: Option<(kernels::SplitPlan, &'a wgpu::Buffer, &'a wgpu::Buffer)>,
@@ -298,6 +306,42 @@ impl<'a> Step<'a> {
         tag: u8,
         name: &'static str,
     ) -> Result<(), BackendError> {
+        self.mm_with(w, x, y, n, add, tag, name, false)
+    }
+
+    /// Whether the down projection `down` of this step runs as the GEMV, which can read
+    /// silu(gate) · up straight from the gate/up rows (the SwiGLU fused into its input).
+    fn down_takes_swiglu(&self, down: &DMatrix) -> bool {
+        down.parts.iter().all(|part| {
+            let s = MmShape {
+                rows: part.rows,
+                cols: down.cols,
+                n: self.n,
+                x_stride: 2 * down.cols,
+                y_stride: 0,
+                y_off: 0,
+                add: true,
+                row_words: 0,
+                row0: 0,
+            };
+            !mm_kernel(self.k, part.ty, &s).2
+        })
+    }
+
+    /// [`Self::mm`], the GEMV reading `x` as [gate | up] rows through silu(gate) · up when
+    /// `swiglu` (the caller has checked that the GEMV runs).
+    #[allow(clippy::too_many_arguments)]
+    fn mm_with(
+        &mut self,
+        w: &DMatrix,
+        x: (&wgpu::Buffer, usize),
+        y: (&wgpu::Buffer, usize),
+        n: usize,
+        add: bool,
+        tag: u8,
+        name: &'static str,
+        swiglu: bool,
+    ) -> Result<(), BackendError> {
         for part in &w.parts {
             let s = MmShape {
                 rows: part.rows,
@@ -310,9 +354,12 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let (pipe, groups, gemm) = mm_kernel(self.k, part.ty, &s);
+            let (mut pipe, groups, gemm) = mm_kernel(self.k, part.ty, &s);
             let key = if gemm {
                 Key::Gemm(part.id, tag)
+            } else if swiglu {
+                pipe = self.k.matmul_swiglu(part.ty);
+                Key::MatmulSwiglu(part.id)
             } else {
                 Key::Matmul(part.id, tag)
             };
@@ -417,6 +464,13 @@ impl LayerOps for Step<'_> {
         add: bool,
     ) -> Result<(), BackendError> {
         let (x, y) = (self.act(src), self.act(dst));
+        if src == Act::Swiglu && self.swiglu_pending {
+            // gate_up left the activation to this GEMV: it reads the [gate | up] rows.
+            self.swiglu_pending = false;
+            let b = self.bufs;
+            let x = (&b.gu, 2 * self.cfg.intermediate_size);
+            return self.mm_with(w, x, y, self.n, add, 0, "matmul_down", true);
+        }
         let name = match (src, dst) {
             (Act::H, Act::Qkv) => "matmul_qkv",
             (Act::Attn, _) => "matmul_o",
@@ -513,7 +567,7 @@ impl LayerOps for Step<'_> {
             (5, &b.tables),
             (6, &b.attn),
         ];
-        let groups = kernels::attn_groups(&self.shape, self.n);
+        let groups = kernels::attn_groups(&self.shape, self.tiles);
         let k = self.k;
         let pipe = &k.attention;
         self.push(
@@ -533,7 +587,7 @@ impl LayerOps for Step<'_> {
         &mut self,
         _layer: usize,
         gate_up: &DMatrix,
-        _down: &DMatrix,
+        down: &DMatrix,
     ) -> Result<(), BackendError> {
         let inter = self.cfg.intermediate_size;
         let b = self.bufs;
@@ -546,6 +600,11 @@ impl LayerOps for Step<'_> {
             0,
             "matmul_gate_up",
         )?;
+        if self.fuse_swiglu && self.down_takes_swiglu(down) {
+            // The down GEMV applies silu(gate) · up as it reads its input: no dispatch here.
+            self.swiglu_pending = true;
+            return Ok(());
+        }
         let p = kernels::swiglu_params(self.n, inter);
         let groups = kernels::swiglu_groups(self.n, inter);
         let k = self.k;

@@ -1,11 +1,27 @@
-// Paged attention of one step, with the step's K/V written into their cache slots by the same
-// kernel (the fused KV write). One workgroup per (KV head, token) handles the query heads of that
-// KV head's group: keys in tiles of 64 (one per invocation: its scores for every head of the
-// group), an online softmax per head, then each invocation accumulates V for its pairs of dims.
+// Paged attention of prompt chunks (and of any step the split decode kernel does not take), in
+// the flash-attention manner, with the step's K/V written into their cache slots by the same
+// kernel (the fused KV write).
+//
+// Why tiles: a prompt chunk's queries of one sequence attend over nearly the same keys, so a
+// workgroup that takes several of them reads each key once for all of them instead of once per
+// token. A workgroup takes one tile of queries, consecutive tokens of one sequence (the host
+// cuts every sequence's chunk into tiles of at most QT tokens, QT * group <= 16 rows), and one KV
+// head with every query head of its group: up to 16 query rows. It streams the keys that tile
+// needs (from the first key the window admits to its last query's position) in tiles of KT keys
+// through workgroup memory, looking each key up in the sequence's block table; each row keeps an
+// online softmax in f32 and its masked scores (a key after the row's position, or before its
+// window, counts zero); the output is written once at the end.
+//
+// Layout: 128 invocations, 8 lanes per row. A lane scores the keys lane, lane + 8, … of the K
+// tile against its row's Q (from workgroup memory, f32), the row's maximum and sum are combined
+// across its 8 lanes (`row_max` / `row_sum`: subgroup shuffles, or workgroup memory where the
+// adapter has none), the probabilities go to workgroup memory, the V tile replaces the K tile,
+// and each lane accumulates its pairs of dims (lane, lane + 8, …) of the row's output.
 //
 // A key of this step is read from the QKV rows (rounded to f16 as the cache stores it), not from
 // the cache, since the workgroup writing it may not have run yet; older keys come from the cache
-// through the sequence's block table. The cache holds f16 pairs in u32 words (no f16 feature
+// through the block table. Keys past the tile's last position load as zero, so NaN in unused
+// cache slots never reaches a sum. The cache holds f16 pairs in u32 words (no f16 feature
 // needed): [slots, kv_heads, head_dim / 2].
 
 struct P {
@@ -21,10 +37,13 @@ struct P {
     v_off: u32,
     out_stride: u32, // elements per output row
     group: u32,      // query heads per KV head
+    qt: u32,         // tokens per query tile
+    kt: u32,         // keys per K/V tile (a multiple of 8, kt * (head_dim / 2 + 1) <= KVW)
 }
 
 // Per token, 8 words: position, cache slot, first position of its sequence's new tokens, batch
-// row of that token, offset of its block table in `tables`.
+// row of that first new token, offset of its block table in `tables`. Words 5 and 6 of entry i
+// describe query tile i: its first token and its token count.
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read_write> kc: array<u32>;
@@ -33,141 +52,216 @@ struct P {
 @group(0) @binding(5) var<storage, read> tables: array<u32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
-const TILE: u32 = 64u;
+const WG: u32 = 128u;
+const ROWS: u32 = 16u;
+const LANES: u32 = 8u;
+const KVW: u32 = 2112u; // words of the K/V tile
+const MAX_KT: u32 = 64u;
+const MAX_PAIRS: u32 = 16u; // pairs of dims per lane: head_dim 256 / 2 / LANES
 const NEG: f32 = -3.0e38;
-const NEW: u32 = 0x80000000u;
 
-var<workgroup> qs: array<f32, 2048>;  // [group, head_dim]
-var<workgroup> sc: array<f32, 1024>;  // [group, TILE]: scores, then probabilities
-var<workgroup> loc: array<u32, 64>;   // each key's cache slot, or NEW | its batch row
-var<workgroup> corr: array<f32, 16>;
-var<workgroup> lsum: array<f32, 16>;
-var<workgroup> mx: array<f32, 16>;
-var<workgroup> ntiles: u32;
+var<workgroup> qs: array<f32, 4096>;  // [ROWS, head_dim]
+var<workgroup> kvs: array<u32, KVW>;  // [kt, head_dim / 2 + 1]: the K tile, then the V tile
+var<workgroup> sc: array<f32, 1024>;  // [ROWS, kt]: probabilities
+var<workgroup> span: vec2<u32>;       // the tile's first key and last key + 1
 
-// Pair i of KV head kvh of the key at `l`, K or V.
-fn kv_pair(is_k: bool, l: u32, kvh: u32, i: u32) -> vec2<f32> {
-    if (l & NEW) != 0u {
-        let r = (l & ~NEW) * p.stride + select(p.v_off, p.k_off, is_k) + kvh * p.head_dim + 2u * i;
-        return unpack2x16float(pack2x16float(vec2<f32>(qkv[r], qkv[r + 1u])));
+// Word (pair) i of KV head kvh of the key at position `j` of the tile's sequence, K or V; zero
+// past `end`.
+fn kv_word(is_k: bool, j: u32, end: u32, kvh: u32, i: u32, first_new: u32, new_row: u32, toff: u32) -> u32 {
+    if j >= end {
+        return 0u;
     }
-    let o = (l * p.kv_heads * p.head_dim + kvh * p.head_dim) / 2u + i;
+    if j >= first_new {
+        let r = (new_row + j - first_new) * p.stride + select(p.v_off, p.k_off, is_k) + kvh * p.head_dim + 2u * i;
+        return pack2x16float(vec2<f32>(qkv[r], qkv[r + 1u]));
+    }
+    let slot = tables[toff + j / p.block_size] * p.block_size + j % p.block_size;
+    let o = (slot * p.kv_heads * p.head_dim + kvh * p.head_dim) / 2u + i;
     if is_k {
-        return unpack2x16float(kc[o]);
+        return kc[o];
     }
-    return unpack2x16float(vc[o]);
+    return vc[o];
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let kvh = wg.x;
-    let t = wg.y;
+    let t0 = tok[wg.y * 8u + 5u];
+    let cnt = tok[wg.y * 8u + 6u];
     let hd = p.head_dim;
     let half = hd / 2u;
     let g = p.group;
-    let pos = tok[t * 8u];
-    let slot = tok[t * 8u + 1u];
-    let first_new = tok[t * 8u + 2u];
-    let new_row = tok[t * 8u + 3u];
-    let toff = tok[t * 8u + 4u];
+    let kt = p.kt;
+    let nrows = cnt * g;
+    // Words per key row of the tile: one of padding, so the 8 lanes of a row, which score
+    // different keys at the same dims, read different banks.
+    let ks = half + 1u;
+    let first_new = tok[t0 * 8u + 2u];
+    let new_row = tok[t0 * 8u + 3u];
+    let toff = tok[t0 * 8u + 4u];
 
-    // The fused write of this token's K and V of head kvh.
-    for (var i = li; i < half; i += TILE) {
+    // The fused write of the tile's K and V of head kvh.
+    for (var w = li; w < cnt * half; w += WG) {
+        let t = t0 + w / half;
+        let i = w % half;
+        let slot = tok[t * 8u + 1u];
         let r = t * p.stride + kvh * hd + 2u * i;
         let o = (slot * p.kv_heads * hd + kvh * hd) / 2u + i;
         kc[o] = pack2x16float(vec2<f32>(qkv[r + p.k_off], qkv[r + p.k_off + 1u]));
         vc[o] = pack2x16float(vec2<f32>(qkv[r + p.v_off], qkv[r + p.v_off + 1u]));
     }
-    for (var i = li; i < g * hd; i += TILE) {
-        qs[i] = qkv[t * p.stride + kvh * g * hd + i];
+    // Q rows: row r is head (r % g) of the group for token t0 + r / g.
+    for (var w = li; w < nrows * hd; w += WG) {
+        let r = w / hd;
+        let t = t0 + r / g;
+        qs[w] = qkv[t * p.stride + (kvh * g + r % g) * hd + w % hd];
     }
+    if li == 0u {
+        var lo = 0xffffffffu;
+        var hi = 0u;
+        for (var tt = 0u; tt < cnt; tt++) {
+            let pos = tok[(t0 + tt) * 8u];
+            var f = 0u;
+            if p.window != 0u && pos + 1u > p.window {
+                f = pos + 1u - p.window;
+            }
+            lo = min(lo, f);
+            hi = max(hi, pos + 1u);
+        }
+        span = vec2<u32>(lo, hi);
+    }
+    let sp = workgroupUniformLoad(&span);
+
+    // This lane's row (rows past nrows compute on stale values and write nothing).
+    let row = li / LANES;
+    let lane = li % LANES;
+    let live = row < nrows;
+    let rt = t0 + min(row, max(nrows, 1u) - 1u) / g;
+    let pos = tok[rt * 8u];
     var first = 0u;
     if p.window != 0u && pos + 1u > p.window {
         first = pos + 1u - p.window;
     }
-    let nkeys = pos + 1u - first;
-    if li < g {
-        mx[li] = NEG;
-        lsum[li] = 0.0;
-    }
-    if li == 0u {
-        ntiles = (nkeys + TILE - 1u) / TILE;
-    }
-    var acc: array<f32, 64>; // [group][2 pairs][2]: this invocation's pairs li and li + 64
-    let tiles = workgroupUniformLoad(&ntiles);
-    for (var tile = 0u; tile < tiles; tile++) {
-        let j = first + tile * TILE + li;
-        if j <= pos {
-            var l: u32;
-            if j >= first_new {
-                l = NEW | (new_row + j - first_new);
-            } else {
-                l = tables[toff + j / p.block_size] * p.block_size + j % p.block_size;
-            }
-            loc[li] = l;
-            for (var h = 0u; h < g; h++) {
-                var s = 0.0;
+    var m = NEG;
+    var l = 0.0;
+    var acc: array<f32, 32>; // [MAX_PAIRS][2]: pairs lane, lane + 8, …
+    let per = kt / LANES;
+    for (var k0 = sp.x; k0 < sp.y; k0 += kt) {
+        for (var w = li; w < kt * half; w += WG) {
+            kvs[w / half * ks + w % half] = kv_word(true, k0 + w / half, sp.y, kvh, w % half, first_new, new_row, toff);
+        }
+        workgroupBarrier();
+        var s: array<f32, 8>; // MAX_KT / LANES
+        var tmax = NEG;
+        for (var c = 0u; c < per; c++) {
+            let jj = lane + LANES * c;
+            let j = k0 + jj;
+            var x = NEG;
+            if live && j >= first && j <= pos {
+                var d = 0.0;
                 for (var i = 0u; i < half; i++) {
-                    let k = kv_pair(true, l, kvh, i);
-                    s += qs[h * hd + 2u * i] * k.x + qs[h * hd + 2u * i + 1u] * k.y;
+                    let k = unpack2x16float(kvs[jj * ks + i]);
+                    d += qs[row * hd + 2u * i] * k.x + qs[row * hd + 2u * i + 1u] * k.y;
                 }
-                sc[h * TILE + li] = s * p.scale;
+                x = d * p.scale;
             }
-        } else {
-            for (var h = 0u; h < g; h++) {
-                sc[h * TILE + li] = NEG;
+            s[c] = x;
+            tmax = max(tmax, x);
+        }
+        let mn = max(m, row_max(tmax, li));
+        let corr = exp(m - mn);
+        m = mn;
+        var part = 0.0;
+        for (var c = 0u; c < per; c++) {
+            var pr = 0.0;
+            if s[c] > NEG {
+                pr = exp(s[c] - mn);
             }
+            part += pr;
+            sc[row * kt + lane + LANES * c] = pr;
+        }
+        l = l * corr + part;
+        for (var e = 0u; e < 2u * MAX_PAIRS; e++) {
+            acc[e] *= corr;
         }
         workgroupBarrier();
-        let cnt = min(TILE, nkeys - tile * TILE);
-        if li < g {
-            var m = mx[li];
-            for (var jj = 0u; jj < cnt; jj++) {
-                m = max(m, sc[li * TILE + jj]);
-            }
-            let c = exp(mx[li] - m);
-            var s = lsum[li] * c;
-            for (var jj = 0u; jj < cnt; jj++) {
-                let pr = exp(sc[li * TILE + jj] - m);
-                sc[li * TILE + jj] = pr;
-                s += pr;
-            }
-            mx[li] = m;
-            lsum[li] = s;
-            corr[li] = c;
+        for (var w = li; w < kt * half; w += WG) {
+            kvs[w / half * ks + w % half] = kv_word(false, k0 + w / half, sp.y, kvh, w % half, first_new, new_row, toff);
         }
         workgroupBarrier();
-        for (var h = 0u; h < g; h++) {
-            let c = corr[h];
-            for (var e = 0u; e < 4u; e++) {
-                acc[h * 4u + e] *= c;
-            }
-        }
-        for (var jj = 0u; jj < cnt; jj++) {
-            let l = loc[jj];
-            for (var e = 0u; e < 2u; e++) {
-                let i = li + TILE * e;
+        let cnt_k = min(kt, sp.y - k0);
+        for (var jj = 0u; jj < cnt_k; jj++) {
+            let pr = sc[row * kt + jj];
+            for (var e = 0u; e < MAX_PAIRS; e++) {
+                let i = lane + LANES * e;
                 if i < half {
-                    let v = kv_pair(false, l, kvh, i);
-                    for (var h = 0u; h < g; h++) {
-                        let pr = sc[h * TILE + jj];
-                        acc[h * 4u + 2u * e] += pr * v.x;
-                        acc[h * 4u + 2u * e + 1u] += pr * v.y;
-                    }
+                    let v = unpack2x16float(kvs[jj * ks + i]);
+                    acc[2u * e] += pr * v.x;
+                    acc[2u * e + 1u] += pr * v.y;
                 }
             }
         }
         workgroupBarrier();
     }
-    for (var h = 0u; h < g; h++) {
-        let inv = 1.0 / lsum[h];
-        for (var e = 0u; e < 2u; e++) {
-            let i = li + TILE * e;
+    let total = row_sum(l, li);
+    if live {
+        let t = t0 + row / g;
+        let inv = 1.0 / total;
+        for (var e = 0u; e < MAX_PAIRS; e++) {
+            let i = lane + LANES * e;
             if i < half {
-                let o = t * p.out_stride + (kvh * g + h) * hd + 2u * i;
-                out[o] = acc[h * 4u + 2u * e] * inv;
-                out[o + 1u] = acc[h * 4u + 2u * e + 1u] * inv;
+                let o = t * p.out_stride + (kvh * g + row % g) * hd + 2u * i;
+                out[o] = acc[2u * e] * inv;
+                out[o + 1u] = acc[2u * e + 1u] * inv;
             }
         }
     }
+}
+
+//! SUBGROUP
+// A row's maximum and sum over its 8 lanes: a butterfly of shuffles (the lanes of a row lie in
+// one subgroup when subgroups hold a multiple of 8 invocations in order of local index).
+fn row_max(x: f32, li: u32) -> f32 {
+    var v = x;
+    for (var o = LANES / 2u; o > 0u; o >>= 1u) {
+        v = max(v, subgroupShuffleXor(v, o));
+    }
+    return v;
+}
+
+fn row_sum(x: f32, li: u32) -> f32 {
+    var v = x;
+    for (var o = LANES / 2u; o > 0u; o >>= 1u) {
+        v += subgroupShuffleXor(v, o);
+    }
+    return v;
+}
+
+//! SHARED
+// The same through workgroup memory, for adapters without subgroups (or with subgroups of
+// fewer than 8 invocations).
+var<workgroup> red: array<f32, WG>;
+
+fn row_max(x: f32, li: u32) -> f32 {
+    red[li] = x;
+    workgroupBarrier();
+    var v = NEG;
+    let base = li - li % LANES;
+    for (var k = 0u; k < LANES; k++) {
+        v = max(v, red[base + k]);
+    }
+    workgroupBarrier();
+    return v;
+}
+
+fn row_sum(x: f32, li: u32) -> f32 {
+    red[li] = x;
+    workgroupBarrier();
+    var v = 0.0;
+    let base = li - li % LANES;
+    for (var k = 0u; k < LANES; k++) {
+        v += red[base + k];
+    }
+    workgroupBarrier();
+    return v;
 }

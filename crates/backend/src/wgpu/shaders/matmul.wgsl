@@ -15,6 +15,10 @@
 // workgroups along y. Rows per workgroup are fixed (RW), so the host's grid does not depend on
 // the subgroup size, which differs by adapter (8 on lavapipe, 32 on NVIDIA and Apple, 64 on some
 // AMD): subgroups loop over the workgroup's row pairs.
+//
+// Activations are read through `xv`: the host appends `//! X_PLAIN` (x as stored) or
+// `//! X_SWIGLU` (x is a [gate | up] row of twice the columns, read as silu(gate) * up), so the
+// down projection of a decode step takes the SwiGLU into its input and saves a dispatch.
 
 struct P {
     rows: u32,      // rows of this part
@@ -49,19 +53,19 @@ fn xrows4(t: u32) -> vec4<u32> {
 // both rows. Straight-line code over constant groups (UV is a constant, so the unused branches
 // vanish).
 fn xdot2(qa: Dq, qb: Dq, xb: u32, u: u32) -> vec2<f32> {
-    let x0 = x[xb + ucol(u, 0u) / 4u];
-    let x1 = x[xb + ucol(u, 1u) / 4u];
+    let x0 = xv(xb + ucol(u, 0u) / 4u);
+    let x1 = xv(xb + ucol(u, 1u) / 4u);
     var s = vec2<f32>(dot(qa.v0, x0) + dot(qa.v1, x1), dot(qb.v0, x0) + dot(qb.v1, x1));
     if UV > 2u {
-        let x2 = x[xb + ucol(u, 2u) / 4u];
-        let x3 = x[xb + ucol(u, 3u) / 4u];
+        let x2 = xv(xb + ucol(u, 2u) / 4u);
+        let x3 = xv(xb + ucol(u, 3u) / 4u);
         s += vec2<f32>(dot(qa.v2, x2) + dot(qa.v3, x3), dot(qb.v2, x2) + dot(qb.v3, x3));
     }
     if UV > 4u {
-        let x4 = x[xb + ucol(u, 4u) / 4u];
-        let x5 = x[xb + ucol(u, 5u) / 4u];
-        let x6 = x[xb + ucol(u, 6u) / 4u];
-        let x7 = x[xb + ucol(u, 7u) / 4u];
+        let x4 = xv(xb + ucol(u, 4u) / 4u);
+        let x5 = xv(xb + ucol(u, 5u) / 4u);
+        let x6 = xv(xb + ucol(u, 6u) / 4u);
+        let x7 = xv(xb + ucol(u, 7u) / 4u);
         s += vec2<f32>(
             dot(qa.v4, x4) + dot(qa.v5, x5) + dot(qa.v6, x6) + dot(qa.v7, x7),
             dot(qb.v4, x4) + dot(qb.v5, x5) + dot(qb.v6, x6) + dot(qb.v7, x7),
@@ -223,4 +227,16 @@ fn gemv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             store(ra + 1u, t0, nt, red[4u * li + 2u], red[4u * li + 3u]);
         }
     }
+}
+
+//! X_PLAIN
+fn xv(i: u32) -> vec4<f32> {
+    return x[i];
+}
+
+//! X_SWIGLU
+// silu(gate) * up of the [gate | up] row: the up half starts cols / 4 vec4s after the gate.
+fn xv(i: u32) -> vec4<f32> {
+    let g = x[i];
+    return g / (1.0 + exp(-g)) * x[i + p.cols / 4u];
 }
