@@ -37,8 +37,9 @@ const TC_THREADS: u32 = 256;
 /// `cuda_moe_bench` (`--path` forces either) and sets it from the numbers.
 pub const TC_MIN_TOKENS: usize = 128;
 
-/// Up to this many tokens the top-k and the sort run as one single-CTA launch (decode: one launch
-/// fewer per layer); above, the top-k spreads over many CTAs first.
+/// Up to this many tokens the router logits, the top-k and the sort are one launch (`moe_route`:
+/// a warp per expert, then the last CTA routes every token), two launches fewer per layer than
+/// cuBLAS's GEMM, the top-k and the sort that larger steps take.
 pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
 
 /// Which kernels multiply the experts (the test and the benchmark name one; a step picks by
@@ -67,7 +68,7 @@ const MAX_TOP_K: usize = 32;
 
 pub struct MoeKernels {
     topk: CudaFunction,
-    topk_sort: CudaFunction,
+    route: CudaFunction,
     sort: CudaFunction,
     /// By type (`TYPES` order): the dp4a kernel and the tensor-core one.
     mmq: Vec<[CudaFunction; 2]>,
@@ -85,7 +86,7 @@ impl MoeKernels {
             .collect::<Result<_, BackendError>>()?;
         Ok(Self {
             topk: f("moe_topk")?,
-            topk_sort: f("moe_topk_sort")?,
+            route: f("moe_route")?,
             sort: f("moe_sort")?,
             mmq,
             gemv_f16: f("moe_gemv_f16")?,
@@ -211,6 +212,7 @@ pub struct MoeScratch {
     sorted: DBuf<i32>,    // [n * k]
     tiles: DBuf<i32>,     // [max_tiles, 4]
     num_tiles: DBuf<i32>, // [1]
+    done: DBuf<u32>,      // [1] moe_route's count of finished CTAs, zero between launches
     gu: DBuf<f32>,        // [n * k, 2 * inter]
     act: DBuf<u8>,        // [n * k, inter] f16 or 8-bit blocks
     y: DBuf<f32>,         // [n * k, hidden]
@@ -233,6 +235,7 @@ impl MoeScratch {
             sorted: gpu.alloc(0)?,
             tiles: gpu.alloc(0)?,
             num_tiles: gpu.alloc(0)?,
+            done: gpu.alloc(1)?,
             gu: gpu.alloc(0)?,
             act: gpu.alloc(0)?,
             y: gpu.alloc(0)?,
@@ -410,7 +413,7 @@ impl MoeRun<'_> {
     }
 
     /// Router logits (f32), the top `k` experts of each token, and the counting sort of the
-    /// (token, expert) pairs into tiles of one expert (top-k and sort one launch for few tokens).
+    /// (token, expert) pairs into tiles of one expert (all one launch for few tokens).
     ///
     /// # Safety
     ///
@@ -442,11 +445,16 @@ impl MoeRun<'_> {
         ];
         // SAFETY: as `run` (this fn's contract); the argument lists are moe.cu's.
         unsafe {
-            g.gemm_f32(io.hf, layer.router.ptr, s.logits.ptr, d.n, d.hd, d.e, 0.0)?;
-            if d.n <= FUSED_ROUTE_MAX_TOKENS {
-                let args: Vec<KArg> = topk_args.into_iter().chain(sort_out).collect();
-                return g.launch(&mk.topk_sort, (1, 1, 1), (1024, 1, 1), &args);
+            if d.n <= FUSED_ROUTE_MAX_TOKENS && d.hd.is_multiple_of(4) {
+                let mut args = vec![P(io.hf), P(layer.router.ptr), I(d.hd as i32)];
+                args.extend(topk_args);
+                args.extend(sort_out);
+                args.push(P(s.done.ptr));
+                const WARPS: usize = 8;
+                let grid = (d.e.div_ceil(WARPS) as u32, 1, 1);
+                return g.launch(&mk.route, grid, (32 * WARPS as u32, 1, 1), &args);
             }
+            g.gemm_f32(io.hf, layer.router.ptr, s.logits.ptr, d.n, d.hd, d.e, 0.0)?;
             g.launch(
                 &mk.topk,
                 (d.n.div_ceil(4) as u32, 1, 1),

@@ -20,7 +20,9 @@
 // renormalized over the chosen k when `norm_topk`. One warp per token (experts <= 512, k <= 32,
 // which the host checks).
 // logits: [n, num_experts] f32; ids, weights: [n, top_k]
-__device__ __forceinline__ void moe_topk_warp(const float* __restrict__ logits, int num_experts,
+// (`logits` without __restrict__: the fused route kernel reads logits other CTAs of the same
+// launch wrote, which must not go through the read-only cache.)
+__device__ __forceinline__ void moe_topk_warp(const float* logits, int num_experts,
                                               int top_k, int norm_topk, int t,
                                               int* __restrict__ ids,
                                               float* __restrict__ weights) {
@@ -123,18 +125,45 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int 
     moe_sort_cta(ids, pairs, num_experts, tile, sorted, tiles, num_tiles);
 }
 
-// Few tokens (decode): top-k and the sort in one launch of one CTA, its warps taking the tokens
-// in turn; the ids pass through global memory, visible to the whole CTA after the barrier.
-extern "C" __global__ void moe_topk_sort(const float* __restrict__ logits, int num_experts,
-                                         int top_k, int norm_topk, int n, int* ids,
-                                         float* __restrict__ weights, int tile,
-                                         int* __restrict__ sorted, int4* __restrict__ tiles,
-                                         int* __restrict__ num_tiles) {
+// Few tokens (decode), the whole routing in one launch: router logits (f32, one warp per expert,
+// 16-byte loads), then the last CTA to finish (an atomic count, reset for the next launch so CUDA
+// graph replays stay valid) takes the top-k of every token and the sort. The
+// ids pass through global memory, visible to the whole CTA after its barrier.
+// hf: [n, hidden] f32 (hidden % 4 == 0); router: [num_experts, hidden] f32; logits: [n, experts];
+// done: [1], zero between launches. grid (⌈experts / warps⌉), block 32 · warps.
+extern "C" __global__ void moe_route(const float* __restrict__ hf, const float* __restrict__ router,
+                                     int hidden, float* logits, int num_experts, int top_k,
+                                     int norm_topk, int n, int* ids, float* __restrict__ weights,
+                                     int tile, int* __restrict__ sorted, int4* __restrict__ tiles,
+                                     int* __restrict__ num_tiles, unsigned int* done) {
     pdl_enter();
-    for (int t = threadIdx.x >> 5; t < n; t += blockDim.x >> 5)
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * warps + warp;
+    if (e < num_experts) {
+        const float4* r4 = (const float4*)(router + (long)e * hidden);
+        for (int t = 0; t < n; t++) {
+            const float4* x4 = (const float4*)(hf + (long)t * hidden);
+            float acc = 0.0f;
+            for (int i = lane; i < hidden / 4; i += 32) {
+                const float4 a = r4[i], b = x4[i];
+                acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) logits[(long)t * num_experts + e] = acc;
+        }
+    }
+    __shared__ int last;
+    __threadfence();  // this CTA's logits visible device-wide before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every other CTA's logits seen by this one
+    for (int t = warp; t < n; t += warps)
         moe_topk_warp(logits, num_experts, top_k, norm_topk, t, ids, weights);
     __syncthreads();
     moe_sort_cta(ids, n * top_k, num_experts, tile, sorted, tiles, num_tiles);
+    if (threadIdx.x == 0) *done = 0;
 }
 
 // y[p, r] = Σ_b dot(w[e][r, b], a[p / act_div, b]) for the pairs p of each tile (expert e): the
