@@ -218,7 +218,7 @@ quire_testkit::gpu_test! {
                 let resid = rnd(&mut rng, n * hd, 1.0);
                 let (clear, counts) = routing(&w, &h, hd);
                 let skipped = clear.iter().filter(|c| !**c).count();
-                assert!(skipped * 10 <= n, "{what}: {skipped} near-tie tokens");
+                assert!(skipped * 10 <= n.max(10), "{what}: {skipped} near-tie tokens");
                 for e in STARVED {
                     assert_eq!(counts[e], 0, "{what}: expert {e} was to get no pair");
                 }

@@ -8,6 +8,10 @@
 //! (few tokens) sorts into tiles of up to [`TILE`] pairs for the dp4a kernels; prompt chunks (from
 //! [`TC_MIN_TOKENS`]) into tiles of up to [`TC_TILE`] pairs for a grouped int8 tensor-core GEMM,
 //! so each expert's weights are read once per 64 of its pairs instead of once per 8.
+//!
+//! Launches per layer: up to [`FUSED_ROUTE_MAX_TOKENS`] tokens, route (logits, top-k, sort),
+//! gate/up, SwiGLU into 8-bit blocks, down, combine (5); above, cuBLAS's router GEMM, top-k and
+//! sort in place of the route (7). Each expert matmul is one launch over every expert's tiles.
 
 use cudarc::driver::CudaFunction;
 use half::f16;

@@ -8,7 +8,9 @@
 // registers), and up to TC_TOK (64) pairs for prompt chunks, multiplied on the int8 tensor cores
 // by mmq_tc.cuh's tile with the pairs' activation rows gathered by index. Either way one launch
 // covers every expert's tiles (grid: row blocks × tiles), and every stored type (Q4_0, Q4_1,
-// Q8_0, Q4_K, Q5_K, Q6_K) stays as stored: the arithmetic is quant.cu's `block_dot`.
+// Q8_0, Q4_K, Q5_K, Q6_K) stays as stored: the arithmetic is quant.cu's `block_dot`. Few tokens
+// route in one launch (moe_route: logits, top-k and sort); more take cuBLAS's router GEMM, then
+// moe_topk and moe_sort.
 //
 // A "pair" p = t * top_k + s is token t's s-th chosen expert.
 
