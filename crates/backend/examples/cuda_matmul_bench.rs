@@ -3,21 +3,27 @@
 //! with 8-bit activations) on the weight shapes of Llama-3-8B,
 //! Llama-3.2-1B and SmolLM2-135M, for 1 and 8 tokens. Every case is timed with CUDA events over
 //! many launches after a warm-up; it prints the median and spread per launch and the weight bytes
-//! read per second, beside the copy ceiling (`--ceiling-gbs`, default 3000: a device-to-device copy
-//! on the H100 measured in ../shared/notes).
+//! read per second, beside the read roof (measured, see below, or `--ceiling-gbs`).
 //!
-//! A second table times the three paths a quantized weight can take for many tokens on the 8B
+//! The last table times the three paths a quantized weight can take for many tokens on the 8B
 //! shapes (Q4_0, Q4_K, Q6_K, Q8_0 at 1 to 512 tokens): the dp4a kernel (eight tokens per CTA),
 //! the int8 tensor-core kernel, and dequantization to f16 followed by cuBLAS (both timed together,
 //! as a step runs them). It prints microseconds, stored weight bytes per second and TFLOP/s per
 //! path; `qmat::TC_MIN_TOKENS` and `CudaOptions::dequant_gemm_tokens` are set from it.
 //!
+//! The one-token table (first) times the two kernels a decode step can run on a quantized weight,
+//! the dp4a kernel reading the rows directly (`mmq_*_t1`) and the staged one (`mmv_*_t1`,
+//! 16-byte loads through shared memory), for Q4_0, Q4_K, Q6_K and Q8_0 on the 8B shapes, in
+//! microseconds, stored weight bytes per second and percent of the read roof, which is measured
+//! first (a read-only pass over 2 GiB, `read_roof` in quant.cu) unless `--ceiling-gbs` names one.
+//!
 //! `cargo run --release -p quire-backend --features cuda --example cuda_matmul_bench [-- --reps 200]`
-//! (`--only many` runs the second table alone, `--only decode` the first).
+//! (`--only t1` runs the one-token table alone, `--only decode` it and the decode table,
+//! `--only many` the many-token table).
 
 use half::f16;
 use quire_backend::cpu::quant::{quantize_row_q8a, BlockQ8A, QK};
-use quire_backend::cuda::gpu::{EventFlags, Gpu, HostBuf};
+use quire_backend::cuda::gpu::{EventFlags, Gpu, HostBuf, KArg};
 use quire_backend::cuda::qmat::{QKernel, QuantKernels, Q8A_BYTES};
 use quire_gguf::GgmlType;
 
@@ -70,6 +76,98 @@ fn q8_device_bytes(x: &[f32]) -> Vec<u8> {
         bytes.extend(b.qs.iter().map(|&v| v as u8));
     }
     bytes
+}
+
+/// The device's read roof in GB/s: the median of `reps` read-only passes over 2 GiB.
+fn read_roof_gbs(
+    g: &Gpu,
+    q: &QuantKernels,
+    reps: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let bytes = 2usize << 30;
+    let buf = g.alloc::<u8>(bytes)?;
+    let sink = g.alloc::<u32>(1)?;
+    let (med, _) = time_us(g, reps.min(50), || {
+        // SAFETY: `buf` (bytes / 16 words) and `sink` are live allocations of this function,
+        // and each timed launch is synchronised (event) before either drops.
+        unsafe {
+            g.launch(
+                &q.read_roof,
+                // 16 CTAs per SM of an H100; the kernel's grid-stride loop takes any grid.
+                (132 * 16, 1, 1),
+                (256, 1, 1),
+                &[
+                    KArg::P(buf.ptr),
+                    KArg::L((bytes / 16) as i64),
+                    KArg::P(sink.ptr),
+                ],
+            )
+        }?;
+        Ok(())
+    })?;
+    Ok(bytes as f64 / (med * 1e-6) / 1e9)
+}
+
+/// The one-token table: the dp4a and the staged kernel per type on the 8B shapes, against `roof`.
+fn one_token(
+    g: &Gpu,
+    q: &QuantKernels,
+    reps: usize,
+    roof: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!();
+    println!("| rows x cols (out x k) | dtype | kernel | median us | +/- | weight GB/s | % of {roof:.0} |");
+    println!("|---|---|---|---:|---:|---:|---:|");
+    for (out, k) in [
+        (4096usize, 4096usize),
+        (14336, 4096),
+        (4096, 14336),
+        (128256, 4096),
+    ] {
+        let pattern: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 104729 % 997) as f32 / 498.0) - 1.0)
+            .collect();
+        let dxq = g.upload(&q8_device_bytes(&x))?;
+        let dy = g.alloc::<f32>(out)?;
+        for dtype in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+        ] {
+            let mut row = vec![];
+            quire_gguf::quantize_row(dtype, &pattern, &mut row)?;
+            let bytes = row.len() * out;
+            let dw = g.upload(&row.repeat(out))?;
+            for (name, kernel) in [
+                ("dp4a mmq_t1", QKernel::Dp4a),
+                ("staged mmv_t1", QKernel::Staged),
+            ] {
+                if kernel == QKernel::Staged && !QuantKernels::mmv_ok(dtype, k, dw.ptr) {
+                    continue;
+                }
+                let (med, spread) = time_us(g, reps, || {
+                    // SAFETY: every address is a live allocation of this function (g.upload /
+                    // g.alloc) sized for one token of this shape, and each timed launch is
+                    // synchronised (event) before any of them drops.
+                    unsafe {
+                        q.matmul_with(kernel, g, dtype, dw.ptr, dxq.ptr, dy.ptr, 1, k, out, 0.0)
+                    }?;
+                    Ok(())
+                })?;
+                let gbs = bytes as f64 / (med * 1e-6) / 1e9;
+                println!(
+                    "| {out} x {k} | {} | {name} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% |",
+                    dtype.name(),
+                    100.0 * gbs / roof
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The many-token table: dp4a, tensor cores, and dequantize + cuBLAS, per type and token count.
@@ -171,11 +269,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|i| args.get(i + 1))
         .map(String::as_str);
     if let Some(o) = only {
-        if o != "many" && o != "decode" {
-            return Err(format!("--only takes `many` or `decode`, not `{o}`").into());
+        if !["many", "decode", "t1"].contains(&o) {
+            return Err(format!("--only takes `t1`, `decode` or `many`, not `{o}`").into());
         }
     }
-    let ceiling = arg("--ceiling-gbs", 3000.0);
     let g = Gpu::new(0)?;
     let q = QuantKernels::new(&g)?;
     let gemv = quire_backend::cuda::gemv::Gemv::new(&g)?;
@@ -186,6 +283,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if only == Some("many") {
         return many_tokens(&g, &q, reps);
     }
+    let ceiling = match arg("--ceiling-gbs", 0.0) {
+        c if c > 0.0 => c,
+        _ => read_roof_gbs(&g, &q, reps)?,
+    };
+    println!("read roof: {ceiling:.0} GB/s");
+    one_token(&g, &q, reps, ceiling)?;
+    if only == Some("t1") {
+        return Ok(());
+    }
+    println!();
     println!(
         "| shape | k x out | dtype | tokens | median us | +/- | weight GB/s | % of {ceiling:.0} |"
     );

@@ -10,6 +10,7 @@
 //! Activations are named by role ([`Act`]); each backend keeps them in its own buffers, sized
 //! for the step's tokens before [`forward`] runs.
 
+use crate::tp::Shard;
 use crate::BackendError;
 
 /// One transformer layer's weights as a backend holds them: `M` a matrix, `V` a vector, `E` a
@@ -123,32 +124,66 @@ pub trait LayerOps {
     fn moe(&mut self, layer: usize, moe: &Self::E) -> Result<(), BackendError>;
     /// The logits of the rows the step wants: RMSNorm(`X`) · `norm`, times `w`ᵀ.
     fn output(&mut self, norm: &Self::V, w: &Self::M) -> Result<(), BackendError>;
+
+    /// Tensor parallelism (`crate::tp`): this step's rank in its group, `None` when the model is
+    /// not sharded (then the two ops below are never called).
+    fn shard(&self) -> Option<Shard> {
+        None
+    }
+    /// `X` ← the sum over the group's ranks of their `X` (an all-reduce).
+    fn all_reduce(&mut self, _layer: usize) -> Result<(), BackendError> {
+        Err(no_tp())
+    }
+    /// `X` ← 0: a rank other than the lead contributes only its partial mixture of experts.
+    fn zero_residual(&mut self) -> Result<(), BackendError> {
+        Err(no_tp())
+    }
+}
+
+fn no_tp() -> BackendError {
+    BackendError::Config("this backend does not run tensor-parallel groups".into())
 }
 
 /// Runs one step: embedding, every layer's attention and feed-forward blocks, the output.
+///
+/// Sharded (`o.shard()` is `Some`), each rank holds some heads and FFN columns: its o and down
+/// products are partial sums of the full ones, so the lead rank adds its part to the residual,
+/// the others write theirs alone, and an all-reduce of `X` after each block makes every rank's
+/// residual stream the full model's.
 pub fn forward<O: LayerOps>(
     o: &mut O,
     layers: &[Layer<O::M, O::V, O::E>],
     output_norm: &O::V,
     output: &O::M,
 ) -> Result<(), BackendError> {
+    let sharded = o.shard().is_some();
+    let lead = o.shard().is_none_or(|s| s.is_lead());
     o.embed()?;
     for (li, l) in layers.iter().enumerate() {
         o.rms_norm(li, &l.attn_norm, Next::Matmul(&l.wqkv))?;
         o.matmul(li, &l.wqkv, Act::H, Act::Qkv, false)?;
         o.qkv_post(li, l.bqkv.as_ref(), l.q_norm.as_ref(), l.k_norm.as_ref())?;
         o.attention(li)?;
-        o.matmul(li, &l.wo, Act::Attn, Act::X, true)?;
+        o.matmul(li, &l.wo, Act::Attn, Act::X, lead)?;
+        if sharded {
+            o.all_reduce(li)?;
+        }
         match &l.ffn {
             Ffn::Dense { gate_up, down } => {
                 o.rms_norm(li, &l.ffn_norm, Next::Matmul(gate_up))?;
                 o.gate_up(li, gate_up, down)?;
-                o.matmul(li, down, Act::Swiglu, Act::X, true)?;
+                o.matmul(li, down, Act::Swiglu, Act::X, lead)?;
             }
             Ffn::Moe(e) => {
                 o.rms_norm(li, &l.ffn_norm, Next::Moe(e))?;
+                if !lead {
+                    o.zero_residual()?;
+                }
                 o.moe(li, e)?;
             }
+        }
+        if sharded {
+            o.all_reduce(li)?;
         }
     }
     o.output(output_norm, output)

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod forward;
 pub mod sample;
+pub mod tp;
 pub mod weights;
 pub mod wgpu;
 

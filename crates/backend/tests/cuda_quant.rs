@@ -1,7 +1,8 @@
 //! The quantized-weight kernels of `kernels/quant.cu` against the CPU backend: activation
 //! quantization (bit for bit, from f16 and f32 rows), RMSNorm and SwiGLU straight into 8-bit
 //! blocks, the whole-matrix dequantization to f16 (bit for bit), and the tensor-core matmul
-//! against the dp4a one on the same blocks (equal up to the f32 summation order). The quantized
+//! and the staged few-token kernel against the dp4a one on the same blocks (equal up to the f32
+//! summation order). The quantized
 //! matmuls against the CPU reference and the quantized embedding gather are tested in
 //! backend_ops.rs, one body for every backend.
 //! Outputs are poisoned with NaN first. Needs a GPU: ignored without one (see quire-testkit). Timing: `cargo run --release -p quire-backend --features cuda
@@ -307,5 +308,100 @@ quire_testkit::gpu_test! {
                 }
             }
         }
+    }
+}
+
+/// Row lengths (values) for the staged-kernel test, per type: the shortest row the kernel takes
+/// (16-byte aligned rows: 8 blocks of Q4_0/Q8_0/Q6_K, 4 of Q4_1, one K-quant super-block of
+/// Q4_K/Q5_K) and one of a full stage plus that much, so the last stage is cut short (Q6_K rows
+/// are always whole stages: three of them).
+#[cfg(feature = "cuda")]
+fn staged_row_lengths(dtype: GgmlType) -> [usize; 2] {
+    match dtype {
+        GgmlType::Q4_0 => [8 * 32, (64 + 8) * 32],
+        GgmlType::Q4_1 => [4 * 32, (64 + 4) * 32],
+        GgmlType::Q8_0 => [8 * 32, (32 + 8) * 32],
+        GgmlType::Q6_K => [8 * 256, 3 * 8 * 256],
+        _ => [256, (8 + 3) * 256],
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// The staged kernel (`mmv_*`, rows through shared memory by 16-byte loads) against the dp4a
+    /// kernel reading the rows directly, every type: odd row counts (a CTA's last warp with one
+    /// row, a row pair cut short), the last stage of a row cut short, one token and 3, 8 and 9
+    /// (two token groups, the second of one), with and without the residual add (NaN-poisoned
+    /// output when without). Both run `block_dot` per 32-block, so only the f32 summation order
+    /// differs: every value within 2e-5 of the output's RMS. Rows that do not start 16-byte
+    /// aligned are refused with an error, and `pick` sends them to the dp4a kernel.
+    fn staged_gemv_equals_the_dp4a_kernel() {
+        let g = gpu();
+        let q = QuantKernels::new(&g).unwrap();
+        let mut rng = StdRng::seed_from_u64(16);
+        for dtype in ALL {
+            for cols in staged_row_lengths(dtype) {
+                for (rows, n) in [(131usize, 1usize), (7, 1), (1, 1), (37, 3), (9, 8), (131, 9)] {
+                    let w = rnd(&mut rng, rows * cols, 1.0);
+                    let mut wb = vec![];
+                    quire_gguf::quantize_row(dtype, &w, &mut wb).unwrap();
+                    let x = rnd(&mut rng, n * cols, 2.0);
+                    let xq = q8_bytes(&cpu_q8(&x));
+                    let (dw, dq) = (g.upload(&wb).unwrap(), g.upload(&xq).unwrap());
+                    assert!(QuantKernels::mmv_ok(dtype, cols, dw.ptr), "{} k={cols}", dtype.name());
+                    if n < quire_backend::cuda::qmat::TC_MIN_TOKENS {
+                        assert_eq!(q.pick(dtype, n, cols, dw.ptr), QKernel::Staged);
+                    }
+                    for beta in [0.0f32, 1.0] {
+                        let y0 = if beta == 0.0 {
+                            vec![f32::NAN; n * rows]
+                        } else {
+                            rnd(&mut rng, n * rows, 1.0)
+                        };
+                        let mut outs = vec![];
+                        for kernel in [QKernel::Dp4a, QKernel::Staged] {
+                            let dy = g.upload(&y0).unwrap();
+                            // SAFETY: every address is a live allocation of this test (g.upload),
+                            // sized for the launch's shape, and the stream is synchronised (dtoh)
+                            // before any of them drops.
+                            unsafe {
+                                q.matmul_with(kernel, &g, dtype, dw.ptr, dq.ptr, dy.ptr, n, cols, rows, beta)
+                            }
+                            .unwrap();
+                            let mut y = vec![0f32; n * rows];
+                            g.dtoh(&dy, &mut y).unwrap();
+                            outs.push(y);
+                        }
+                        let (want, got) = (&outs[0], &outs[1]);
+                        let case = format!("{} {rows}x{cols} n={n} beta={beta}", dtype.name());
+                        let rms = (want.iter().map(|v| (v * v) as f64).sum::<f64>()
+                            / want.len() as f64)
+                            .sqrt() as f32;
+                        assert!(rms.is_finite() && rms > 0.0, "{case}: dp4a output RMS {rms}");
+                        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 2e-5 * rms,
+                                "{case}: token {} row {}: staged {a}, dp4a {b}",
+                                i / rows,
+                                i % rows
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Q6_K rows of 3 super-blocks (630 bytes) do not start 16-byte aligned.
+        let (rows, cols) = (5usize, 3 * 256);
+        let mut wb = vec![];
+        quire_gguf::quantize_row(GgmlType::Q6_K, &rnd(&mut rng, rows * cols, 1.0), &mut wb).unwrap();
+        let dw = g.upload(&wb).unwrap();
+        let dq = g.upload(&q8_bytes(&cpu_q8(&rnd(&mut rng, cols, 2.0)))).unwrap();
+        let dy = g.upload(&vec![0f32; rows]).unwrap();
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q6_K, cols, dw.ptr));
+        assert_eq!(q.pick(GgmlType::Q6_K, 1, cols, dw.ptr), QKernel::Dp4a);
+        // SAFETY: as above; the call is refused before any launch.
+        let e = unsafe {
+            q.matmul_with(QKernel::Staged, &g, GgmlType::Q6_K, dw.ptr, dq.ptr, dy.ptr, 1, cols, rows, 0.0)
+        };
+        assert!(e.is_err(), "an unaligned row was not refused");
     }
 }

@@ -15,7 +15,9 @@ use super::step::{CpuStep, KvStore, Scratch};
 use super::team::{Parallel, Team};
 use super::CpuMath;
 use crate::forward::{self, forward};
+use crate::tp::{HostReduce, Shard};
 use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
@@ -66,6 +68,8 @@ pub struct CpuExecutor {
     math: CpuMath,
     scratch: Scratch,
     prof: Profiler,
+    /// The group and rank of a sharded model (`crate::tp`).
+    tp: Option<(Arc<HostReduce>, Shard)>,
 }
 
 /// Element types whose all-zero bit pattern is the value zero.
@@ -217,7 +221,30 @@ impl CpuExecutor {
             math: opts.math,
             scratch: Scratch::default(),
             prof: Profiler::default(),
+            tp: None,
         })
+    }
+
+    /// Rank `shard.rank` of a tensor-parallel group: `w` must be that rank's part of the model
+    /// (`tp::shard_weights`), and every rank of the group shares `group`.
+    pub fn new_rank(
+        w: &ModelWeights,
+        kv: KvCacheSpec,
+        opts: CpuOptions,
+        group: Arc<HostReduce>,
+        shard: Shard,
+    ) -> Result<Self, BackendError> {
+        if group.size() != shard.size || shard.rank >= shard.size {
+            return Err(BackendError::Config(format!(
+                "rank {} of {} in a group of {}",
+                shard.rank,
+                shard.size,
+                group.size()
+            )));
+        }
+        let mut me = Self::new(w, kv, opts)?;
+        me.tp = Some((group, shard));
+        Ok(me)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -304,6 +331,7 @@ impl CpuExecutor {
             batch,
             attn,
             math: self.math,
+            tp: self.tp.as_ref().map(|(g, s)| (&**g, *s)),
         };
         forward(&mut step, &self.layers, &self.output_norm, &self.output)
     }

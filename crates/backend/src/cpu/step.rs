@@ -17,6 +17,7 @@ use super::quant::{needs_q8, QK};
 use super::team::Parallel;
 use super::CpuMath;
 use crate::forward::{Act, LayerOps, Next};
+use crate::tp::{HostReduce, Shard};
 use crate::{BackendError, ForwardBatch};
 
 /// Every layer's K and V caches, in the cache's element type.
@@ -57,6 +58,17 @@ pub(super) struct CpuStep<'a> {
     pub batch: &'a ForwardBatch<'a>,
     pub attn: AttnParams,
     pub math: CpuMath,
+    /// This rank's group, when the model is sharded (`crate::tp`).
+    pub tp: Option<(&'a HostReduce, Shard)>,
+}
+
+/// `x` += `y`, or `x` ← `y` (a partial product of a rank other than the lead).
+fn add_or_set(x: &mut [f32], y: &[f32], add: bool) {
+    if add {
+        ops::add_in_place(x, y);
+    } else {
+        x.copy_from_slice(y);
+    }
 }
 
 /// Dims of the matrix product `n × w`: bytes read (weights + activations + output) and FLOPs.
@@ -68,6 +80,12 @@ pub(super) fn mm_cost(w: &QMatrix, n: usize) -> (u64, u64) {
 impl CpuStep<'_> {
     fn n(&self) -> usize {
         self.batch.num_tokens()
+    }
+
+    fn no_group(&self) -> Result<(), BackendError> {
+        Err(BackendError::Config(
+            "an all-reduce in a model that is not sharded".into(),
+        ))
     }
 }
 
@@ -140,14 +158,14 @@ impl LayerOps for CpuStep<'_> {
             (Act::H, Act::Qkv, false) => self
                 .prof
                 .time(name, layer, b, f, || matmul(pool, w, h, q8, qkv)),
-            (Act::Attn, Act::X, true) => self.prof.time(name, layer, b, f, || {
+            (Act::Attn, Act::X, _) => self.prof.time(name, layer, b, f, || {
                 q8.prepare(pool, attn, w.cols, w.dtype);
                 matmul(pool, w, attn, q8, tmp);
-                ops::add_in_place(x, tmp);
+                add_or_set(x, tmp, add);
             }),
-            (Act::Swiglu, Act::X, true) => self.prof.time(name, layer, b, f, || {
+            (Act::Swiglu, Act::X, _) => self.prof.time(name, layer, b, f, || {
                 matmul(pool, w, act, q8_act, tmp);
-                ops::add_in_place(x, tmp);
+                add_or_set(x, tmp, add);
             }),
             _ => {
                 return Err(BackendError::Config(format!(
@@ -277,6 +295,29 @@ impl LayerOps for CpuStep<'_> {
             &mut s.moe,
             &mut s.x,
         );
+        Ok(())
+    }
+
+    fn shard(&self) -> Option<Shard> {
+        self.tp.map(|(_, s)| s)
+    }
+
+    fn all_reduce(&mut self, layer: usize) -> Result<(), BackendError> {
+        let Some((group, shard)) = self.tp else {
+            return self.no_group();
+        };
+        let x = &mut self.s.x;
+        let bytes = (x.len() * 4 * 2) as u64;
+        self.prof.time("all_reduce", Some(layer), bytes, 0, || {
+            group.all_reduce(shard.rank, x)
+        })
+    }
+
+    fn zero_residual(&mut self) -> Result<(), BackendError> {
+        if self.tp.is_none() {
+            return self.no_group();
+        }
+        self.s.x.fill(0.0);
         Ok(())
     }
 

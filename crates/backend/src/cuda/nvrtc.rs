@@ -42,8 +42,8 @@ pub const SAMPLE: KernelSource = KernelSource {
     name: "sample.cu",
     src: include_str!("kernels/sample.cu"),
 };
-/// The dp4a matmuls and the tensor-core matmul for many tokens (mmq_tc.cuh builds on quant.cu's
-/// blocks and unpacking, so they are one module).
+/// The dp4a matmuls (direct and staged through shared memory) and the tensor-core matmul for many
+/// tokens (mmq_tc.cuh builds on quant.cu's blocks and unpacking, so they are one module).
 pub const QUANT: KernelSource = KernelSource {
     name: "quant.cu + mmq_tc.cu",
     src: concat!(

@@ -3,8 +3,11 @@
 //! kept exactly as stored, multiplied by the dp4a kernels of `kernels/quant.cu` against
 //! activations quantized to 8 bits per block of 32. The quantized form reads 3.5× (Q4) or 1.9×
 //! (Q8_0) fewer bytes per decode step than f16, and it is the CPU backend's (and llama.cpp's)
-//! arithmetic, so a quantized model gives the same logits on both backends. From
-//! [`TC_MIN_TOKENS`] tokens on, the matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`),
+//! arithmetic, so a quantized model gives the same logits on both backends. Below
+//! [`TC_MIN_TOKENS`] tokens, rows that start 16-byte aligned go to the staged kernel (`mmv_*`:
+//! coalesced 16-byte loads of whole stored blocks into shared memory, the next stage in flight
+//! while the current one is multiplied; the decode step's path), others to the dp4a kernel
+//! (`mmq_*`, loads of 2 or 4 bytes straight from the row). From [`TC_MIN_TOKENS`] tokens on, the matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`),
 //! which reads each weight once per 64 tokens instead of once per 8, with the same per-block
 //! arithmetic.
 
@@ -25,6 +28,10 @@ pub const Q8A_BYTES: usize = 40;
 const MMQ_TOK: usize = 8;
 /// Weight rows per CTA (4 warps × 2 rows, `MMQ_WARPS × MMQ_ROWS` in quant.cu).
 const MMQ_ROWS_PER_CTA: usize = 8;
+/// The staged kernel's rows per CTA (`MMV_WARPS × MMV_ROWS`).
+const MMV_ROWS_PER_CTA: usize = 8;
+/// Threads per CTA of both dp4a kernels (4 warps: `MMQ_WARPS`, `MMV_WARPS`).
+const DP4A_THREADS: u32 = 128;
 /// The tensor-core kernel's tile (`TC_ROWS × TC_TOK` in mmq_tc.cu) and threads per CTA.
 const TC_ROWS: usize = 64;
 const TC_TOK: usize = 64;
@@ -42,8 +49,12 @@ pub const TC_MIN_TOKENS: usize = 16;
 /// picks by token count).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QKernel {
-    /// dp4a: one token per CTA row pass at n = 1, eight tokens per CTA otherwise.
+    /// dp4a straight from the rows (`mmq_*`): one token per CTA row pass at n = 1, eight tokens
+    /// per CTA otherwise. Any row alignment.
     Dp4a,
+    /// The same dp4a arithmetic on rows staged through shared memory by 16-byte loads (`mmv_*`):
+    /// one token at n = 1, eight per CTA otherwise. Needs [`QuantKernels::mmv_ok`].
+    Staged,
     /// int8 `mma.sync`: 64 rows × 64 tokens per CTA (sm_80 and newer).
     TensorCore,
 }
@@ -154,8 +165,12 @@ pub struct QuantKernels {
     pub swiglu_q8: CudaFunction,
     pub quantize_f16: CudaFunction,
     pub quantize_f32: CudaFunction,
+    /// A read-only pass over a buffer (`read_roof(p, n16, out)`): the benchmark's memory roof.
+    pub read_roof: CudaFunction,
     /// By type (`NATIVE` order): the one-token, the eight-token and the tensor-core matmul.
     mmq: [[CudaFunction; 3]; 6],
+    /// By type: the staged one-token and eight-token kernels.
+    mmv: [[CudaFunction; 2]; 6],
     /// The device has int8 `mma.sync` (sm_80+): the tensor-core kernels may be launched.
     has_mma: bool,
     embed: [CudaFunction; 6],
@@ -204,30 +219,45 @@ impl QuantKernels {
         let t1 = by_type("mmq_{}_t1")?;
         let t8 = by_type("mmq_{}_t8")?;
         let tc = by_type("mmq_{}_tc")?;
+        let v1 = by_type("mmv_{}_t1")?;
+        let v8 = by_type("mmv_{}_t8")?;
         Ok(Self {
             rms_norm_q8: f("rms_norm_q8")?,
             swiglu_q8: f("swiglu_q8")?,
             quantize_f16: f("quantize_q8_f16")?,
             quantize_f32: f("quantize_q8_f32")?,
+            read_roof: f("read_roof")?,
             mmq: six(t1
                 .into_iter()
                 .zip(t8)
                 .zip(tc)
                 .map(|((a, b), c)| [a, b, c])
                 .collect()),
+            mmv: six(v1.into_iter().zip(v8).map(|(a, b)| [a, b]).collect()),
             has_mma: sm_version(&gpu.arch) >= 80,
             embed: six(by_type("embed_{}")?),
             dequant: six(by_type("dequant_{}")?),
         })
     }
 
-    /// The kernel [`Self::matmul`] uses for `n` tokens on weights at address `w`.
-    pub fn pick(&self, n: usize, w: u64) -> QKernel {
+    /// The kernel [`Self::matmul`] uses for `n` tokens on `dtype` weights at address `w` with rows
+    /// of `k_in` values.
+    pub fn pick(&self, dtype: GgmlType, n: usize, k_in: usize, w: u64) -> QKernel {
         if n >= TC_MIN_TOKENS && self.tc_ok(w) {
             QKernel::TensorCore
+        } else if Self::mmv_ok(dtype, k_in, w) {
+            QKernel::Staged
         } else {
             QKernel::Dp4a
         }
+    }
+
+    /// Whether the staged kernel can read `dtype` rows of `k_in` values from `w`: every row starts
+    /// 16-byte aligned (the base is, and a row's bytes are a multiple of 16). True for every type
+    /// at the 8B shapes (k = 4096, 14336; Q6_K and the legacy types need a multiple of 8 blocks).
+    pub fn mmv_ok(dtype: GgmlType, k_in: usize, w: u64) -> bool {
+        let row_bytes = dtype.row_size(k_in as u64).unwrap_or(1);
+        w.is_multiple_of(16) && row_bytes.is_multiple_of(16)
     }
 
     /// Whether the tensor-core kernel can run here on weights at `w`: sm_80+, and 16-byte aligned
@@ -257,13 +287,14 @@ impl QuantKernels {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        let kernel = self.pick(n, w);
+        let kernel = self.pick(dtype, n, k_in, w);
         // SAFETY: this fn's contract is `matmul_with`'s.
         unsafe { self.matmul_with(kernel, gpu, dtype, w, xq, y, n, k_in, out, beta) }
     }
 
     /// [`Self::matmul`] with the kernel named (for the benchmark and the kernel-equality test).
-    /// [`QKernel::TensorCore`] where [`Self::tc_ok`] is false is an error.
+    /// [`QKernel::TensorCore`] where [`Self::tc_ok`] is false, or [`QKernel::Staged`] where
+    /// [`Self::mmv_ok`] is false, is an error.
     ///
     /// # Safety
     ///
@@ -317,10 +348,22 @@ impl QuantKernels {
                 )
             };
         }
-        let (f, tok) = if n == 1 {
-            (&self.mmq[type_index(dtype)][0], 1)
+        if kernel == QKernel::Staged && !Self::mmv_ok(dtype, k_in, w) {
+            return Err(BackendError::Cuda(format!(
+                "the staged quantized matmul needs 16-byte aligned rows ({} rows of {k_in} \
+                 values at address {w:#x})",
+                dtype.name()
+            )));
+        }
+        let (kernels, per_cta) = if kernel == QKernel::Staged {
+            (&self.mmv[type_index(dtype)][..], MMV_ROWS_PER_CTA)
         } else {
-            (&self.mmq[type_index(dtype)][1], MMQ_TOK)
+            (&self.mmq[type_index(dtype)][..2], MMQ_ROWS_PER_CTA)
+        };
+        let (f, tok) = if n == 1 {
+            (&kernels[0], 1)
+        } else {
+            (&kernels[1], MMQ_TOK)
         };
         let grid_y = n.div_ceil(tok);
         if grid_y > 65535 {
@@ -333,8 +376,8 @@ impl QuantKernels {
         unsafe {
             gpu.launch(
                 f,
-                (out.div_ceil(MMQ_ROWS_PER_CTA) as u32, grid_y as u32, 1),
-                (128, 1, 1),
+                (out.div_ceil(per_cta) as u32, grid_y as u32, 1),
+                (DP4A_THREADS, 1, 1),
                 &args,
             )
         }
@@ -427,5 +470,35 @@ impl QuantKernels {
                 &[KArg::P(w), KArg::P(out), KArg::L(elems as i64)],
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The staged kernel reads rows in 16-byte words: it is chosen only where every row starts
+    /// 16-byte aligned, which depends on the type's block bytes and the row length.
+    #[test]
+    fn staged_kernel_takes_only_16_byte_aligned_rows() {
+        let base = 0x7f00_0000_0100u64;
+        // Q4_K (144-byte super-blocks) and Q5_K (176): any whole number of super-blocks.
+        for k in [256, 768, 4096, 14336] {
+            assert!(QuantKernels::mmv_ok(GgmlType::Q4_K, k, base), "Q4_K k={k}");
+            assert!(QuantKernels::mmv_ok(GgmlType::Q5_K, k, base), "Q5_K k={k}");
+        }
+        // Q6_K (210 bytes): 8 super-blocks at a time; the 8B shapes qualify, 3 super-blocks not.
+        assert!(QuantKernels::mmv_ok(GgmlType::Q6_K, 4096, base));
+        assert!(QuantKernels::mmv_ok(GgmlType::Q6_K, 14336, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q6_K, 768, base));
+        // Q4_0 (18 bytes) and Q8_0 (34): 8 blocks; Q4_1 (20): 4.
+        assert!(QuantKernels::mmv_ok(GgmlType::Q4_0, 256, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q4_0, 96, base));
+        assert!(QuantKernels::mmv_ok(GgmlType::Q8_0, 4096, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q8_0, 576, base));
+        assert!(QuantKernels::mmv_ok(GgmlType::Q4_1, 128, base));
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q4_1, 96, base));
+        // A base off the 16-byte grid never qualifies.
+        assert!(!QuantKernels::mmv_ok(GgmlType::Q4_K, 4096, base + 8));
     }
 }

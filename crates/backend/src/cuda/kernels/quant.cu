@@ -308,6 +308,259 @@ MMQ_ENTRY(mmq_q5_k_t8, T_Q5_K, 8)
 MMQ_ENTRY(mmq_q6_k_t1, T_Q6_K, 1)
 MMQ_ENTRY(mmq_q6_k_t8, T_Q6_K, 8)
 
+// ---- the few-token GEMV (mmv_*): 16-byte loads staged through shared memory -----------------
+//
+// Why the dp4a kernel above (`mmq_*_t1`) stays far from the memory roof at one token, read off its
+// code (a reasoning, to be checked against cuda_matmul_bench's decode table):
+// - Narrow loads. Q4_0, Q8_0 and Q6_K blocks are only 2-byte aligned, so every quant is fetched
+//   two bytes at a time (`load_int_b2`): 16 load instructions per Q8_0 block, 32 per Q6_K
+//   sub-block. Q4_K is read four bytes at a time, and the 32 bytes that hold a sub-block pair
+//   (low and high nibbles) are fetched by both lanes of the pair. Each 4-byte load of a warp
+//   touches 32 different 32-byte stretches of the row, so the load/store unit and L1 replay far
+//   more often than the bytes need.
+// - Scales by single bytes: each sub-block's 6-bit scale and min are picked out of the
+//   super-block's 12 packed bytes with 3-4 byte loads from global memory, and d/dmin with two
+//   more, per lane and sub-block.
+// - Little in flight: the loop over a row's blocks has a run-time trip count (4 at k = 4096 for
+//   Q4_K) and is not unrolled, so a lane has one block per row (2 rows: ~64 bytes) outstanding
+//   before it needs the data. 4096 rows at 2 rows per warp are ~15 warps per SM, ~30 KB in flight
+//   per SM at best, about twice what 3.1 TB/s × ~0.7 µs of latency asks for: any stall (the
+//   byte-wise scale decode, the replays above) drops it below.
+// - The activation row (40 bytes per 32 values: 2.2× a Q4 row's bytes) is read again by every
+//   warp; it hits L1/L2, but those reads compete with the weight loads for the same unit. This
+//   kernel keeps that cost (2 rows per warp share each activation block).
+//
+// So here each warp copies a stage of its rows (whole stored blocks, a multiple of 16 bytes:
+// 8 K-quant super-blocks, 64 Q4_0/Q4_1 or 32 Q8_0 blocks) into shared memory with coalesced
+// 16-byte loads, up to 4 per lane and row, all independent, and issues the next stage's loads
+// before it computes on the current one (registers hold them meanwhile). The dot products then
+// read shared memory with `block_dot`, the arithmetic of the dp4a kernel unchanged (exact integer
+// dot per 32-block, the same f32 scale expressions): the results equal `mmq_*` up to the f32
+// summation order. For Q4_K and Q6_K a lane takes a sub-block pair instead (`q4k_pair_dot`,
+// `q6k_pair_dot`): the two sub-blocks whose quants share bytes (low and high nibbles; Q6_K's
+// 2-bit high parts too), so each quant byte is read once (Q4_K: 16 bytes at a time), and the
+// super-block's d (and dmin) read once for both. Rows must start 16-byte aligned (the matrix base and the row length in bytes
+// multiples of 16; `QuantKernels::mmv_ok`), otherwise the dp4a kernel runs. The first stage's
+// loads go out before `pdl_enter` (the one kernel here that does not start with it): weights are
+// read-only, so only the activations and `y` must wait for the grid before.
+
+#define MMV_WARPS 4
+#define MMV_ROWS 2
+#define MMV_LOADS 4  // 16-byte loads per lane, row and stage (a stage is at most 2 KB)
+
+// Stored blocks per stage: the fewest whole blocks that fill a multiple of 16 bytes, times what
+// keeps the stage at 1-2 KB (and at most 64 sub-blocks of 32: two per lane).
+template <int TYPE> struct mmv_stage;
+template <> struct mmv_stage<T_Q4_0> { static const int blocks = 64; };  // 1152 bytes
+template <> struct mmv_stage<T_Q4_1> { static const int blocks = 64; };  // 1280
+template <> struct mmv_stage<T_Q8_0> { static const int blocks = 32; };  // 1088
+template <> struct mmv_stage<T_Q4_K> { static const int blocks = 8; };   // 1152
+template <> struct mmv_stage<T_Q5_K> { static const int blocks = 8; };   // 1408
+template <> struct mmv_stage<T_Q6_K> { static const int blocks = 8; };   // 1680
+
+// Q4_K sub-blocks 2c and 2c + 1 (the low and high nibbles of the same 32 bytes) against the
+// activation blocks a[0] and a[1], for the staged kernel: the 32 bytes read once (two 16-byte
+// reads of shared memory), the two scale/min pairs decoded once; each half is
+// block_dot<T_Q4_K>'s arithmetic (exact integer dot, then `affine_k`).
+__device__ __forceinline__ float q4k_pair_dot(const unsigned char* wb, int c, const q8a_t* a) {
+    const uint4* q = (const uint4*)(wb + 16 + 32 * c);
+    const uint4 q0 = q[0], q1 = q[1];
+    const int v[8] = {(int)q0.x, (int)q0.y, (int)q0.z, (int)q0.w,
+                      (int)q1.x, (int)q1.y, (int)q1.z, (int)q1.w};
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        lo = dp4a(v[i] & 0x0F0F0F0F, a[0].qs[i], lo);
+        hi = dp4a((v[i] >> 4) & 0x0F0F0F0F, a[1].qs[i], hi);
+    }
+    return affine_k(wb, 2 * c, a, lo) + affine_k(wb, 2 * c + 1, a + 1, hi);
+}
+
+// Q6_K sub-blocks j0 = 4h + k and j0 + 2 (k < 2: the low and high nibbles of the same 32 ql
+// bytes, the same 32 qh bytes) against the activation blocks a0 and a1, for the staged kernel:
+// each quant byte read once for both; each half is block_dot<T_Q6_K>'s arithmetic.
+__device__ __forceinline__ float q6k_pair_dot(const unsigned char* wb, int h, int k,
+                                              const q8a_t* a0, const q8a_t* a1) {
+    const unsigned short* ql = (const unsigned short*)(wb + 64 * h + 32 * k);
+    const unsigned short* qh = (const unsigned short*)(wb + 128 + 32 * h);
+    const signed char* sc = (const signed char*)(wb + 192);
+    int s0[2] = {0, 0}, s1[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int l = load_int_b2(ql + 2 * i), q = load_int_b2(qh + 2 * i);
+        const int c0 = (l & 0x0F0F0F0F) | (((q >> (2 * k)) & 0x03030303) << 4);
+        const int c1 = ((l >> 4) & 0x0F0F0F0F) | (((q >> (2 * k + 4)) & 0x03030303) << 4);
+        // (code - 32) · a, as code · a − 32 · Σa (codes are 0..63).
+        s0[i >> 2] += dp4a(c0, a0->qs[i], 0) - 32 * dp4a(0x01010101, a0->qs[i], 0);
+        s1[i >> 2] += dp4a(c1, a1->qs[i], 0) - 32 * dp4a(0x01010101, a1->qs[i], 0);
+    }
+    const int j0 = 4 * h + k, j1 = j0 + 2;
+    const int i0 = (int)sc[2 * j0] * s0[0] + (int)sc[2 * j0 + 1] * s0[1];
+    const int i1 = (int)sc[2 * j1] * s1[0] + (int)sc[2 * j1 + 1] * s1[1];
+    const float d = h2f(*(const half_t*)(wb + 208));
+    return __fmul_rn(__fmul_rn(d, a0->d), (float)i0) + __fmul_rn(__fmul_rn(d, a1->d), (float)i1);
+}
+
+// Issues this lane's 16-byte loads of the stage starting at stored block `s0` of each row.
+template <int TYPE>
+__device__ __forceinline__ void mmv_fetch(const uint4* const* rows, int s0, int nsb, int lane,
+                                          uint4 (*regs)[MMV_LOADS]) {
+    const int B = wblock<TYPE>::bytes, SB = mmv_stage<TYPE>::blocks;
+    const int n16 = (min(SB, nsb - s0) * B) >> 4;
+    const long base = ((long)s0 * B) >> 4;
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int u = 0; u < MMV_LOADS; u++) {
+            const int idx = lane + 32 * u;
+            if (idx < n16) regs[i][u] = rows[i][base + idx];
+        }
+}
+
+// y[t, r] = Σ_b dot(w[r, b], a[t, b]) + beta · y[t, r]: each warp owns MMV_ROWS rows and the
+// CTA's TOK tokens. w: [rows, nb · 32 / elems] stored blocks, each row 16-byte aligned; a: [n, nb]
+// q8 blocks; y: [n, rows] f32. grid (rows / (MMV_WARPS · MMV_ROWS), n / TOK), MMV_WARPS warps.
+template <int TYPE, int TOK>
+__device__ __forceinline__ void mmv(const unsigned char* __restrict__ w, const q8a_t* __restrict__ a,
+                                    float* __restrict__ y, int rows, int nb, int n, float beta) {
+    __shared__ uint4 stage[MMV_WARPS][MMV_ROWS][MMV_LOADS * 32];
+    const int B = wblock<TYPE>::bytes, PER = wblock<TYPE>::elems / 32;
+    const int SB = mmv_stage<TYPE>::blocks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * MMV_WARPS + warp) * MMV_ROWS;
+    const int t0 = blockIdx.y * TOK;
+    if (r0 >= rows) {
+        pdl_enter();
+        return;  // the whole warp: no warp-wide step below is left waiting
+    }
+    const int ntok = min(TOK, n - t0);
+    const int nsb = nb / PER;
+    const long row_bytes = (long)nsb * B;
+    // Rows past the end read the last row again (in bounds) and are not written.
+    const uint4* wr[MMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+        wr[i] = (const uint4*)(w + (long)min(r0 + i, rows - 1) * row_bytes);
+    float acc[MMV_ROWS][TOK];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < TOK; t++) acc[i][t] = 0.0f;
+    uint4 next[MMV_ROWS][MMV_LOADS];
+    // The weights are never written by a kernel, so their first stage is requested before
+    // waiting on the grid before this one (whose output, the activations, is read only after):
+    // the loads overlap that grid's tail and this one's launch.
+    mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    pdl_enter();
+    for (int s0 = 0; s0 < nsb; s0 += SB) {
+        const int n16 = (min(SB, nsb - s0) * B) >> 4;
+        __syncwarp();  // every lane is done reading the previous stage
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+            for (int u = 0; u < MMV_LOADS; u++)
+                if (lane + 32 * u < n16) stage[warp][i][lane + 32 * u] = next[i][u];
+        __syncwarp();
+        if (s0 + SB < nsb) mmv_fetch<TYPE>(wr, s0 + SB, nsb, lane, next);  // in flight meanwhile
+        const int nsub = min(SB, nsb - s0) * PER;
+        const long b0 = (long)s0 * PER;
+        if constexpr (TYPE == T_Q4_K || TYPE == T_Q6_K) {
+            // One pair of sub-blocks per lane: four per super-block, at most 8 super-blocks.
+            const int sb = lane >> 2, p = lane & 3;
+            if (sb < nsub / PER) {
+#pragma unroll
+                for (int t = 0; t < TOK; t++) {
+                    if (t < ntok) {
+                        const q8a_t* ab = a + (long)(t0 + t) * nb + b0 + sb * PER;
+#pragma unroll
+                        for (int i = 0; i < MMV_ROWS; i++) {
+                            const unsigned char* wb = (const unsigned char*)stage[warp][i] + sb * B;
+                            if constexpr (TYPE == T_Q4_K) {
+                                // Sub-blocks 2p and 2p + 1.
+                                acc[i][t] += q4k_pair_dot(wb, p, ab + 2 * p);
+                            } else {
+                                // Sub-blocks 4h + k and 4h + k + 2.
+                                const int h = p >> 1, k = p & 1, j0 = 4 * h + k;
+                                acc[i][t] += q6k_pair_dot(wb, h, k, ab + j0, ab + j0 + 2);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            // Sub-blocks j and j + 32 per lane: consecutive lanes read consecutive activation
+            // blocks.
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                if (j < nsub) {
+#pragma unroll
+                    for (int t = 0; t < TOK; t++) {
+                        if (t < ntok) {
+                            const q8a_t* ab = a + (long)(t0 + t) * nb + b0 + j;
+#pragma unroll
+                            for (int i = 0; i < MMV_ROWS; i++) {
+                                const unsigned char* wb =
+                                    (const unsigned char*)stage[warp][i] + (j / PER) * B;
+                                acc[i][t] += block_dot<TYPE>(wb, j % PER, ab);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < TOK; t++) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0 && t < ntok && r0 + i < rows) {
+                float* o = y + (long)(t0 + t) * rows + r0 + i;
+                *o = beta != 0.0f ? v + beta * *o : v;
+            }
+        }
+}
+
+#define MMV_ENTRY(NAME, TYPE, TOK)                                                                \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                  \
+        NAME(const unsigned char* __restrict__ w, const q8a_t* __restrict__ a,                    \
+             float* __restrict__ y, int rows, int nb, int n, float beta) {                        \
+        mmv<TYPE, TOK>(w, a, y, rows, nb, n, beta);                                               \
+    }
+
+MMV_ENTRY(mmv_q4_0_t1, T_Q4_0, 1)
+MMV_ENTRY(mmv_q4_0_t8, T_Q4_0, 8)
+MMV_ENTRY(mmv_q4_1_t1, T_Q4_1, 1)
+MMV_ENTRY(mmv_q4_1_t8, T_Q4_1, 8)
+MMV_ENTRY(mmv_q8_0_t1, T_Q8_0, 1)
+MMV_ENTRY(mmv_q8_0_t8, T_Q8_0, 8)
+MMV_ENTRY(mmv_q4_k_t1, T_Q4_K, 1)
+MMV_ENTRY(mmv_q4_k_t8, T_Q4_K, 8)
+MMV_ENTRY(mmv_q5_k_t1, T_Q5_K, 1)
+MMV_ENTRY(mmv_q5_k_t8, T_Q5_K, 8)
+MMV_ENTRY(mmv_q6_k_t1, T_Q6_K, 1)
+MMV_ENTRY(mmv_q6_k_t8, T_Q6_K, 8)
+
+// The read roof for the benchmark: every 16 bytes of `p` read once, four loads in flight per
+// thread, nothing written (the xor is stored only when it equals a constant, so the compiler must
+// keep every load). n16: 16-byte words; grid-stride, any grid.
+extern "C" __global__ void read_roof(const uint4* __restrict__ p, long n16, unsigned* out) {
+    pdl_enter();
+    const long stride = (long)gridDim.x * blockDim.x;
+    unsigned x = 0;
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = p[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < 4; u++) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n16; i += stride) x ^= p[i].x ^ p[i].y ^ p[i].z ^ p[i].w;
+    if (x == 0x9e3779b9u) out[0] = x;
+}
+
 // Token embedding lookup from a quantized table (values as the CPU dequantizes them: d * q (- m)).
 // ids: [n]; table: [vocab, hidden / elems] stored blocks; x: [n, hidden] f32
 // Element i (0..elems) of one stored block.

@@ -1,0 +1,428 @@
+//! Tensor parallelism without GPUs: N CPU ranks in one process (`tp::cpu_group`, an in-memory
+//! all-reduce) against one CPU executor on random models. The ranks hold different heads, KV
+//! heads and FFN columns and add their partial o/down products through the all-reduce, so the
+//! logits equal the unsharded model's up to float summation order: bound [`TP_BOUND`] relative
+//! L2 per row, over prompt chunks and decode steps on random, non-contiguous block tables. With
+//! quantized weights the activations are rounded to 8 bits per block, and a last-bit difference
+//! in the residual can move a value across a rounding step, which the next layers carry on (and
+//! a router may pick another expert): there the bound is twice the model's own sensitivity, the
+//! distance the unsharded model moves when its norms are nudged by 1e-6 (a perturbation of the
+//! size of summation-order differences), median and worst row alike.
+
+use std::sync::Arc;
+
+use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
+use quire_backend::tp::{self, HostReduce, Shard, TpExecutor};
+use quire_backend::{
+    BackendError, Executor, FfnWeights, ForwardBatch, HostTensor, KvCacheSpec, LayerWeights,
+    ModelWeights, MoeWeights, SeqBatch,
+};
+use quire_core::{Architecture, BlockId, ModelConfig, MoeConfig, RopeStyle};
+use quire_gguf::GgmlType;
+use quire_testkit::metric::rel_l2;
+use quire_testkit::random::{rnd, tensor};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+/// Per-row relative L2 distance of the sharded logits from the unsharded ones. Summation order
+/// alone (f32 activations through two layers) moves them by ~1e-6; a wrong shard (a head or a
+/// column out of place) by O(1).
+const TP_BOUND: f64 = 1e-4;
+
+fn config(moe: bool) -> ModelConfig {
+    ModelConfig {
+        arch: if moe {
+            Architecture::Qwen3Moe
+        } else {
+            Architecture::Llama
+        },
+        hidden_size: 512,
+        intermediate_size: 1024,
+        num_layers: 2,
+        num_heads: 8,
+        num_kv_heads: 4,
+        head_dim: 64,
+        vocab_size: 384,
+        max_position_embeddings: 4096,
+        rms_norm_eps: 1e-5,
+        rope_theta: 1e4,
+        rope_dim: 64,
+        rope_style: RopeStyle::Normal,
+        tie_word_embeddings: false,
+        attention_bias: !moe,
+        qk_norm: moe,
+        sliding_window: None,
+        moe: moe.then_some(MoeConfig {
+            num_experts: 8,
+            num_experts_per_tok: 2,
+            expert_intermediate_size: 512,
+            norm_topk_prob: true,
+        }),
+    }
+}
+
+fn vector(rng: &mut StdRng, n: usize, around: f32) -> HostTensor {
+    let v: Vec<f32> = rnd(rng, n, 0.2).iter().map(|x| x + around).collect();
+    HostTensor {
+        name: "v".into(),
+        dtype: GgmlType::F32,
+        dims: vec![n],
+        bytes: quire_backend::TensorBytes::owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    }
+}
+
+/// A random model of `c` with matrices of type `t` (norms near 1, biases near 0).
+fn model(c: &ModelConfig, t: GgmlType, seed: u64) -> ModelWeights {
+    let rng = &mut StdRng::seed_from_u64(seed);
+    let (hd, q, kv) = (c.hidden_size, c.q_size(), c.kv_size());
+    let layers = (0..c.num_layers)
+        .map(|_| LayerWeights {
+            attn_norm: vector(rng, hd, 1.0),
+            wq: tensor(rng, t, q, hd),
+            wk: tensor(rng, t, kv, hd),
+            wv: tensor(rng, t, kv, hd),
+            wo: tensor(rng, t, hd, q),
+            bq: c.attention_bias.then(|| vector(rng, q, 0.0)),
+            bk: c.attention_bias.then(|| vector(rng, kv, 0.0)),
+            bv: c.attention_bias.then(|| vector(rng, kv, 0.0)),
+            q_norm: c.qk_norm.then(|| vector(rng, c.head_dim, 1.0)),
+            k_norm: c.qk_norm.then(|| vector(rng, c.head_dim, 1.0)),
+            ffn_norm: vector(rng, hd, 1.0),
+            ffn: match &c.moe {
+                None => FfnWeights::Dense {
+                    w_gate: tensor(rng, t, c.intermediate_size, hd),
+                    w_up: tensor(rng, t, c.intermediate_size, hd),
+                    w_down: tensor(rng, t, hd, c.intermediate_size),
+                },
+                Some(m) => {
+                    let (e, ei) = (m.num_experts, m.expert_intermediate_size);
+                    let stack = |rng: &mut StdRng, rows: usize, cols: usize| {
+                        let mut x = tensor(rng, t, rows * e, cols);
+                        x.dims = vec![cols, rows, e];
+                        x
+                    };
+                    FfnWeights::Moe(MoeWeights {
+                        gate_inp: tensor(rng, GgmlType::F32, e, hd),
+                        gate_exps: stack(rng, ei, hd),
+                        up_exps: stack(rng, ei, hd),
+                        down_exps: stack(rng, hd, ei),
+                    })
+                }
+            },
+        })
+        .collect();
+    ModelWeights {
+        config: c.clone(),
+        tok_embd: tensor(rng, t, c.vocab_size, hd),
+        layers,
+        output_norm: vector(rng, hd, 1.0),
+        output: Some(tensor(rng, t, c.vocab_size, hd)),
+        rope_freqs: None,
+    }
+}
+
+const KV: KvCacheSpec = KvCacheSpec {
+    num_blocks: 48,
+    block_size: 16,
+};
+
+/// Sequences with random, shuffled block tables: a prompt step (chunks of odd lengths, one on a
+/// cached prefix), then decode steps; the logits of every row each step.
+struct Script {
+    tables: Vec<Vec<BlockId>>,
+    tokens: Vec<Vec<u32>>,
+}
+
+impl Script {
+    fn new(seed: u64, lens: &[usize], vocab: usize) -> Self {
+        let rng = &mut StdRng::seed_from_u64(seed);
+        let mut ids: Vec<u32> = (0..KV.num_blocks as u32).collect();
+        ids.shuffle(rng);
+        let mut next = ids.into_iter().map(BlockId);
+        let tables = lens
+            .iter()
+            .map(|&n| {
+                (0..(n + 8).div_ceil(KV.block_size))
+                    .map(|_| next.next().unwrap())
+                    .collect()
+            })
+            .collect();
+        let tokens = lens
+            .iter()
+            .map(|&n| {
+                (0..n + 8)
+                    .map(|i| ((i * 7919 + seed as usize) % vocab) as u32)
+                    .collect()
+            })
+            .collect();
+        Self { tables, tokens }
+    }
+
+    /// Runs steps `(start, len)` per sequence: returns every row's logits.
+    fn step(&self, ex: &mut dyn Executor, spans: &[(usize, usize)]) -> Vec<f32> {
+        let (mut ids, mut pos, mut slots, mut seqs) = (vec![], vec![], vec![], vec![]);
+        for (s, &(start, len)) in spans.iter().enumerate() {
+            seqs.push(SeqBatch {
+                query_start: ids.len(),
+                query_len: len,
+                seq_len: start + len,
+                block_table: &self.tables[s],
+            });
+            for p in start..start + len {
+                ids.push(self.tokens[s][p]);
+                pos.push(p as u32);
+                slots.push(quire_core::slot(&self.tables[s], p, KV.block_size) as u32);
+            }
+        }
+        let rows: Vec<u32> = (0..ids.len() as u32).collect();
+        let b = ForwardBatch {
+            token_ids: &ids,
+            positions: &pos,
+            slot_mapping: &slots,
+            seqs: &seqs,
+            logits_indices: &rows,
+        };
+        ex.forward(&b).expect("forward").to_vec()
+    }
+
+    fn run(&self, ex: &mut dyn Executor) -> Vec<Vec<f32>> {
+        let lens: Vec<usize> = self.tokens.iter().map(|t| t.len() - 8).collect();
+        let mut out = Vec::new();
+        // Prompts: the first sequence in two chunks (the second on its cached first part).
+        let first: Vec<(usize, usize)> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| if i == 0 { (0, n / 2) } else { (0, n) })
+            .collect();
+        out.push(self.step(ex, &first));
+        out.push(self.step(ex, &[(lens[0] / 2, lens[0] - lens[0] / 2)]));
+        for d in 0..3 {
+            let dec: Vec<(usize, usize)> = lens.iter().map(|&n| (n + d, 1)).collect();
+            out.push(self.step(ex, &dec));
+        }
+        out
+    }
+}
+
+fn opts() -> CpuOptions {
+    CpuOptions {
+        threads: 2,
+        kv_dtype: KvDtype::F32,
+        attn_f16_accum: false,
+        ..CpuOptions::default()
+    }
+}
+
+/// (median, worst) per-row distance of the sharded group's logits from one executor's, and the
+/// same of one executor on the weights with norms nudged by 1e-6.
+fn distances(w: &ModelWeights, size: usize) -> ((f64, f64), (f64, f64)) {
+    let script = Script::new(size as u64, &[37, 5, 70], w.config.vocab_size);
+    let mut one = CpuExecutor::new(w, KV, opts()).unwrap();
+    let want = script.run(&mut one);
+    let mut group = tp::cpu_group(w, KV, opts(), size).unwrap();
+    let got = script.run(group.as_mut());
+    let nudged = w.with_norms_nudged(1e-6).unwrap();
+    let mut other = CpuExecutor::new(&nudged, KV, opts()).unwrap();
+    let moved = script.run(&mut other);
+    let vocab = w.config.vocab_size;
+    (
+        row_distances(&got, &want, vocab),
+        row_distances(&moved, &want, vocab),
+    )
+}
+
+fn row_distances(got: &[Vec<f32>], want: &[Vec<f32>], vocab: usize) -> (f64, f64) {
+    let mut rows = Vec::new();
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.len(), w.len());
+        for (a, b) in g.chunks_exact(vocab).zip(w.chunks_exact(vocab)) {
+            rows.push(rel_l2(a, b));
+        }
+    }
+    rows.sort_by(f64::total_cmp);
+    (rows[rows.len() / 2], rows[rows.len() - 1])
+}
+
+/// Holds the distances of `w`'s logits over `size` ranks to the bounds above.
+fn check(w: &ModelWeights, what: &str, size: usize) {
+    let t = w.layers[0].wq.dtype;
+    let ((median, worst), (sens_median, sens_worst)) = distances(w, size);
+    eprintln!(
+        "{what} {t} × {size} ranks: median row {median:.3e}, worst {worst:.3e} (nudged norms: \
+         {sens_median:.3e}, {sens_worst:.3e})"
+    );
+    let (mb, wb) = (
+        TP_BOUND.max(2.0 * sens_median),
+        TP_BOUND.max(2.0 * sens_worst),
+    );
+    assert!(
+        median <= mb,
+        "{what} {t} × {size}: median {median:.3e} > {mb:.3e}"
+    );
+    assert!(
+        worst <= wb,
+        "{what} {t} × {size}: worst {worst:.3e} > {wb:.3e}"
+    );
+}
+
+#[test]
+fn sharded_dense_models_match_the_whole_model() {
+    // 2 and 4 ranks split the 4 KV heads; 8 ranks replicate each KV head over two ranks.
+    for (t, sizes) in [
+        (GgmlType::F32, &[2, 4, 8][..]),
+        (GgmlType::F16, &[2][..]),
+        (GgmlType::Q8_0, &[2, 4][..]),
+        (GgmlType::Q4_K, &[2][..]),
+    ] {
+        let w = model(&config(false), t, 7);
+        for &n in sizes {
+            check(&w, "dense", n);
+        }
+    }
+}
+
+#[test]
+fn sharded_mixture_of_experts_matches_the_whole_model() {
+    for (t, n) in [(GgmlType::F32, 2), (GgmlType::Q8_0, 2), (GgmlType::Q8_0, 4)] {
+        check(&model(&config(true), t, 11), "MoE", n);
+    }
+}
+
+#[test]
+fn a_mis_sharded_model_is_caught() {
+    // The test's yardstick: swapping two ranks' shards must move the logits far past the bound.
+    let w = model(&config(false), GgmlType::F32, 3);
+    let group = Arc::new(HostReduce::new(2));
+    let weights = Arc::new(w.clone());
+    let g = group.clone();
+    let make = move |s: Shard| -> Result<Box<dyn Executor>, BackendError> {
+        // Rank r gets the KV heads of rank r but the Q heads of the other rank.
+        let mut part = tp::shard_weights(&weights, s)?;
+        let other = tp::shard_weights(
+            &weights,
+            Shard {
+                rank: 1 - s.rank,
+                ..s
+            },
+        )?;
+        for (l, o) in part.layers.iter_mut().zip(other.layers) {
+            l.wq = o.wq;
+        }
+        Ok(Box::new(CpuExecutor::new_rank(
+            &part,
+            KV,
+            opts(),
+            g.clone(),
+            s,
+        )?))
+    };
+    let mut bad = TpExecutor::new(2, group, Arc::new(make)).unwrap();
+    let script = Script::new(1, &[21], w.config.vocab_size);
+    let mut one = CpuExecutor::new(&w, KV, opts()).unwrap();
+    let (got, want) = (script.run(&mut bad), script.run(&mut one));
+    let d = rel_l2(&got[0], &want[0]);
+    assert!(d > 100.0 * TP_BOUND, "swapped shards gave {d:.3e}");
+}
+
+#[test]
+fn sizes_that_do_not_split_the_model_are_refused_by_name() {
+    let w = model(&config(false), GgmlType::Q4_K, 5);
+    let err = |n| {
+        tp::cpu_group(&w, KV, opts(), n)
+            .err()
+            .map(|e| e.to_string())
+    };
+    let e = err(3).unwrap();
+    assert!(
+        e.contains("does not divide the model's 8 attention heads"),
+        "{e}"
+    );
+    let e = err(0).unwrap();
+    assert!(e.contains("at least 1"), "{e}");
+    // 4 ranks: the o projection's 128-column shards would cut Q4_K's 256-value blocks.
+    let e = err(4).unwrap();
+    assert!(
+        e.contains("cannot be split at column") && e.contains("Q4_K"),
+        "{e}"
+    );
+    let mut c = config(false);
+    c.num_kv_heads = 6;
+    c.num_heads = 24;
+    let e = tp::check_split(&c, 4).unwrap_err().to_string();
+    assert!(e.contains("6 KV heads"), "{e}");
+}
+
+/// A rank that fails mid-step: the group returns its error (no rank waits forever in the
+/// all-reduce), and every later call gets an error too.
+#[test]
+fn a_failing_rank_stops_the_group_without_a_hang() {
+    struct Failing;
+    impl Executor for Failing {
+        fn backend_name(&self) -> &'static str {
+            "cpu"
+        }
+        fn kv_spec(&self) -> KvCacheSpec {
+            KV
+        }
+        fn vocab_size(&self) -> usize {
+            384
+        }
+        fn forward(&mut self, _: &ForwardBatch) -> Result<&[f32], BackendError> {
+            Err(BackendError::OutOfMemory("rank 1's test failure".into()))
+        }
+        fn set_profiling(&mut self, _: bool) {}
+        fn take_profile(&mut self) -> Vec<quire_backend::OpStat> {
+            Vec::new()
+        }
+    }
+    let w = model(&config(false), GgmlType::F32, 9);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let group = Arc::new(HostReduce::new(2));
+        let weights = Arc::new(w);
+        let g = group.clone();
+        let make = move |s: Shard| -> Result<Box<dyn Executor>, BackendError> {
+            if s.rank == 1 {
+                return Ok(Box::new(Failing));
+            }
+            let part = tp::shard_weights(&weights, s)?;
+            Ok(Box::new(CpuExecutor::new_rank(
+                &part,
+                KV,
+                opts(),
+                g.clone(),
+                s,
+            )?))
+        };
+        let mut group = TpExecutor::new(2, group, Arc::new(make)).unwrap();
+        let script = Script::new(2, &[9], 384);
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            script.step(&mut group, &[(0, 9)])
+        }));
+        let ids = [1u32];
+        let b = ForwardBatch {
+            token_ids: &ids,
+            positions: &[0],
+            slot_mapping: &[quire_core::slot(&script.tables[0], 0, KV.block_size) as u32],
+            seqs: &[SeqBatch {
+                query_start: 0,
+                query_len: 1,
+                seq_len: 1,
+                block_table: &script.tables[0],
+            }],
+            logits_indices: &[0],
+        };
+        let second = group.forward(&b).err().map(|e| e.to_string());
+        let _ = done_tx.send((first.is_err(), second));
+    });
+    let (first_failed, second) = done_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the group hung after a rank failed");
+    assert!(first_failed, "the step with a failing rank succeeded");
+    let second = second.expect("a stopped group ran a step");
+    assert!(
+        second.contains("rank 1 of 2 failed") && second.contains("rank 1's test failure"),
+        "{second}"
+    );
+}
