@@ -14,7 +14,7 @@ use super::llama::{CudaExecutor, Kernels, Layer};
 use super::meta::MappedMeta;
 use super::moe::{MoeKernels, MoeLayer};
 use super::nvrtc;
-use super::qmat::{is_block32_quant, is_native_quant, upload_stacked, QuantKernels, WMat};
+use super::qmat::{is_native_quant, upload_stacked, QuantKernels, WMat};
 use super::sample::SampleKernel;
 use super::scratch::Scratch;
 use super::CudaOptions;
@@ -60,8 +60,8 @@ fn check_shapes(c: &ModelConfig, w: &ModelWeights, bs: usize) -> Result<(), Back
     Ok(())
 }
 
-/// Bytes the weights take on the device: stored bytes where the kernels read the type (the MoE
-/// expert kernels only the 32-element types), else f16.
+/// Bytes the weights take on the device: stored bytes where the kernels read the type (dense and
+/// MoE expert kernels read the same six), else f16.
 fn weight_bytes(w: &ModelWeights, keep_quant: bool) -> usize {
     let dev_bytes = |(t, stays): (&HostTensor, fn(GgmlType) -> bool)| {
         if keep_quant && stays(t.dtype) {
@@ -71,7 +71,7 @@ fn weight_bytes(w: &ModelWeights, keep_quant: bool) -> usize {
         }
     };
     let dense: fn(GgmlType) -> bool = is_native_quant;
-    let experts: fn(GgmlType) -> bool = is_block32_quant;
+    let experts: fn(GgmlType) -> bool = is_native_quant;
     w.layers
         .iter()
         .flat_map(|l| {

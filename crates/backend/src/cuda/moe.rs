@@ -1,27 +1,81 @@
 //! The mixture-of-experts FFN on CUDA (Qwen3-MoE): router GEMM, on-device top-k and a counting
-//! sort of the (token, expert) pairs into tiles of up to 8 pairs of one expert, expert matmuls that
-//! read an expert's weights once per tile (quantized experts with 8-bit activations, or f16), SwiGLU
-//! over the pairs, and the weighted combine into the residual stream. No host round trip, so decode
-//! steps stay inside CUDA graphs.
+//! sort of the (token, expert) pairs into tiles of one expert, expert matmuls that read an expert's
+//! weights once per tile, SwiGLU over the pairs, and the weighted combine into the residual stream.
+//! No host round trip, so decode steps stay inside CUDA graphs.
+//!
+//! Quantized experts (Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) stay as stored and take
+//! 8-bit activations, with the dense kernels' per-block arithmetic; other types go to f16. Decode
+//! (few tokens) sorts into tiles of up to [`TILE`] pairs for the dp4a kernels; prompt chunks (from
+//! [`TC_MIN_TOKENS`]) into tiles of up to [`TC_TILE`] pairs for a grouped int8 tensor-core GEMM,
+//! so each expert's weights are read once per 64 of its pairs instead of once per 8.
+//!
+//! Launches per layer: up to [`FUSED_ROUTE_MAX_TOKENS`] tokens, route (logits, top-k, sort),
+//! gate/up, SwiGLU into 8-bit blocks, down, combine (5); above, cuBLAS's router GEMM, top-k and
+//! sort in place of the route (7). Each expert matmul is one launch over every expert's tiles.
 
 use cudarc::driver::CudaFunction;
 use half::f16;
 use quire_core::MoeConfig;
+use quire_gguf::GgmlType;
 
 use super::gpu::{DBuf, Gpu, KArg};
 use super::nvrtc;
-use super::qmat::{is_block32_quant, to_f16, WMat, Q8A_BYTES};
+use super::qmat::{is_native_quant, to_f16, WMat, Q8A_BYTES};
 use crate::{BackendError, HostTensor, MoeWeights};
 
-/// Pairs per tile (`MOE_TILE` in moe.cu) and weight rows per CTA (`MOE_WARPS × MOE_ROWS`).
-const TILE: usize = 8;
+/// Pairs per tile of the dp4a expert kernels (`MOE_TILE` in moe.cu) and their weight rows per CTA
+/// (`MOE_WARPS × MOE_ROWS`).
+pub const TILE: usize = 8;
 const ROWS_PER_CTA: usize = 8;
+/// Pairs per tile of the tensor-core expert kernels (`TC_TOK` in mmq_tc.cuh), their weight rows
+/// per CTA (`TC_ROWS`) and threads (`TC_THREADS`).
+pub const TC_TILE: usize = 64;
+const TC_ROWS: usize = 64;
+const TC_THREADS: u32 = 256;
+
+/// The fewest tokens whose expert matmuls run on the tensor cores (quantized experts, sm_80+).
+/// At `n` tokens an expert gets about `n · k / experts` pairs (n / 16 for 30B-A3B): below ~8 the
+/// dp4a tiles already read each expert once and the tensor-core tile would be mostly empty; above,
+/// dp4a reads an expert once per 8 pairs and the tensor cores once per 64. 128 tokens (~8 pairs an
+/// expert) is the estimate from that count; the lead measures the crossing with
+/// `cuda_moe_bench` (`--path` forces either) and sets it from the numbers.
+pub const TC_MIN_TOKENS: usize = 128;
+
+/// Up to this many tokens the router logits, the top-k and the sort are one launch (`moe_route`:
+/// a warp per expert, then the last CTA routes every token), two launches fewer per layer than
+/// cuBLAS's GEMM, the top-k and the sort that larger steps take.
+pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
+
+/// Which kernels multiply the experts (the test and the benchmark name one; a step picks by
+/// token count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoePath {
+    /// Tiles of up to [`TILE`] pairs, dp4a (quantized) or f16 GEMV.
+    Dp4a,
+    /// Tiles of up to [`TC_TILE`] pairs on the int8 tensor cores (quantized experts, sm_80+).
+    TensorCore,
+}
+
+/// The expert kernels' stored types, in the order of `MoeKernels::mmq`, with their name suffix.
+const TYPES: [(GgmlType, &str); 6] = [
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::Q6_K, "q6_k"),
+];
+
+/// Experts and picks per token the top-k kernel handles (its taken-set and one lane per pick).
+const MAX_EXPERTS: usize = 512;
+const MAX_TOP_K: usize = 32;
 
 pub struct MoeKernels {
     topk: CudaFunction,
+    route: CudaFunction,
     sort: CudaFunction,
-    /// By type: Q4_0, Q4_1, Q8_0.
-    mmq: [CudaFunction; 3],
+    /// By type (`TYPES` order): the dp4a kernel and the tensor-core one.
+    mmq: Vec<[CudaFunction; 2]>,
     gemv_f16: CudaFunction,
     combine: CudaFunction,
 }
@@ -30,10 +84,15 @@ impl MoeKernels {
     pub fn new(gpu: &Gpu) -> Result<Self, BackendError> {
         let m = gpu.module(&nvrtc::MOE, &[])?;
         let f = |name: &str| Gpu::function(&m, name);
+        let mmq = TYPES
+            .iter()
+            .map(|(_, t)| Ok([f(&format!("moe_mmq_{t}"))?, f(&format!("moe_mmq_{t}_tc"))?]))
+            .collect::<Result<_, BackendError>>()?;
         Ok(Self {
             topk: f("moe_topk")?,
+            route: f("moe_route")?,
             sort: f("moe_sort")?,
-            mmq: [f("moe_mmq_q4_0")?, f("moe_mmq_q4_1")?, f("moe_mmq_q8_0")?],
+            mmq,
             gemv_f16: f("moe_gemv_f16")?,
             combine: f("moe_combine")?,
         })
@@ -52,7 +111,8 @@ pub struct MoeLayer {
     pub down: WMat,
 }
 
-/// Expert slabs of `gate` and `up` (each `[experts][inter][hidden]`) interleaved per expert.
+/// Expert slabs of `gate` and `up` (each `[experts][inter][hidden]`) interleaved per expert: kept as
+/// stored when `keep_quant` and every part has the same type the expert kernels read, else f16.
 fn stack_experts(
     gpu: &Gpu,
     parts: &[&HostTensor],
@@ -60,7 +120,7 @@ fn stack_experts(
     keep_quant: bool,
 ) -> Result<WMat, BackendError> {
     let dtype = parts[0].dtype;
-    if keep_quant && is_block32_quant(dtype) && parts.iter().all(|t| t.dtype == dtype) {
+    if keep_quant && is_native_quant(dtype) && parts.iter().all(|t| t.dtype == dtype) {
         let slabs: Vec<&[u8]> = parts.iter().map(|t| t.bytes.as_slice()).collect();
         let mut bytes = Vec::with_capacity(slabs.iter().map(|s| s.len()).sum());
         for e in 0..experts {
@@ -115,8 +175,17 @@ impl MoeLayer {
                 expected: vec![hidden, e],
             });
         }
-        if keep_quant && is_block32_quant(w.down_exps.dtype) != is_block32_quant(w.gate_exps.dtype)
+        if e > MAX_EXPERTS
+            || cfg.num_experts_per_tok == 0
+            || cfg.num_experts_per_tok > e.min(MAX_TOP_K)
         {
+            return Err(BackendError::Config(format!(
+                "the CUDA MoE block takes up to {MAX_EXPERTS} experts and 1 to {MAX_TOP_K} \
+                 (at most the experts) per token; the model has {e} and {}",
+                cfg.num_experts_per_tok
+            )));
+        }
+        if keep_quant && is_native_quant(w.down_exps.dtype) != is_native_quant(w.gate_exps.dtype) {
             return Err(BackendError::Config(
                 "expert gate/up and down weights must be both quantized or both float".into(),
             ));
@@ -147,13 +216,15 @@ pub struct MoeScratch {
     sorted: DBuf<i32>,    // [n * k]
     tiles: DBuf<i32>,     // [max_tiles, 4]
     num_tiles: DBuf<i32>, // [1]
+    done: DBuf<u32>,      // [1] moe_route's count of finished CTAs, zero between launches
     gu: DBuf<f32>,        // [n * k, 2 * inter]
     act: DBuf<u8>,        // [n * k, inter] f16 or 8-bit blocks
     y: DBuf<f32>,         // [n * k, hidden]
 }
 
-fn max_tiles(pairs: usize, experts: usize) -> usize {
-    pairs.div_ceil(TILE) + experts
+/// Tiles of at most `tile` pairs that `pairs` pairs over `experts` experts can take.
+fn max_tiles(pairs: usize, experts: usize, tile: usize) -> usize {
+    pairs.div_ceil(tile) + experts
 }
 
 impl MoeScratch {
@@ -168,6 +239,7 @@ impl MoeScratch {
             sorted: gpu.alloc(0)?,
             tiles: gpu.alloc(0)?,
             num_tiles: gpu.alloc(0)?,
+            done: gpu.alloc(1)?,
             gu: gpu.alloc(0)?,
             act: gpu.alloc(0)?,
             y: gpu.alloc(0)?,
@@ -197,7 +269,7 @@ impl MoeScratch {
         self.ids = gpu.alloc(pairs)?;
         self.weights = gpu.alloc(pairs)?;
         self.sorted = gpu.alloc(pairs)?;
-        self.tiles = gpu.alloc(4 * max_tiles(pairs, e))?;
+        self.tiles = gpu.alloc(4 * max_tiles(pairs, e, TILE))?;
         self.num_tiles = gpu.alloc(1)?;
         self.gu = gpu.alloc(pairs * 2 * inter)?;
         self.act = gpu.alloc(pairs * (2 * inter).max(inter / 32 * Q8A_BYTES))?;
@@ -229,7 +301,8 @@ pub struct MoeRun<'a> {
 }
 
 /// One step's sizes: experts, picks per token, expert rows, tokens, hidden, (token, expert)
-/// pairs, and the tile grid the expert matmuls launch over.
+/// pairs, the expert kernels and their tile size, and the tile count the expert matmuls launch
+/// over.
 #[derive(Clone, Copy)]
 struct Dims {
     e: usize,
@@ -238,10 +311,27 @@ struct Dims {
     n: usize,
     hd: usize,
     pairs: usize,
+    path: MoePath,
+    tile: usize,
     grid_y: u32,
 }
 
 impl MoeRun<'_> {
+    /// The expert kernels a step of `n` tokens takes on `layer`.
+    pub fn path_for(&self, layer: &MoeLayer, n: usize) -> MoePath {
+        if n >= TC_MIN_TOKENS && self.tc_ok(layer) {
+            MoePath::TensorCore
+        } else {
+            MoePath::Dp4a
+        }
+    }
+
+    /// Whether the tensor-core expert kernels can run on `layer` here: quantized experts, sm_80+
+    /// and 16-byte aligned slabs.
+    pub fn tc_ok(&self, layer: &MoeLayer) -> bool {
+        layer.q8_in() && self.qk.tc_ok(layer.gate_up.ptr()) && self.qk.tc_ok(layer.down.ptr())
+    }
+
     /// Layer `layer`'s MoE block over `io.n` tokens, added into `io.x`.
     ///
     /// # Safety
@@ -255,9 +345,51 @@ impl MoeRun<'_> {
         s: &MoeScratch,
         io: &MoeInputs,
     ) -> Result<(), BackendError> {
+        let path = self.path_for(layer, io.n);
+        // SAFETY: this fn's contract is `run_with`'s.
+        unsafe { self.run_with(layer, s, io, path) }
+    }
+
+    /// [`Self::run`] with the expert kernels named (the test and the benchmark); the tensor-core
+    /// path where [`Self::tc_ok`] is false is an error.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::run`].
+    pub unsafe fn run_with(
+        &self,
+        layer: &MoeLayer,
+        s: &MoeScratch,
+        io: &MoeInputs,
+        path: MoePath,
+    ) -> Result<(), BackendError> {
         let c = &layer.cfg;
         let (e, k) = (c.num_experts, c.num_experts_per_tok);
+        if io.n > s.tokens {
+            return Err(BackendError::InvalidBatch(format!(
+                "MoE scratch holds {} tokens, the step has {}",
+                s.tokens, io.n
+            )));
+        }
+        if path == MoePath::TensorCore && !self.tc_ok(layer) {
+            return Err(BackendError::Cuda(format!(
+                "the tensor-core expert kernels need quantized experts, sm_80 or newer (this \
+                 device is {}) and 16-byte aligned weights",
+                self.g.arch
+            )));
+        }
         let pairs = io.n * k;
+        let tile = match path {
+            MoePath::Dp4a => TILE,
+            MoePath::TensorCore => TC_TILE,
+        };
+        let grid_y = max_tiles(pairs, e, tile);
+        if grid_y > 65535 {
+            return Err(BackendError::InvalidBatch(format!(
+                "{} tokens in one MoE block (at most {} tiles)",
+                io.n, 65535
+            )));
+        }
         let d = Dims {
             e,
             k,
@@ -265,19 +397,16 @@ impl MoeRun<'_> {
             n: io.n,
             hd: io.hidden,
             pairs,
-            grid_y: max_tiles(pairs, e) as u32,
+            path,
+            tile,
+            grid_y: grid_y as u32,
         };
-        if io.n > s.tokens {
-            return Err(BackendError::InvalidBatch(format!(
-                "MoE scratch holds {} tokens, the step has {}",
-                s.tokens, io.n
-            )));
-        }
         let quant = layer.q8_in();
         let x_in = if quant { io.q8 } else { io.h };
         // SAFETY: `io`'s addresses are the caller's (this fn's contract); every other address
-        // is `s`'s, grown (checked above) for at least `n` tokens of this model's MoE shape, or
-        // the layer's weights, both alive for the executor's life.
+        // is `s`'s, grown (checked above) for at least `n` tokens of this model's MoE shape (its
+        // tile list for the smaller tile, so for either), or the layer's weights, both alive for
+        // the executor's life.
         unsafe {
             self.route(layer, s, io, d)?;
             self.experts(&layer.gate_up, x_in, k, s.gu.ptr, 2 * d.inter, d.hd, s, d)?;
@@ -288,7 +417,7 @@ impl MoeRun<'_> {
     }
 
     /// Router logits (f32), the top `k` experts of each token, and the counting sort of the
-    /// (token, expert) pairs into tiles of one expert.
+    /// (token, expert) pairs into tiles of one expert (all one launch for few tokens).
     ///
     /// # Safety
     ///
@@ -303,36 +432,44 @@ impl MoeRun<'_> {
         use KArg::{I, P};
         let (g, mk) = (self.g, self.mk);
         let norm_topk = layer.cfg.norm_topk_prob as i32;
+        let topk_args = [
+            P(s.logits.ptr),
+            I(d.e as i32),
+            I(d.k as i32),
+            I(norm_topk),
+            I(d.n as i32),
+            P(s.ids.ptr),
+            P(s.weights.ptr),
+        ];
+        let sort_out = [
+            I(d.tile as i32),
+            P(s.sorted.ptr),
+            P(s.tiles.ptr),
+            P(s.num_tiles.ptr),
+        ];
         // SAFETY: as `run` (this fn's contract); the argument lists are moe.cu's.
         unsafe {
+            if d.n <= FUSED_ROUTE_MAX_TOKENS && d.hd.is_multiple_of(4) {
+                let mut args = vec![P(io.hf), P(layer.router.ptr), I(d.hd as i32)];
+                args.extend(topk_args);
+                args.extend(sort_out);
+                args.push(P(s.done.ptr));
+                const WARPS: usize = 8;
+                let grid = (d.e.div_ceil(WARPS) as u32, 1, 1);
+                return g.launch(&mk.route, grid, (32 * WARPS as u32, 1, 1), &args);
+            }
             g.gemm_f32(io.hf, layer.router.ptr, s.logits.ptr, d.n, d.hd, d.e, 0.0)?;
             g.launch(
                 &mk.topk,
                 (d.n.div_ceil(4) as u32, 1, 1),
                 (128, 1, 1),
-                &[
-                    P(s.logits.ptr),
-                    I(d.e as i32),
-                    I(d.k as i32),
-                    I(norm_topk),
-                    I(d.n as i32),
-                    P(s.ids.ptr),
-                    P(s.weights.ptr),
-                ],
+                &topk_args,
             )?;
-            g.launch(
-                &mk.sort,
-                (1, 1, 1),
-                (1024, 1, 1),
-                &[
-                    P(s.ids.ptr),
-                    I(d.pairs as i32),
-                    I(d.e as i32),
-                    P(s.sorted.ptr),
-                    P(s.tiles.ptr),
-                    P(s.num_tiles.ptr),
-                ],
-            )
+            let args: Vec<KArg> = [P(s.ids.ptr), I(d.pairs as i32), I(d.e as i32)]
+                .into_iter()
+                .chain(sort_out)
+                .collect();
+            g.launch(&mk.sort, (1, 1, 1), (1024, 1, 1), &args)
         }
     }
 
@@ -356,23 +493,39 @@ impl MoeRun<'_> {
         d: Dims,
     ) -> Result<(), BackendError> {
         use KArg::{I, L, P};
-        let grid = (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1);
         let tiles = [P(s.sorted.ptr), P(s.tiles.ptr), P(s.num_tiles.ptr)];
         match w {
             WMat::Quant { dtype, data } => {
-                let idx = match dtype {
-                    quire_gguf::GgmlType::Q4_0 => 0,
-                    quire_gguf::GgmlType::Q4_1 => 1,
-                    _ => 2,
-                };
-                let expert_bytes = rows * dtype.row_size(cols as u64).unwrap_or(0) as usize;
+                let idx = TYPES.iter().position(|(t, _)| t == dtype).ok_or_else(|| {
+                    BackendError::Config(format!("no MoE expert kernel for {dtype:?}"))
+                })?;
+                let row_bytes = dtype.row_size(cols as u64).ok_or_else(|| {
+                    BackendError::Config(format!(
+                        "{cols} is not a whole number of {dtype:?} blocks"
+                    ))
+                })?;
+                let expert_bytes = rows * row_bytes as usize;
                 let mut args = vec![P(data.ptr), L(expert_bytes as i64), P(a), I(act_div as i32)];
                 args.extend(tiles);
                 args.extend([P(out), I(rows as i32), I((cols / 32) as i32)]);
-                // SAFETY: moe_mmq's list; the addresses as this fn's contract says.
-                unsafe { self.g.launch(&self.mk.mmq[idx], grid, (128, 1, 1), &args) }
+                let (f, grid, block) = match d.path {
+                    MoePath::Dp4a => (
+                        &self.mk.mmq[idx][0],
+                        (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1),
+                        (128, 1, 1),
+                    ),
+                    MoePath::TensorCore => (
+                        &self.mk.mmq[idx][1],
+                        (rows.div_ceil(TC_ROWS) as u32, d.grid_y, 1),
+                        (TC_THREADS, 1, 1),
+                    ),
+                };
+                // SAFETY: moe_mmq's (and moe_mmq_*_tc's) list; the addresses as this fn's
+                // contract says.
+                unsafe { self.g.launch(f, grid, block, &args) }
             }
             WMat::F16(b) => {
+                let grid = (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1);
                 let mut args = vec![P(b.ptr), P(a), I(act_div as i32)];
                 args.extend(tiles);
                 args.extend([P(out), I(rows as i32), I(cols as i32)]);

@@ -43,11 +43,12 @@ pub const SAMPLE: KernelSource = KernelSource {
     src: include_str!("kernels/sample.cu"),
 };
 /// The dp4a matmuls (direct and staged through shared memory) and the tensor-core matmul for many
-/// tokens (mmq_tc.cu builds on quant.cu's blocks and unpacking, so the two are one module).
+/// tokens (mmq_tc.cuh builds on quant.cu's blocks and unpacking, so they are one module).
 pub const QUANT: KernelSource = KernelSource {
     name: "quant.cu + mmq_tc.cu",
     src: concat!(
         include_str!("kernels/quant.cu"),
+        include_str!("kernels/mmq_tc.cuh"),
         include_str!("kernels/mmq_tc.cu")
     ),
 };
@@ -55,11 +56,13 @@ pub const GEMV: KernelSource = KernelSource {
     name: "gemv.cu",
     src: include_str!("kernels/gemv.cu"),
 };
-/// The MoE kernels build on quant.cu's blocks and dot products, so the file is compiled after it.
+/// The MoE kernels build on quant.cu's blocks and dot products and on mmq_tc.cuh's tensor-core
+/// tile, so the file is compiled after them.
 pub const MOE: KernelSource = KernelSource {
     name: "moe.cu",
     src: concat!(
         include_str!("kernels/quant.cu"),
+        include_str!("kernels/mmq_tc.cuh"),
         include_str!("kernels/moe.cu")
     ),
 };

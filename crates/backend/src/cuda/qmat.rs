@@ -64,7 +64,7 @@ pub fn is_native_quant(dtype: GgmlType) -> bool {
     is_block32_quant(dtype) || matches!(dtype, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// The legacy 32-element block types (the MoE expert kernels read only these).
+/// The legacy 32-element block types.
 pub fn is_block32_quant(dtype: GgmlType) -> bool {
     matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
 }

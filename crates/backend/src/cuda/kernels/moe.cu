@@ -1,7 +1,16 @@
 // Mixture-of-experts FFN (Qwen3-MoE): the router's top-k, a counting sort of the (token, slot)
-// pairs by expert into tiles of up to MOE_TILE pairs, expert matmuls that read each expert's weights
-// once per tile, and the weighted combine into the residual stream. Everything stays on the device
-// (no host round trip), so a decode step can still be one CUDA graph.
+// pairs by expert into tiles of one expert, expert matmuls that read each expert's weights once per
+// tile, and the weighted combine into the residual stream. Everything stays on the device (no host
+// round trip), so a decode step can still be one CUDA graph.
+//
+// Two tile sizes, chosen by the host from the token count: up to MOE_TILE (8) pairs for decode,
+// multiplied by the dp4a kernels below (a warp per weight row pair, the tile's activations in
+// registers), and up to TC_TOK (64) pairs for prompt chunks, multiplied on the int8 tensor cores
+// by mmq_tc.cuh's tile with the pairs' activation rows gathered by index. Either way one launch
+// covers every expert's tiles (grid: row blocks × tiles), and every stored type (Q4_0, Q4_1,
+// Q8_0, Q4_K, Q5_K, Q6_K) stays as stored: the arithmetic is quant.cu's `block_dot`. Few tokens
+// route in one launch (moe_route: logits, top-k and sort); more take cuBLAS's router GEMM, then
+// moe_topk and moe_sort.
 //
 // A "pair" p = t * top_k + s is token t's s-th chosen expert.
 
@@ -10,15 +19,16 @@
 #define MOE_ROWS 2
 
 // Router: softmax over the experts, top-k (ties to the lower index, as torch.topk on CPU), weights
-// renormalized over the chosen k when `norm_topk`. One warp per token.
+// renormalized over the chosen k when `norm_topk`. One warp per token (experts <= 512, k <= 32,
+// which the host checks).
 // logits: [n, num_experts] f32; ids, weights: [n, top_k]
-extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_experts, int top_k,
-                                    int norm_topk, int n, int* __restrict__ ids,
-                                    float* __restrict__ weights) {
-    pdl_enter();
-    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+// (`logits` without __restrict__: the fused route kernel reads logits other CTAs of the same
+// launch wrote, which must not go through the read-only cache.)
+__device__ __forceinline__ void moe_topk_warp(const float* logits, int num_experts,
+                                              int top_k, int norm_topk, int t,
+                                              int* __restrict__ ids,
+                                              float* __restrict__ weights) {
     const int lane = threadIdx.x & 31;
-    if (t >= n) return;
     const float* l = logits + (long)t * num_experts;
     float mx = -INFINITY;
     for (int e = lane; e < num_experts; e += 32) mx = fmaxf(mx, l[e]);
@@ -65,14 +75,23 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_ex
     }
 }
 
-// Counting sort of the pairs by expert, and the tile list: tile i covers `count` (<= MOE_TILE)
-// consecutive sorted pairs of one expert. One CTA (pairs <= any, experts <= 1024).
+// Many tokens: four per CTA.
+extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_experts, int top_k,
+                                    int norm_topk, int n, int* __restrict__ ids,
+                                    float* __restrict__ weights) {
+    pdl_enter();
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= n) return;
+    moe_topk_warp(logits, num_experts, top_k, norm_topk, t, ids, weights);
+}
+
+// Counting sort of the pairs by expert, and the tile list: tile i covers `count` (<= tile)
+// consecutive sorted pairs of one expert. One CTA (experts <= 1024).
 // ids: [pairs]; sorted: [pairs] pair indices; tiles: [max_tiles] (expert, start, count, 0);
 // num_tiles: [1]
-extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int num_experts,
-                                    int* __restrict__ sorted, int4* __restrict__ tiles,
-                                    int* __restrict__ num_tiles) {
-    pdl_enter();
+__device__ __forceinline__ void moe_sort_cta(const int* ids, int pairs, int num_experts, int tile,
+                                             int* __restrict__ sorted, int4* __restrict__ tiles,
+                                             int* __restrict__ num_tiles) {
     __shared__ int count[1024], offset[1024], cursor[1024];
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
         count[e] = 0;
@@ -85,8 +104,8 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int 
         int off = 0, nt = 0;
         for (int e = 0; e < num_experts; e++) {
             offset[e] = off;
-            for (int c = 0; c < count[e]; c += MOE_TILE) {
-                tiles[nt++] = make_int4(e, off + c, min(MOE_TILE, count[e] - c), 0);
+            for (int c = 0; c < count[e]; c += tile) {
+                tiles[nt++] = make_int4(e, off + c, min(tile, count[e] - c), 0);
             }
             off += count[e];
         }
@@ -101,9 +120,58 @@ extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int 
     }
 }
 
+extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int num_experts,
+                                    int tile, int* __restrict__ sorted, int4* __restrict__ tiles,
+                                    int* __restrict__ num_tiles) {
+    pdl_enter();
+    moe_sort_cta(ids, pairs, num_experts, tile, sorted, tiles, num_tiles);
+}
+
+// Few tokens (decode), the whole routing in one launch: router logits (f32, one warp per expert,
+// 16-byte loads), then the last CTA to finish (an atomic count, reset for the next launch so CUDA
+// graph replays stay valid) takes the top-k of every token and the sort. The
+// ids pass through global memory, visible to the whole CTA after its barrier.
+// hf: [n, hidden] f32 (hidden % 4 == 0); router: [num_experts, hidden] f32; logits: [n, experts];
+// done: [1], zero between launches. grid (⌈experts / warps⌉), block 32 · warps.
+extern "C" __global__ void moe_route(const float* __restrict__ hf, const float* __restrict__ router,
+                                     int hidden, float* logits, int num_experts, int top_k,
+                                     int norm_topk, int n, int* ids, float* __restrict__ weights,
+                                     int tile, int* __restrict__ sorted, int4* __restrict__ tiles,
+                                     int* __restrict__ num_tiles, unsigned int* done) {
+    pdl_enter();
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * warps + warp;
+    if (e < num_experts) {
+        const float4* r4 = (const float4*)(router + (long)e * hidden);
+        for (int t = 0; t < n; t++) {
+            const float4* x4 = (const float4*)(hf + (long)t * hidden);
+            float acc = 0.0f;
+            for (int i = lane; i < hidden / 4; i += 32) {
+                const float4 a = r4[i], b = x4[i];
+                acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) logits[(long)t * num_experts + e] = acc;
+        }
+    }
+    __shared__ int last;
+    __threadfence();  // this CTA's logits visible device-wide before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every other CTA's logits seen by this one
+    for (int t = warp; t < n; t += warps)
+        moe_topk_warp(logits, num_experts, top_k, norm_topk, t, ids, weights);
+    __syncthreads();
+    moe_sort_cta(ids, n * top_k, num_experts, tile, sorted, tiles, num_tiles);
+    if (threadIdx.x == 0) *done = 0;
+}
+
 // y[p, r] = Σ_b dot(w[e][r, b], a[p / act_div, b]) for the pairs p of each tile (expert e): the
-// quantized weights (Q4_0/Q4_1/Q8_0 blocks, expert slabs of `rows` rows) against 8-bit activation
-// blocks. act_div = top_k reads the token's activations (gate/up), 1 the pair's own (down).
+// quantized weights (stored blocks, expert slabs of `rows` rows, `expert_bytes` each) against
+// 8-bit activation blocks. act_div = top_k reads the token's activations (gate/up), 1 the pair's
+// own (down). Tiles of up to MOE_TILE pairs.
 // grid (rows / (MOE_WARPS * MOE_ROWS), max_tiles); block 32 * MOE_WARPS
 template <int TYPE>
 __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, long expert_bytes,
@@ -117,7 +185,7 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
     const int r0 = (blockIdx.x * MOE_WARPS + warp) * MOE_ROWS;
     if (r0 >= rows) return;
     const unsigned char* we = w + tile.x * expert_bytes;
-    const int bytes = wblock<TYPE>::bytes;
+    const long row_bytes = (long)(nb / (wblock<TYPE>::elems / 32)) * wblock<TYPE>::bytes;
     int pair[MOE_TILE];
 #pragma unroll
     for (int t = 0; t < MOE_TILE; t++) pair[t] = t < tile.z ? sorted[tile.y + t] : 0;
@@ -127,14 +195,18 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
 #pragma unroll
         for (int t = 0; t < MOE_TILE; t++) acc[i][t] = 0.0f;
     for (int b = lane; b < nb; b += 32) {
+        // Each row's block b (sub-block `sub` of a K-quant super-block), read once for the tile.
+        const unsigned char* wb[MOE_ROWS];
+        int sub = 0;
+#pragma unroll
+        for (int i = 0; i < MOE_ROWS; i++) wb[i] = block_of<TYPE>(we + (r0 + i) * row_bytes, b, &sub);
 #pragma unroll
         for (int t = 0; t < MOE_TILE; t++) {
             if (t < tile.z) {
                 const q8a_t* ab = a + (long)(pair[t] / act_div) * nb + b;
 #pragma unroll
                 for (int i = 0; i < MOE_ROWS; i++)
-                    if (r0 + i < rows)
-                        acc[i][t] += block_dot<TYPE>(we + ((long)(r0 + i) * nb + b) * bytes, 0, ab);
+                    if (r0 + i < rows) acc[i][t] += block_dot<TYPE>(wb[i], sub, ab);
             }
         }
     }
@@ -147,19 +219,57 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
         }
 }
 
+// The columns of a tensor-core tile: the tile's pairs (activation row pair / act_div, output
+// row pair), gathered by index from the sorted list.
+struct tc_moe_map {
+    const int* sorted;
+    int start, count, act_div;
+    __device__ __forceinline__ int out(int t) const { return t < count ? sorted[start + t] : -1; }
+    __device__ __forceinline__ int act(int t) const {
+        return t < count ? sorted[start + t] / act_div : -1;
+    }
+};
+
+// The same on the int8 tensor cores for tiles of up to TC_TOK pairs: one CTA per 64 weight rows
+// of the tile's expert. grid (⌈rows / TC_ROWS⌉, max_tiles); block TC_THREADS; sm_80 and newer.
+template <int TYPE>
+__device__ __forceinline__ void moe_mmq_tc(const unsigned char* __restrict__ w, long expert_bytes,
+                                           const q8a_t* __restrict__ a, int act_div,
+                                           const int* __restrict__ sorted,
+                                           const int4* __restrict__ tiles,
+                                           const int* __restrict__ num_tiles,
+                                           float* __restrict__ y, int rows, int nb) {
+    // The whole CTA leaves together (the tile loop has barriers).
+    if (blockIdx.y >= *num_tiles) return;
+    const int4 tile = tiles[blockIdx.y];
+    const tc_moe_map map = {sorted, tile.y, tile.z, act_div};
+    tc_tile<TYPE>(w + tile.x * expert_bytes, a, y, rows, nb, (int)blockIdx.x * TC_ROWS, 0.0f, map);
+}
+
 #define MOE_MMQ_ENTRY(NAME, TYPE)                                                                 \
     extern "C" __global__ void NAME(const unsigned char* __restrict__ w, long expert_bytes,      \
                                     const q8a_t* __restrict__ a, int act_div,                    \
                                     const int* __restrict__ sorted, const int4* __restrict__ tiles, \
                                     const int* __restrict__ num_tiles, float* __restrict__ y,    \
-                                    int rows, int nb) { \
-        pdl_enter();                                      \
+                                    int rows, int nb) {                                          \
+        pdl_enter();                                                                             \
         moe_mmq<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                     \
+        NAME##_tc(const unsigned char* __restrict__ w, long expert_bytes,                        \
+                  const q8a_t* __restrict__ a, int act_div, const int* __restrict__ sorted,      \
+                  const int4* __restrict__ tiles, const int* __restrict__ num_tiles,             \
+                  float* __restrict__ y, int rows, int nb) {                                     \
+        pdl_enter();                                                                             \
+        moe_mmq_tc<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);    \
     }
 
 MOE_MMQ_ENTRY(moe_mmq_q4_0, T_Q4_0)
 MOE_MMQ_ENTRY(moe_mmq_q4_1, T_Q4_1)
 MOE_MMQ_ENTRY(moe_mmq_q8_0, T_Q8_0)
+MOE_MMQ_ENTRY(moe_mmq_q4_k, T_Q4_K)
+MOE_MMQ_ENTRY(moe_mmq_q5_k, T_Q5_K)
+MOE_MMQ_ENTRY(moe_mmq_q6_k, T_Q6_K)
 
 // The same for f16 expert weights and f16 activations. w: [experts, rows, cols] f16;
 // a: [*, cols] f16 (row p / act_div); y: [pairs, rows] f32
