@@ -66,6 +66,8 @@ pub struct ServeArgs {
     pub step_log: Option<PathBuf>,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -99,6 +101,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let t_load = std::time::Instant::now();
     let model = load_model(&a.model)?;
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    engine.set_speculation(a.spec.config()?)?;
     eprintln!(
         "model loaded in {:.0} ms, peak host RSS {}, peak GPU memory {}",
         t_load.elapsed().as_secs_f64() * 1e3,

@@ -86,6 +86,7 @@ pub fn run(a: &BenchArgs, spec: &str) -> Result<()> {
         gpu_weights: a.gpu_weights.clone(),
         adapter: a.adapter.clone(),
         cpu_math: a.cpu_math.clone(),
+        tensor_parallel_size: a.tensor_parallel_size,
     };
     let model = load_model(&margs)?;
     let mut eargs = Defaults::try_parse_from(["quire"])?.engine;

@@ -440,6 +440,21 @@ pub fn attn_tile_keys(s: &HeadShape) -> usize {
     (fit.min(ATTN_MAX_KT) / 8 * 8).max(8)
 }
 
+/// The prompt attention's tiling for `s`, for benchmark tables: tokens and keys per tile, and
+/// how its row sums are taken.
+pub fn attn_describe(s: &HeadShape, subgroup: bool) -> String {
+    format!(
+        "{} tokens x {} keys per tile, row sums through {}",
+        attn_tile_tokens(s),
+        attn_tile_keys(s),
+        if subgroup {
+            "subgroup shuffles"
+        } else {
+            "workgroup memory"
+        }
+    )
+}
+
 /// Cuts the tokens of a token table (`TOK_WORDS` words per token, words 0..5 filled) into the
 /// prompt attention's query tiles: runs of at most `qt` consecutive tokens of one sequence (the
 /// same first new position, first row and block table). Writes tile i's first token and token
