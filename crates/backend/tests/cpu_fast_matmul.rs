@@ -1,5 +1,5 @@
-//! The fast arithmetic mode's prompt product (`cpu::matmul::fast_gemm`, reached through
-//! `matmul_math(.., CpuMath::Fast, ..)`) against the scalar reference dot products
+//! The tiled prompt product (`cpu::matmul::fast_gemm`, reached through `matmul_fast_tiled`; not
+//! yet used by the engine, see `matmul_math`) against the scalar reference dot products
 //! (`cpu::quant::scalar`), on random weights and activations with row and token counts that leave
 //! partial tiles (odd rows, tokens not a multiple of 4).
 //!
@@ -9,7 +9,7 @@
 //! contribution (Q4_0 counting the offset part separately) — the usual recursive-summation bound,
 //! with slack for the few extra products.
 
-use quire_backend::cpu::matmul::{fast_gemm, matmul_math, Activations, QMatrix};
+use quire_backend::cpu::matmul::{fast_gemm, matmul_fast_tiled, matmul_math, Activations, QMatrix};
 use quire_backend::cpu::quant::{scalar, BlockQ8A, QK};
 use quire_backend::cpu::team::Team;
 use quire_backend::cpu::CpuMath;
@@ -110,7 +110,7 @@ quire_testkit::simd_test! {
                 let mut act = Activations::default();
                 act.prepare(&team, &x, cols, dtype);
                 let mut got = vec![f32::NAN; n * rows];
-                matmul_math(&team, CpuMath::Fast, &w, &x, &act, &mut got);
+                matmul_fast_tiled(&team, &w, &x, &act, &mut got);
                 let nb = cols / QK;
                 for t in 0..n {
                     for r in 0..rows {

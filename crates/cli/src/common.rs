@@ -40,10 +40,8 @@ pub struct ModelArgs {
     pub gpu_weights: String,
     /// CPU arithmetic. `fast` (the default): decode attention vectorized over keys (polynomial exp
     /// with relative error below 1.2e-7, f32 accumulators, AVX-512 or AVX2 picked at run time) and
-    /// split over the threads (1.3x exact at depth 8192 on a 2-core EPYC), and prompt matmuls of
-    /// Q4_0/Q4_1/Q8_0 weights in 4-row x 4-token tiles with f32 accumulators (AVX2); greedy text
-    /// may part from llama.cpp's at near-ties, perplexity within 0.1%. `exact`: llama.cpp's AVX2
-    /// arithmetic bit for bit (its greedy text)
+    /// split over the threads: 1.3x exact at depth 8192 on a 2-core EPYC; greedy text may part from
+    /// llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
     #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
     pub cpu_math: String,
     /// Split the model over N devices (tensor parallelism): attention heads and FFN columns are

@@ -19,8 +19,8 @@ pub use llama::{CpuExecutor, CpuOptions, KvDtype};
 /// How the CPU kernels round. `Exact` reproduces llama.cpp's AVX2 arithmetic bit for bit (the
 /// default model's greedy text equals llama.cpp's); `Fast` may round differently for speed:
 /// decode attention with a polynomial `exp`, f32 accumulators and AVX-512 where present, its
-/// keys split across the threads (`attention::fast`), and prompt matmuls of Q4_0/Q4_1/Q8_0
-/// weights in register tiles with f32 accumulators (`matmul::fast_gemm`).
+/// keys split across the threads (`attention::fast`). A tiled prompt matmul for it exists
+/// (`matmul::fast_gemm`) but is not used yet: see `matmul::matmul_math`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuMath {
     #[default]
