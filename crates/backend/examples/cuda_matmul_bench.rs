@@ -255,7 +255,7 @@ fn many_tokens(
                     let gbs = bytes as f64 / (med * 1e-6) / 1e9;
                     let tflops = 2.0 * (n * k * out) as f64 / (med * 1e-6) / 1e12;
                     let label = if kernel == Some(QKernel::TensorCorePipe) {
-                        let p = q.tcp_plan(out, k, n);
+                        let p = q.tcp_plan(dtype, out, k, n);
                         format!("{path} (tile {}, {} K splits)", p.nt, p.grid.2)
                     } else {
                         path.to_string()

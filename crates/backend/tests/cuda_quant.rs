@@ -1,7 +1,7 @@
 //! The quantized-weight kernels of `kernels/quant.cu` against the CPU backend: activation
 //! quantization (bit for bit, from f16 and f32 rows), RMSNorm and SwiGLU straight into 8-bit
-//! blocks, the whole-matrix dequantization to f16 (bit for bit), and the tensor-core matmul
-//! and the staged few-token kernel against the dp4a one on the same blocks (equal up to the f32
+//! blocks, the whole-matrix dequantization to f16 (bit for bit), and both tensor-core matmuls
+//! (the 64 × 64 tile and the pipelined split-K one) and the staged few-token kernel against the dp4a one on the same blocks (equal up to the f32
 //! summation order). The quantized
 //! matmuls against the CPU reference and the quantized embedding gather are tested in
 //! backend_ops.rs, one body for every backend.
@@ -313,7 +313,7 @@ quire_testkit::gpu_test! {
                         / want.len() as f64)
                         .sqrt() as f32;
                     assert!(rms.is_finite() && rms > 0.0, "{case}: dp4a output RMS {rms}");
-                    let plan = q.tcp_plan(rows, cols, n);
+                    let plan = q.tcp_plan(dtype, rows, cols, n);
                     for (name, got) in [("64x64 tile", &outs[1]), ("pipelined", &outs[2])] {
                         for (i, (a, b)) in got.iter().zip(want).enumerate() {
                             assert!(

@@ -52,8 +52,6 @@ const TCP_TILES: [usize; 3] = [16, 32, 64];
 /// not fit runs unsplit.
 const TCP_PART_FLOATS: usize = 4 << 20;
 const TCP_COUNTERS: usize = 8192;
-/// The grid the split-K aims at, in CTAs per multiprocessor (2–3 of them fit one at once).
-const TCP_CTAS_PER_SM: usize = 2;
 
 /// The fewest tokens [`QuantKernels::matmul`] sends to the tensor-core kernel (on sm_80 and newer).
 /// What decides it: below it the dp4a kernel's extra weight reads (⌈n / 8⌉ passes over the
@@ -259,8 +257,9 @@ pub struct QuantKernels {
     /// Split-K scratch: partial tiles and per-tile counters (zero between launches).
     tcp_part: DBuf<f32>,
     tcp_cnt: DBuf<u32>,
-    /// The CTAs a split-K grid aims at.
-    tcp_target: usize,
+    /// By type and token tile: the CTAs a split-K grid aims at (one full wave: the kernel's CTAs
+    /// per multiprocessor, by its shared memory and registers, times the multiprocessors).
+    tcp_target: [[usize; 3]; 6],
     /// The device has int8 `mma.sync` (sm_80+): the tensor-core kernels may be launched.
     has_mma: bool,
     embed: [CudaFunction; 6],
@@ -313,9 +312,10 @@ impl QuantKernels {
         let v8 = by_type("mmv_{}_t8")?;
         let has_mma = sm_version(&gpu.arch) >= 80;
         let mut tcp = Vec::with_capacity(6);
-        for (dtype, t) in NATIVE {
+        let mut tcp_target = [[0usize; 3]; 6];
+        for (ti, (dtype, t)) in NATIVE.into_iter().enumerate() {
             let mut per = Vec::with_capacity(3);
-            for nt in TCP_TILES {
+            for (ni, nt) in TCP_TILES.into_iter().enumerate() {
                 let func = f(&format!("mmq_{t}_tcp{nt}"))?;
                 // The kernel is used only where its shared memory can be granted (sm_80+).
                 let ok = has_mma
@@ -325,6 +325,17 @@ impl QuantKernels {
                             tcp_smem(dtype, nt) as i32,
                         )
                         .is_ok();
+                let per_sm = if ok {
+                    func.occupancy_max_active_blocks_per_multiprocessor(
+                        TCP_THREADS,
+                        tcp_smem(dtype, nt),
+                        None,
+                    )
+                    .map_or(1, |b| b.max(1) as usize)
+                } else {
+                    1
+                };
+                tcp_target[ti][ni] = per_sm * gpu.sms as usize;
                 per.push(ok.then_some(func));
             }
             tcp.push([per[0].take(), per[1].take(), per[2].take()]);
@@ -345,7 +356,7 @@ impl QuantKernels {
             tcp: six(tcp),
             tcp_part: gpu.alloc::<f32>(TCP_PART_FLOATS)?,
             tcp_cnt: gpu.alloc::<u32>(TCP_COUNTERS)?,
-            tcp_target: TCP_CTAS_PER_SM * gpu.sms as usize,
+            tcp_target,
             has_mma,
             embed: six(by_type("embed_{}")?),
             dequant: six(by_type("dequant_{}")?),
@@ -390,8 +401,9 @@ impl QuantKernels {
     }
 
     /// The pipelined kernel's plan for this device (the benchmark prints it).
-    pub fn tcp_plan(&self, rows: usize, k_in: usize, n: usize) -> TcpPlan {
-        tcp_plan(rows, k_in / 32, n, self.tcp_target)
+    pub fn tcp_plan(&self, dtype: GgmlType, rows: usize, k_in: usize, n: usize) -> TcpPlan {
+        let tile = tcp_plan(1, 8, n, 1).tile;
+        tcp_plan(rows, k_in / 32, n, self.tcp_target[type_index(dtype)][tile])
     }
 
     /// `y[n, out] (f32) = x · wᵀ + beta · y` for a quantized `w: [out, k_in]`; `xq: [n, k_in / 32]`
@@ -543,7 +555,7 @@ impl QuantKernels {
                 gpu.arch
             )));
         }
-        let plan = self.tcp_plan(out, k_in, n);
+        let plan = self.tcp_plan(dtype, out, k_in, n);
         let Some(f) = &self.tcp[type_index(dtype)][plan.tile] else {
             return Err(BackendError::Cuda(format!(
                 "the pipelined tensor-core kernel for {} at {} tokens does not fit this device's \

@@ -1,6 +1,8 @@
 // Quantized weights times 8-bit activations on the int8 tensor cores, for many tokens (batched
-// decode, prompt chunks): a CTA owns a 64-row × 64-token tile (mmq_tc.cuh has the tile, its
-// arithmetic and why) over contiguous tokens.
+// decode, prompt chunks), in two forms: `mmq_*_tc`, a CTA owning a 64-row × 64-token tile
+// (mmq_tc.cuh has the tile, its arithmetic and why) over contiguous tokens, and below it
+// `mmq_*_tcp*`, the pipelined split-K form the host prefers where weights and activations are
+// 16-byte aligned (why and how: its own header further down).
 
 // y[t, r] = Σ_b dot(w[r, b], a[t, b]) + beta · y[t, r].
 // w: [rows, nb · 32 / elems] stored blocks; a: [n, nb] q8 blocks; y: [n, rows] f32.
