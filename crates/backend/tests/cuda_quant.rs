@@ -243,8 +243,8 @@ quire_testkit::gpu_test! {
 quire_testkit::gpu_test! {
     /// Both tensor-core kernels (the 64 × 64 tile and the pipelined split-K one) against the dp4a
     /// kernel on the same weight and activation blocks, every type: tiles cut at odd row and
-    /// token counts (rows not multiples of 64; 9, 17, 33, 63, 67, 127, 130 tokens across the
-    /// 16/32/64-token tiles), K steps cut short (legacy rows of 3, 11 and 45 blocks against the
+    /// token counts (rows not multiples of 64; 1, 7, 9, 17, 33, 63, 67, 127, 130 tokens across the
+    /// 8/16/32/64-token tiles), K steps cut short (legacy rows of 3, 11 and 45 blocks against the
     /// 8-block step; odd block counts put activation rows 8 bytes off the 16-byte grid and
     /// legacy rows 2 bytes off, and the last 16-byte unit past the matrix's end), rows of 4096
     /// values split over several CTAs, one token, with and without the residual add
@@ -265,6 +265,7 @@ quire_testkit::gpu_test! {
                 (64, unit, 9),
                 (5, 2 * unit, 130),
                 (200, unit, 1),
+                (70, 4096, 7),
                 (70, 4096, 17),
                 (129, 4096, 33),
                 (61, 4096, 63),

@@ -9,7 +9,7 @@
 //! while the current one is multiplied; the decode step's path), others to the dp4a kernel
 //! (`mmq_*`, loads of 2 or 4 bytes straight from the row). From [`TC_MIN_TOKENS`] tokens on, the
 //! matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`), which reads each weight once per
-//! token tile (16, 32 or 64 tokens) instead of once per 8, with the same per-block arithmetic:
+//! token tile (8 to 64 tokens) instead of once per 8, with the same per-block arithmetic:
 //! the pipelined kernel (`mmq_*_tcp*`: `cp.async` stages, K split over CTAs until the grid fills
 //! the GPU, the partial tiles summed in a fixed order) where the weights and activations are
 //! 16-byte aligned, else the first 64 × 64 tile kernel (`mmq_*_tc`).
@@ -46,7 +46,7 @@ const TC_THREADS: u32 = 256;
 const TCP_ROWS: usize = 64;
 const TCP_THREADS: u32 = 128;
 const TCP_ASTR: usize = 336;
-const TCP_TILES: [usize; 3] = [16, 32, 64];
+const TCP_TILES: [usize; 4] = [8, 16, 32, 64];
 /// Scratch for the split-K partial tiles (f32 values) and the per-tile counters: a fixed buffer
 /// allocated once, so a captured CUDA graph keeps valid addresses. A launch whose partials would
 /// not fit runs unsplit.
@@ -73,7 +73,7 @@ pub enum QKernel {
     Staged,
     /// int8 `mma.sync`: 64 rows × 64 tokens per CTA (sm_80 and newer).
     TensorCore,
-    /// int8 `mma.sync`, pipelined: 64 rows × 16/32/64 tokens per CTA, `cp.async` stages, K split
+    /// int8 `mma.sync`, pipelined: 64 rows × 8/16/32/64 tokens per CTA, `cp.async` stages, K split
     /// over CTAs (sm_80 and newer; weights and activations 16-byte aligned).
     TensorCorePipe,
 }
@@ -106,7 +106,7 @@ pub fn tcp_smem(dtype: GgmlType, nt: usize) -> usize {
 /// How the pipelined kernel covers a `[rows, nb blocks] × n tokens` product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcpPlan {
-    /// Tokens per CTA (16, 32 or 64) and its index in [`TCP_TILES`].
+    /// Tokens per CTA (8, 16, 32 or 64) and its index in [`TCP_TILES`].
     pub nt: usize,
     tile: usize,
     /// The grid: row tiles × token tiles × K splits.
@@ -119,7 +119,10 @@ pub struct TcpPlan {
 /// K split until the grid holds `target` CTAs, each split keeping at least 2 K steps, and only
 /// while the partials fit the scratch.
 pub fn tcp_plan(rows: usize, nb: usize, n: usize, target: usize) -> TcpPlan {
-    let tile = TCP_TILES.iter().position(|&t| n <= t).unwrap_or(2);
+    let tile = TCP_TILES
+        .iter()
+        .position(|&t| n <= t)
+        .unwrap_or(TCP_TILES.len() - 1);
     let nt = TCP_TILES[tile];
     let (gx, gy) = (rows.div_ceil(TCP_ROWS), n.div_ceil(nt));
     let steps = nb.div_ceil(8);
@@ -253,13 +256,13 @@ pub struct QuantKernels {
     mmv: [[CudaFunction; 2]; 6],
     /// By type and token tile ([`TCP_TILES`]): the pipelined tensor-core kernel, `None` where its
     /// shared memory does not fit this device.
-    tcp: [[Option<CudaFunction>; 3]; 6],
+    tcp: [[Option<CudaFunction>; 4]; 6],
     /// Split-K scratch: partial tiles and per-tile counters (zero between launches).
     tcp_part: DBuf<f32>,
     tcp_cnt: DBuf<u32>,
     /// By type and token tile: the CTAs a split-K grid aims at (one full wave: the kernel's CTAs
     /// per multiprocessor, by its shared memory and registers, times the multiprocessors).
-    tcp_target: [[usize; 3]; 6],
+    tcp_target: [[usize; 4]; 6],
     /// The device has int8 `mma.sync` (sm_80+): the tensor-core kernels may be launched.
     has_mma: bool,
     embed: [CudaFunction; 6],
@@ -312,9 +315,9 @@ impl QuantKernels {
         let v8 = by_type("mmv_{}_t8")?;
         let has_mma = sm_version(&gpu.arch) >= 80;
         let mut tcp = Vec::with_capacity(6);
-        let mut tcp_target = [[0usize; 3]; 6];
+        let mut tcp_target = [[0usize; 4]; 6];
         for (ti, (dtype, t)) in NATIVE.into_iter().enumerate() {
-            let mut per = Vec::with_capacity(3);
+            let mut per = Vec::with_capacity(4);
             for (ni, nt) in TCP_TILES.into_iter().enumerate() {
                 let func = f(&format!("mmq_{t}_tcp{nt}"))?;
                 // The kernel is used only where its shared memory can be granted (sm_80+).
@@ -338,7 +341,7 @@ impl QuantKernels {
                 tcp_target[ti][ni] = per_sm * gpu.sms as usize;
                 per.push(ok.then_some(func));
             }
-            tcp.push([per[0].take(), per[1].take(), per[2].take()]);
+            tcp.push([per[0].take(), per[1].take(), per[2].take(), per[3].take()]);
         }
         Ok(Self {
             rms_norm_q8: f("rms_norm_q8")?,
@@ -725,7 +728,9 @@ mod tests {
     fn pipelined_plan_covers_the_product_and_fits_the_scratch() {
         let target = 2 * 132;
         for (n, nt) in [
-            (1, 16),
+            (1, 8),
+            (8, 8),
+            (9, 16),
             (16, 16),
             (17, 32),
             (32, 32),

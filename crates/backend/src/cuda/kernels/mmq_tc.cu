@@ -38,7 +38,7 @@ MMQ_TC_ENTRY(mmq_q6_k_tc, T_Q6_K)
 // - the int8 A fragments are unpacked straight from the raw bytes in shared memory (lane c of a
 //   row takes code words c and c + 4, the bytes `m16n8k32` wants), so no unpacked copy and one
 //   barrier per K step; the activation blocks are read in place for the B fragments;
-// - the token tile NT (16, 32, 64) is picked by the host to fit the batch.
+// - the token tile NT (8, 16, 32, 64) is picked by the host to fit the batch.
 // Per block the arithmetic is the 64 × 64 kernel's (mmq_tc.cuh): exact integer dot, then the same
 // f32 expressions; only the order of the sums over blocks differs (per split, then split order).
 //
@@ -386,6 +386,7 @@ __device__ __forceinline__ void tcp_tile(const unsigned char* __restrict__ w,
     }
 
 #define MMQ_TCP_TYPE(T, TYPE)                                                                   \
+    MMQ_TCP_ENTRY(mmq_##T##_tcp8, TYPE, 8)                                                      \
     MMQ_TCP_ENTRY(mmq_##T##_tcp16, TYPE, 16)                                                    \
     MMQ_TCP_ENTRY(mmq_##T##_tcp32, TYPE, 32)                                                    \
     MMQ_TCP_ENTRY(mmq_##T##_tcp64, TYPE, 64)
