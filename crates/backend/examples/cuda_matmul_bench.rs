@@ -260,11 +260,14 @@ fn many_tokens(
                     } else {
                         path.to_string()
                     };
-                    let mark = if kernel == Some(chosen) && n < 256 {
-                        "<-"
+                    // The engine's step: `matmul`'s pick below 256 tokens (the default
+                    // `dequant_gemm_tokens`), dequantize + cuBLAS from there.
+                    let taken = if n < 256 {
+                        kernel == Some(chosen)
                     } else {
-                        ""
+                        kernel.is_none()
                     };
+                    let mark = if taken { "<-" } else { "" };
                     println!(
                         "| {name} {out} x {k} | {} | {n} | {label} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% | {tflops:.2} | {mark} |",
                         dtype.name(),
