@@ -5,11 +5,13 @@
 //! many launches after a warm-up; it prints the median and spread per launch and the weight bytes
 //! read per second, beside the read roof (measured, see below, or `--ceiling-gbs`).
 //!
-//! The last table times the three paths a quantized weight can take for many tokens on the 8B
-//! shapes (Q4_0, Q4_K, Q6_K, Q8_0 at 1 to 512 tokens): the dp4a kernel (eight tokens per CTA),
-//! the int8 tensor-core kernel, and dequantization to f16 followed by cuBLAS (both timed together,
-//! as a step runs them). It prints microseconds, stored weight bytes per second and TFLOP/s per
-//! path; `qmat::TC_MIN_TOKENS` and `CudaOptions::dequant_gemm_tokens` are set from it.
+//! The last table times the paths a quantized weight can take for many tokens on the Llama-3-8B
+//! shapes (qkv, o, gate_up, down, output; Q4_0, Q4_K, Q5_K, Q6_K, Q8_0 at 8 to 512 tokens and 17):
+//! the dp4a kernel (eight tokens per CTA), the 64 × 64 int8 tensor-core kernel, the pipelined
+//! split-K tensor-core kernel, and dequantization to f16 followed by cuBLAS (both timed together,
+//! as a step runs them). It prints microseconds, stored weight bytes per second, percent of the
+//! read roof and TFLOP/s per path, and marks the one `QuantKernels::matmul` picks;
+//! `qmat::TC_MIN_TOKENS` and `CudaOptions::dequant_gemm_tokens` are set from it.
 //!
 //! The one-token table (first) times the two kernels a decode step can run on a quantized weight,
 //! the dp4a kernel reading the rows directly (`mmq_*_t1`) and the staged one (`mmv_*_t1`,
@@ -170,14 +172,32 @@ fn one_token(
     Ok(())
 }
 
-/// The many-token table: dp4a, tensor cores, and dequantize + cuBLAS, per type and token count.
-fn many_tokens(g: &Gpu, q: &QuantKernels, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
-    const TOKENS: [usize; 7] = [1, 8, 16, 32, 64, 128, 512];
-    let max_n = TOKENS[TOKENS.len() - 1];
+/// The many-token table: per Llama-3-8B shape, type and token count, every path a quantized weight
+/// can take for many tokens — dp4a (eight tokens per CTA), the 64 × 64 tensor-core tile kernel,
+/// the pipelined split-K tensor-core kernel (its token tile and K splits shown), and dequantize +
+/// cuBLAS (both timed together, as a step runs them) — in microseconds, stored weight bytes per
+/// second, percent of the read roof and TFLOP/s. The last column marks the path
+/// `QuantKernels::matmul` takes (below `CudaOptions::dequant_gemm_tokens`).
+fn many_tokens(
+    g: &Gpu,
+    q: &QuantKernels,
+    reps: usize,
+    roof: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    const TOKENS: [usize; 8] = [8, 16, 32, 64, 128, 256, 512, 17];
+    let max_n = 512;
     println!();
-    println!("| rows x cols (out x k) | dtype | tokens | path | median us | +/- | weight GB/s | TFLOP/s |");
-    println!("|---|---|---:|---|---:|---:|---:|---:|");
-    for (out, k) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+    println!(
+        "| rows x cols (out x k) | dtype | tokens | path | median us | +/- | weight GB/s | % of {roof:.0} | TFLOP/s | matmul's |"
+    );
+    println!("|---|---|---:|---|---:|---:|---:|---:|---:|---|");
+    for (name, out, k) in [
+        ("qkv", 6144usize, 4096usize),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+        ("output", 128256, 4096),
+    ] {
         let pattern: Vec<f32> = (0..k)
             .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
             .collect();
@@ -191,6 +211,7 @@ fn many_tokens(g: &Gpu, q: &QuantKernels, reps: usize) -> Result<(), Box<dyn std
         for dtype in [
             GgmlType::Q4_0,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
             GgmlType::Q8_0,
         ] {
@@ -199,8 +220,19 @@ fn many_tokens(g: &Gpu, q: &QuantKernels, reps: usize) -> Result<(), Box<dyn std
             let bytes = row.len() * out;
             let dw = g.upload(&row.repeat(out))?;
             for n in TOKENS {
-                for path in ["dp4a", "tensor cores", "dequant+cuBLAS"] {
-                    if path == "tensor cores" && !q.tc_ok(dw.ptr) {
+                let chosen = q.pick(dtype, n, k, dw.ptr);
+                let paths = [
+                    ("dp4a", Some(QKernel::Dp4a), n <= 64),
+                    ("TC 64x64", Some(QKernel::TensorCore), n <= 128),
+                    ("TC pipelined", Some(QKernel::TensorCorePipe), n >= 8),
+                    ("dequant+cuBLAS", None, n >= 64),
+                ];
+                for (path, kernel, wanted) in paths {
+                    if !wanted
+                        || (kernel == Some(QKernel::TensorCore) && !q.tc_ok(dw.ptr))
+                        || (kernel == Some(QKernel::TensorCorePipe)
+                            && !(q.tc_ok(dw.ptr) && q.tcp_ok(dtype, n)))
+                    {
                         continue;
                     }
                     let (med, spread) = time_us(g, reps, || {
@@ -208,32 +240,11 @@ fn many_tokens(g: &Gpu, q: &QuantKernels, reps: usize) -> Result<(), Box<dyn std
                         // g.alloc) sized for `max_n` tokens of this shape, and each timed launch
                         // is synchronised (event) before any of them drops.
                         unsafe {
-                            match path {
-                                "dp4a" => q.matmul_with(
-                                    QKernel::Dp4a,
-                                    g,
-                                    dtype,
-                                    dw.ptr,
-                                    dxq.ptr,
-                                    dy.ptr,
-                                    n,
-                                    k,
-                                    out,
-                                    0.0,
+                            match kernel {
+                                Some(kernel) => q.matmul_with(
+                                    kernel, g, dtype, dw.ptr, dxq.ptr, dy.ptr, n, k, out, 0.0,
                                 )?,
-                                "tensor cores" => q.matmul_with(
-                                    QKernel::TensorCore,
-                                    g,
-                                    dtype,
-                                    dw.ptr,
-                                    dxq.ptr,
-                                    dy.ptr,
-                                    n,
-                                    k,
-                                    out,
-                                    0.0,
-                                )?,
-                                _ => {
+                                None => {
                                     q.dequantize(g, dtype, dw.ptr, dwdq.ptr, out * k)?;
                                     g.gemm_f16(dx16.ptr, dwdq.ptr, dy.ptr, n, k, out, 0.0)?
                                 }
@@ -243,9 +254,24 @@ fn many_tokens(g: &Gpu, q: &QuantKernels, reps: usize) -> Result<(), Box<dyn std
                     })?;
                     let gbs = bytes as f64 / (med * 1e-6) / 1e9;
                     let tflops = 2.0 * (n * k * out) as f64 / (med * 1e-6) / 1e12;
+                    let label = if kernel == Some(QKernel::TensorCorePipe) {
+                        let p = q.tcp_plan(dtype, out, k, n);
+                        format!("{path} (tile {}, {} K splits)", p.nt, p.grid.2)
+                    } else {
+                        path.to_string()
+                    };
+                    // The engine's step: `matmul`'s pick below 256 tokens (the default
+                    // `dequant_gemm_tokens`), dequantize + cuBLAS from there.
+                    let taken = if n < 256 {
+                        kernel == Some(chosen)
+                    } else {
+                        kernel.is_none()
+                    };
+                    let mark = if taken { "<-" } else { "" };
                     println!(
-                        "| {out} x {k} | {} | {n} | {path} | {med:.1} | {spread:.1} | {gbs:.0} | {tflops:.2} |",
-                        dtype.name()
+                        "| {name} {out} x {k} | {} | {n} | {label} | {med:.1} | {spread:.1} | {gbs:.0} | {:.0}% | {tflops:.2} | {mark} |",
+                        dtype.name(),
+                        100.0 * gbs / roof
                     );
                 }
             }
@@ -280,14 +306,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "device: {} ({}), {reps} timed launches per case",
         g.name, g.arch
     );
-    if only == Some("many") {
-        return many_tokens(&g, &q, reps);
-    }
     let ceiling = match arg("--ceiling-gbs", 0.0) {
         c if c > 0.0 => c,
         _ => read_roof_gbs(&g, &q, reps)?,
     };
     println!("read roof: {ceiling:.0} GB/s");
+    if only == Some("many") {
+        return many_tokens(&g, &q, reps, ceiling);
+    }
     one_token(&g, &q, reps, ceiling)?;
     if only == Some("t1") {
         return Ok(());
@@ -401,7 +427,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if only != Some("decode") {
-        many_tokens(&g, &q, reps)?;
+        many_tokens(&g, &q, reps, ceiling)?;
     }
     Ok(())
 }

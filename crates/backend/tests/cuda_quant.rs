@@ -1,7 +1,7 @@
 //! The quantized-weight kernels of `kernels/quant.cu` against the CPU backend: activation
 //! quantization (bit for bit, from f16 and f32 rows), RMSNorm and SwiGLU straight into 8-bit
-//! blocks, the whole-matrix dequantization to f16 (bit for bit), and the tensor-core matmul
-//! and the staged few-token kernel against the dp4a one on the same blocks (equal up to the f32
+//! blocks, the whole-matrix dequantization to f16 (bit for bit), and both tensor-core matmuls
+//! (the 64 × 64 tile and the pipelined split-K one) and the staged few-token kernel against the dp4a one on the same blocks (equal up to the f32
 //! summation order). The quantized
 //! matmuls against the CPU reference and the quantized embedding gather are tested in
 //! backend_ops.rs, one body for every backend.
@@ -241,12 +241,17 @@ quire_testkit::gpu_test! {
 }
 
 quire_testkit::gpu_test! {
-    /// The tensor-core kernel against the dp4a kernel on the same weight and activation blocks,
-    /// every type: tiles cut at odd row and token counts (rows and tokens not multiples of 64),
-    /// K steps cut short (legacy rows of 3 and 11 blocks against the 8-block step), one token,
-    /// with and without the residual add (NaN-poisoned output when without). Each block's integer
-    /// dot is exact on both and its scale terms the same f32 expressions, so only the order of
-    /// the sums over at most 24 blocks differs: every value within 2e-5 of the output's RMS.
+    /// Both tensor-core kernels (the 64 × 64 tile and the pipelined split-K one) against the dp4a
+    /// kernel on the same weight and activation blocks, every type: tiles cut at odd row and
+    /// token counts (rows not multiples of 64; 1, 7, 9, 17, 33, 63, 67, 127, 130 tokens across the
+    /// 8/16/32/64-token tiles), K steps cut short (legacy rows of 3, 11 and 45 blocks against the
+    /// 8-block step; odd block counts put activation rows 8 bytes off the 16-byte grid and
+    /// legacy rows 2 bytes off, and the last 16-byte unit past the matrix's end), rows of 4096
+    /// values split over several CTAs, one token, with and without the residual add
+    /// (NaN-poisoned output when without). Each block's integer dot is exact on all and its scale
+    /// terms the same f32 expressions, so only the order of the sums over blocks differs: every
+    /// value within 2e-5 of the output's RMS. The pipelined kernel runs twice and must give the
+    /// same bits (the split partials are summed in a fixed order; the tile counters reset).
     fn tensor_core_matmul_equals_the_dp4a_kernel() {
         let g = gpu();
         let q = QuantKernels::new(&g).unwrap();
@@ -256,9 +261,15 @@ quire_testkit::gpu_test! {
             let shapes = [
                 (130usize, 3 * unit, 67usize),
                 (67, 11 * 32, 64),
+                (67, 45 * 32, 33),
                 (64, unit, 9),
                 (5, 2 * unit, 130),
                 (200, unit, 1),
+                (70, 4096, 7),
+                (70, 4096, 17),
+                (129, 4096, 33),
+                (61, 4096, 63),
+                (200, 4096, 127),
             ];
             for (rows, cols, n) in shapes {
                 if !cols.is_multiple_of(unit) {
@@ -278,7 +289,13 @@ quire_testkit::gpu_test! {
                         rnd(&mut rng, n * rows, 1.0)
                     };
                     let mut outs = vec![];
-                    for kernel in [QKernel::Dp4a, QKernel::TensorCore] {
+                    let kernels = [
+                        QKernel::Dp4a,
+                        QKernel::TensorCore,
+                        QKernel::TensorCorePipe,
+                        QKernel::TensorCorePipe,
+                    ];
+                    for kernel in kernels {
                         let dy = g.upload(&y0).unwrap();
                         // SAFETY: every address is a live allocation of this test (g.upload),
                         // sized for the launch's shape, and the stream is synchronised (dtoh)
@@ -291,20 +308,28 @@ quire_testkit::gpu_test! {
                         g.dtoh(&dy, &mut y).unwrap();
                         outs.push(y);
                     }
-                    let (want, got) = (&outs[0], &outs[1]);
+                    let want = &outs[0];
                     let case = format!("{} {rows}x{cols} n={n} beta={beta}", dtype.name());
                     let rms = (want.iter().map(|v| (v * v) as f64).sum::<f64>()
                         / want.len() as f64)
                         .sqrt() as f32;
                     assert!(rms.is_finite() && rms > 0.0, "{case}: dp4a output RMS {rms}");
-                    for (i, (a, b)) in got.iter().zip(want).enumerate() {
-                        assert!(
-                            (a - b).abs() <= 2e-5 * rms,
-                            "{case}: token {} row {}: tensor cores {a}, dp4a {b}",
-                            i / rows,
-                            i % rows
-                        );
+                    let plan = q.tcp_plan(dtype, rows, cols, n);
+                    for (name, got) in [("64x64 tile", &outs[1]), ("pipelined", &outs[2])] {
+                        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 2e-5 * rms,
+                                "{case} ({plan:?}): token {} row {}: {name} tensor cores {a}, \
+                                 dp4a {b}",
+                                i / rows,
+                                i % rows
+                            );
+                        }
                     }
+                    assert!(
+                        outs[2].iter().zip(&outs[3]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{case} ({plan:?}): two runs of the pipelined kernel differ"
+                    );
                 }
             }
         }

@@ -7,10 +7,14 @@
 //! [`TC_MIN_TOKENS`] tokens, rows that start 16-byte aligned go to the staged kernel (`mmv_*`:
 //! coalesced 16-byte loads of whole stored blocks into shared memory, the next stage in flight
 //! while the current one is multiplied; the decode step's path), others to the dp4a kernel
-//! (`mmq_*`, loads of 2 or 4 bytes straight from the row). From [`TC_MIN_TOKENS`] tokens on, the matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`),
-//! which reads each weight once per 64 tokens instead of once per 8, with the same per-block
-//! arithmetic.
+//! (`mmq_*`, loads of 2 or 4 bytes straight from the row). From [`TC_MIN_TOKENS`] tokens on, the
+//! matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`), which reads each weight once per
+//! token tile (8 to 64 tokens) instead of once per 8, with the same per-block arithmetic:
+//! the pipelined kernel (`mmq_*_tcp*`: `cp.async` stages, K split over CTAs until the grid fills
+//! the GPU, the partial tiles summed in a fixed order) where the weights and activations are
+//! 16-byte aligned, else the first 64 × 64 tile kernel (`mmq_*_tc`).
 
+use cudarc::driver::sys::CUfunction_attribute as FuncAttr;
 use cudarc::driver::{CudaFunction, CudaModule};
 use half::f16;
 use quire_gguf::GgmlType;
@@ -37,6 +41,18 @@ const TC_ROWS: usize = 64;
 const TC_TOK: usize = 64;
 const TC_THREADS: u32 = 256;
 
+/// The pipelined tensor-core kernel's rows per CTA and threads (`TCP_ROWS`, `TCP_THREADS`), the
+/// shared-memory bytes of one token's activation stage (`TCP_ASTR`) and its token tiles.
+const TCP_ROWS: usize = 64;
+const TCP_THREADS: u32 = 128;
+const TCP_ASTR: usize = 336;
+const TCP_TILES: [usize; 4] = [8, 16, 32, 64];
+/// Scratch for the split-K partial tiles (f32 values) and the per-tile counters: a fixed buffer
+/// allocated once, so a captured CUDA graph keeps valid addresses. A launch whose partials would
+/// not fit runs unsplit.
+const TCP_PART_FLOATS: usize = 4 << 20;
+const TCP_COUNTERS: usize = 8192;
+
 /// The fewest tokens [`QuantKernels::matmul`] sends to the tensor-core kernel (on sm_80 and newer).
 /// What decides it: below it the dp4a kernel's extra weight reads (⌈n / 8⌉ passes over the
 /// matrix) cost less than the tensor-core kernel's fixed work (staging every weight through
@@ -57,6 +73,73 @@ pub enum QKernel {
     Staged,
     /// int8 `mma.sync`: 64 rows × 64 tokens per CTA (sm_80 and newer).
     TensorCore,
+    /// int8 `mma.sync`, pipelined: 64 rows × 8/16/32/64 tokens per CTA, `cp.async` stages, K split
+    /// over CTAs (sm_80 and newer; weights and activations 16-byte aligned).
+    TensorCorePipe,
+}
+
+/// Stored bytes of one 8-block K step of a row, as `tcp_geom<TYPE>::step_bytes`.
+fn tcp_step_bytes(dtype: GgmlType) -> usize {
+    match dtype {
+        GgmlType::Q4_0 => 8 * 18,
+        GgmlType::Q4_1 => 8 * 20,
+        GgmlType::Q8_0 => 8 * 34,
+        GgmlType::Q4_K => 144,
+        GgmlType::Q5_K => 176,
+        _ => 210, // Q6_K
+    }
+}
+
+/// Dynamic shared memory of `mmq_*_tcp<nt>`: `tcp_stages<NT>` stages of 64 weight rows
+/// (`tcp_geom::wstr` bytes each) and `nt` activation rows.
+pub fn tcp_smem(dtype: GgmlType, nt: usize) -> usize {
+    let units = (tcp_step_bytes(dtype) + 30) / 16;
+    let wstr = if units % 2 == 1 {
+        units * 16
+    } else {
+        units * 16 + 16
+    };
+    let stages = if nt <= 32 { 4 } else { 3 };
+    stages * (TCP_ROWS * wstr + nt * TCP_ASTR)
+}
+
+/// How the pipelined kernel covers a `[rows, nb blocks] × n tokens` product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpPlan {
+    /// Tokens per CTA (8, 16, 32 or 64) and its index in [`TCP_TILES`].
+    pub nt: usize,
+    tile: usize,
+    /// The grid: row tiles × token tiles × K splits.
+    pub grid: (usize, usize, usize),
+    /// K steps (8 blocks) per split.
+    pub steps_per: usize,
+}
+
+/// The pipelined kernel's plan: the smallest token tile that holds the batch (64 beyond), then
+/// K split until the grid holds `target` CTAs, each split keeping at least 2 K steps, and only
+/// while the partials fit the scratch.
+pub fn tcp_plan(rows: usize, nb: usize, n: usize, target: usize) -> TcpPlan {
+    let tile = TCP_TILES
+        .iter()
+        .position(|&t| n <= t)
+        .unwrap_or(TCP_TILES.len() - 1);
+    let nt = TCP_TILES[tile];
+    let (gx, gy) = (rows.div_ceil(TCP_ROWS), n.div_ceil(nt));
+    let steps = nb.div_ceil(8);
+    let tiles = gx * gy;
+    let want = target.div_ceil(tiles).min(steps / 2).max(1);
+    let mut steps_per = steps.div_ceil(want);
+    let mut z = steps.div_ceil(steps_per);
+    if z > 1 && (tiles * z * TCP_ROWS * nt > TCP_PART_FLOATS || tiles > TCP_COUNTERS) {
+        steps_per = steps;
+        z = 1;
+    }
+    TcpPlan {
+        nt,
+        tile,
+        grid: (gx, gy, z),
+        steps_per,
+    }
 }
 
 /// The stored types the quantized matmul kernels read.
@@ -171,6 +254,15 @@ pub struct QuantKernels {
     mmq: [[CudaFunction; 3]; 6],
     /// By type: the staged one-token and eight-token kernels.
     mmv: [[CudaFunction; 2]; 6],
+    /// By type and token tile ([`TCP_TILES`]): the pipelined tensor-core kernel, `None` where its
+    /// shared memory does not fit this device.
+    tcp: [[Option<CudaFunction>; 4]; 6],
+    /// Split-K scratch: partial tiles and per-tile counters (zero between launches).
+    tcp_part: DBuf<f32>,
+    tcp_cnt: DBuf<u32>,
+    /// By type and token tile: the CTAs a split-K grid aims at (one full wave: the kernel's CTAs
+    /// per multiprocessor, by its shared memory and registers, times the multiprocessors).
+    tcp_target: [[usize; 4]; 6],
     /// The device has int8 `mma.sync` (sm_80+): the tensor-core kernels may be launched.
     has_mma: bool,
     embed: [CudaFunction; 6],
@@ -221,6 +313,36 @@ impl QuantKernels {
         let tc = by_type("mmq_{}_tc")?;
         let v1 = by_type("mmv_{}_t1")?;
         let v8 = by_type("mmv_{}_t8")?;
+        let has_mma = sm_version(&gpu.arch) >= 80;
+        let mut tcp = Vec::with_capacity(6);
+        let mut tcp_target = [[0usize; 4]; 6];
+        for (ti, (dtype, t)) in NATIVE.into_iter().enumerate() {
+            let mut per = Vec::with_capacity(4);
+            for (ni, nt) in TCP_TILES.into_iter().enumerate() {
+                let func = f(&format!("mmq_{t}_tcp{nt}"))?;
+                // The kernel is used only where its shared memory can be granted (sm_80+).
+                let ok = has_mma
+                    && func
+                        .set_attribute(
+                            FuncAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            tcp_smem(dtype, nt) as i32,
+                        )
+                        .is_ok();
+                let per_sm = if ok {
+                    func.occupancy_max_active_blocks_per_multiprocessor(
+                        TCP_THREADS,
+                        tcp_smem(dtype, nt),
+                        None,
+                    )
+                    .map_or(1, |b| b.max(1) as usize)
+                } else {
+                    1
+                };
+                tcp_target[ti][ni] = per_sm * gpu.sms as usize;
+                per.push(ok.then_some(func));
+            }
+            tcp.push([per[0].take(), per[1].take(), per[2].take(), per[3].take()]);
+        }
         Ok(Self {
             rms_norm_q8: f("rms_norm_q8")?,
             swiglu_q8: f("swiglu_q8")?,
@@ -234,7 +356,11 @@ impl QuantKernels {
                 .map(|((a, b), c)| [a, b, c])
                 .collect()),
             mmv: six(v1.into_iter().zip(v8).map(|(a, b)| [a, b]).collect()),
-            has_mma: sm_version(&gpu.arch) >= 80,
+            tcp: six(tcp),
+            tcp_part: gpu.alloc::<f32>(TCP_PART_FLOATS)?,
+            tcp_cnt: gpu.alloc::<u32>(TCP_COUNTERS)?,
+            tcp_target,
+            has_mma,
             embed: six(by_type("embed_{}")?),
             dequant: six(by_type("dequant_{}")?),
         })
@@ -244,7 +370,11 @@ impl QuantKernels {
     /// of `k_in` values.
     pub fn pick(&self, dtype: GgmlType, n: usize, k_in: usize, w: u64) -> QKernel {
         if n >= TC_MIN_TOKENS && self.tc_ok(w) {
-            QKernel::TensorCore
+            if self.tcp_ok(dtype, n) {
+                QKernel::TensorCorePipe
+            } else {
+                QKernel::TensorCore
+            }
         } else if Self::mmv_ok(dtype, k_in, w) {
             QKernel::Staged
         } else {
@@ -264,6 +394,19 @@ impl QuantKernels {
     /// (its K-quant rows are read in 16-byte loads).
     pub fn tc_ok(&self, w: u64) -> bool {
         self.has_mma && w.is_multiple_of(16)
+    }
+
+    /// Whether the pipelined tensor-core kernel for `n` tokens of `dtype` could be set up on this
+    /// device (its alignment needs are checked per launch: see [`Self::matmul`]).
+    pub fn tcp_ok(&self, dtype: GgmlType, n: usize) -> bool {
+        let plan = tcp_plan(1, 8, n, 1);
+        self.tcp[type_index(dtype)][plan.tile].is_some()
+    }
+
+    /// The pipelined kernel's plan for this device (the benchmark prints it).
+    pub fn tcp_plan(&self, dtype: GgmlType, rows: usize, k_in: usize, n: usize) -> TcpPlan {
+        let tile = tcp_plan(1, 8, n, 1).tile;
+        tcp_plan(rows, k_in / 32, n, self.tcp_target[type_index(dtype)][tile])
     }
 
     /// `y[n, out] (f32) = x · wᵀ + beta · y` for a quantized `w: [out, k_in]`; `xq: [n, k_in / 32]`
@@ -287,7 +430,10 @@ impl QuantKernels {
         out: usize,
         beta: f32,
     ) -> Result<(), BackendError> {
-        let kernel = self.pick(dtype, n, k_in, w);
+        let mut kernel = self.pick(dtype, n, k_in, w);
+        if kernel == QKernel::TensorCorePipe && !xq.is_multiple_of(16) {
+            kernel = QKernel::TensorCore;
+        }
         // SAFETY: this fn's contract is `matmul_with`'s.
         unsafe { self.matmul_with(kernel, gpu, dtype, w, xq, y, n, k_in, out, beta) }
     }
@@ -323,6 +469,10 @@ impl QuantKernels {
             I(n as i32),
             F(beta),
         ];
+        if kernel == QKernel::TensorCorePipe {
+            // SAFETY: this fn's contract.
+            return unsafe { self.matmul_pipe(gpu, dtype, w, xq, y, n, k_in, out, beta) };
+        }
         if kernel == QKernel::TensorCore {
             if !self.tc_ok(w) {
                 return Err(BackendError::Cuda(format!(
@@ -378,6 +528,75 @@ impl QuantKernels {
                 f,
                 (out.div_ceil(per_cta) as u32, grid_y as u32, 1),
                 (DP4A_THREADS, 1, 1),
+                &args,
+            )
+        }
+    }
+
+    /// The pipelined tensor-core kernel (see [`Self::matmul_with`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::matmul`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn matmul_pipe(
+        &self,
+        gpu: &Gpu,
+        dtype: GgmlType,
+        w: u64,
+        xq: u64,
+        y: u64,
+        n: usize,
+        k_in: usize,
+        out: usize,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        if !self.tc_ok(w) || !xq.is_multiple_of(16) {
+            return Err(BackendError::Cuda(format!(
+                "the pipelined tensor-core quantized matmul needs sm_80 or newer (this device is \
+                 {}) and 16-byte aligned weights and activations (addresses {w:#x}, {xq:#x})",
+                gpu.arch
+            )));
+        }
+        let plan = self.tcp_plan(dtype, out, k_in, n);
+        let Some(f) = &self.tcp[type_index(dtype)][plan.tile] else {
+            return Err(BackendError::Cuda(format!(
+                "the pipelined tensor-core kernel for {} at {} tokens does not fit this device's \
+                 shared memory ({} bytes)",
+                dtype.name(),
+                plan.nt,
+                tcp_smem(dtype, plan.nt)
+            )));
+        };
+        let (gx, gy, gz) = plan.grid;
+        if gy > 65535 {
+            return Err(BackendError::InvalidBatch(format!(
+                "{n} tokens in one quantized matmul (at most {})",
+                65535 * plan.nt
+            )));
+        }
+        use KArg::{F, I, P};
+        let args = [
+            P(w),
+            P(xq),
+            P(y),
+            I(out as i32),
+            I((k_in / 32) as i32),
+            I(n as i32),
+            F(beta),
+            I(plan.steps_per as i32),
+            P(self.tcp_part.ptr),
+            P(self.tcp_cnt.ptr),
+        ];
+        // SAFETY: the arguments are mmq_*_tcp's list; the addresses are the caller's (this fn's
+        // contract) and the scratch is this struct's, sized by `tcp_plan`'s limits; the shared
+        // memory is what the kernel was set up for.
+        unsafe {
+            gpu.launch_smem(
+                f,
+                (gx as u32, gy as u32, gz as u32),
+                (TCP_THREADS, 1, 1),
+                tcp_smem(dtype, plan.nt) as u32,
                 &args,
             )
         }
@@ -500,5 +719,52 @@ mod tests {
         assert!(!QuantKernels::mmv_ok(GgmlType::Q4_1, 96, base));
         // A base off the 16-byte grid never qualifies.
         assert!(!QuantKernels::mmv_ok(GgmlType::Q4_K, 4096, base + 8));
+    }
+
+    /// The pipelined kernel's plan: the token tile holds the batch (64 beyond), the split K ranges
+    /// cover every K step once with none empty, the grid grows toward the target only while the
+    /// partials fit the scratch, and short rows are not split.
+    #[test]
+    fn pipelined_plan_covers_the_product_and_fits_the_scratch() {
+        let target = 2 * 132;
+        for (n, nt) in [
+            (1, 8),
+            (8, 8),
+            (9, 16),
+            (16, 16),
+            (17, 32),
+            (32, 32),
+            (33, 64),
+            (64, 64),
+            (127, 64),
+        ] {
+            assert_eq!(tcp_plan(4096, 128, n, target).nt, nt, "n={n}");
+        }
+        for rows in [1usize, 61, 4096, 6144, 28672, 128256] {
+            for nb in [1usize, 8, 45, 128, 448] {
+                for n in [1usize, 16, 17, 63, 64, 128, 255] {
+                    let p = tcp_plan(rows, nb, n, target);
+                    let steps = nb.div_ceil(8);
+                    let (gx, gy, gz) = p.grid;
+                    assert_eq!(gx, rows.div_ceil(64));
+                    assert_eq!(gy, n.div_ceil(p.nt));
+                    assert!(
+                        gz * p.steps_per >= steps,
+                        "{p:?} misses steps of {nb} blocks"
+                    );
+                    assert!((gz - 1) * p.steps_per < steps, "{p:?} has an empty split");
+                    if gz > 1 {
+                        assert!(gx * gy * gz * 64 * p.nt <= TCP_PART_FLOATS, "{p:?}");
+                        assert!(gx * gy <= TCP_COUNTERS, "{p:?}");
+                        assert!(p.steps_per >= 2, "{p:?}");
+                    }
+                }
+            }
+        }
+        // The 8B decode shapes at 64 tokens: the 4096-row matrices split to fill 132 SMs, the
+        // 28672-row one already does.
+        assert_eq!(tcp_plan(4096, 128, 64, target).grid, (64, 1, 4));
+        assert_eq!(tcp_plan(4096, 448, 64, target).grid, (64, 1, 5));
+        assert_eq!(tcp_plan(28672, 128, 64, target).grid, (448, 1, 1));
     }
 }
