@@ -23,9 +23,11 @@ pub struct SpecArgs {
     pub spec_ngram: String,
     /// Speculative decoding with a draft model instead of prompt lookup: a smaller model with the
     /// target's tokenizer (e.g. a 1B beside an 8B of the same family), on the same backend with a
-    /// KV cache of its own (on the CPU sized by --kv-cache-mb / --num-blocks like the target's;
-    /// on CUDA from the memory the target left), guesses K tokens greedily per step. Needs
-    /// --speculative-tokens K; refused when the vocabularies differ
+    /// KV cache of its own, guesses K tokens greedily per step. Its cache is sized like the
+    /// target's (--kv-cache-mb / --num-blocks); on CUDA it is loaded after the target, into the
+    /// memory the target left, so give the target --num-blocks (or a lower
+    /// --gpu-memory-utilization) to leave room for it. Needs --speculative-tokens K; refused when
+    /// the vocabularies differ
     #[arg(long, value_name = "FILE")]
     pub draft_model: Option<PathBuf>,
 }

@@ -125,12 +125,15 @@ pub fn run(a: &BenchArgs, spec: &str) -> Result<()> {
     let (min, max) = crate::spec_args::parse_range(&a.spec_ngram)?;
     let margs = model_args(a);
     let model = load_model(&margs)?;
-    let eargs = engine_args(a)?;
     let n_gen = a
         .n_gen
         .first()
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(256);
+    let mut eargs = engine_args(a)?;
+    // One request at a time: a pool for the longest prompt (under 1,024 tokens) and -n more,
+    // so that on a GPU the memory the target leaves can hold a draft model.
+    eargs.num_blocks = Some((1024 + n_gen).div_ceil(a.block_size.max(1)));
     let mut engine = build_engine(&model, &margs, &eargs, 0)?;
     if let Some(file) = &draft {
         crate::spec_args::attach_draft(&mut engine, file, &margs, &eargs)?;

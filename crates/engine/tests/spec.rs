@@ -320,11 +320,24 @@ fn few_prompts(m: &quire_model::LoadedModel) -> Vec<Vec<TokenId>> {
 }
 
 /// Runs `prompts` in one batch on `e` (requests as `params`, at most 32 tokens each; every
-/// third opts out of speculation, so the batch mixes speculating and plain rows).
+/// third opts out of speculation, so the batch mixes speculating and plain rows). With `sampled`,
+/// one more request samples (temperature 0.8): it speculates too, and takes the batch's
+/// verification to the host, where greedy rows are verified from whole logits rows.
 fn run_draft_batch(
     mut e: Engine,
     prompts: &[Vec<TokenId>],
+    sampled: bool,
 ) -> (Vec<Outcome>, quire_engine::EngineStats) {
+    let extra = sampled.then(|| {
+        let p = SamplingParams {
+            temperature: 0.8,
+            seed: Some(7),
+            max_tokens: 16,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        e.add_request(prompts[0].clone(), p).unwrap()
+    });
     let ids: Vec<SeqId> = prompts
         .iter()
         .enumerate()
@@ -335,12 +348,16 @@ fn run_draft_batch(
         })
         .collect();
     let mut out = drain(&mut e);
+    if let Some(id) = extra {
+        let (toks, _, reason) = out.remove(&id).unwrap();
+        assert_eq!((toks.len(), reason), (16, FinishReason::Length));
+    }
     let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
     (outcomes, e.stats())
 }
 
 fn plain_outcomes(m: &quire_model::LoadedModel, prompts: &[Vec<TokenId>]) -> Vec<Outcome> {
-    run_draft_batch(engine(m, 256, 0), prompts).0
+    run_draft_batch(engine(m, 256, 0), prompts, false).0
 }
 
 /// The default model with two layers and its token embeddings (tied to the output) shuffled:
@@ -372,13 +389,14 @@ fn assert_same(plain: &[Outcome], spec: &[Outcome], what: &str) {
 }
 
 #[test]
-fn draft_equal_to_the_target_is_accepted_and_changes_nothing() {
+fn draft_equal_to_the_target_is_accepted_and_changes_nothing_in_a_mixed_batch() {
     let m = load();
     let prompts = few_prompts(&m);
     let plain = plain_outcomes(&m, &prompts);
     let (spec, stats) = run_draft_batch(
         with_draft(engine(&m, 256, 4), &m.weights, 256, &m),
         &prompts,
+        false,
     );
     assert_same(&plain, &spec, "draft = target");
     assert_eq!(stats.spec_proposer, "draft");
@@ -401,12 +419,16 @@ fn draft_equal_to_the_target_is_accepted_and_changes_nothing() {
 }
 
 #[test]
-fn scrambled_draft_is_rejected_and_changes_nothing() {
+fn scrambled_draft_is_rejected_and_changes_nothing_beside_a_sampled_request() {
     let m = load();
     let prompts = few_prompts(&m);
     let plain = plain_outcomes(&m, &prompts);
     let draft = scrambled_draft(&m);
-    let (spec, stats) = run_draft_batch(with_draft(engine(&m, 256, 3), &draft, 256, &m), &prompts);
+    let (spec, stats) = run_draft_batch(
+        with_draft(engine(&m, 256, 3), &draft, 256, &m),
+        &prompts,
+        true,
+    );
     assert_same(&plain, &spec, "scrambled draft");
     assert!(
         stats.spec_proposed_tokens > 50,
@@ -430,8 +452,11 @@ fn draft_without_room_proposes_nothing_and_changes_nothing() {
     let prompts = few_prompts(&m);
     let plain = plain_outcomes(&m, &prompts);
     // 6 blocks of 16 tokens: room for one short request's draft at a time, none for the passages.
-    let (spec, stats) =
-        run_draft_batch(with_draft(engine(&m, 256, 4), &m.weights, 6, &m), &prompts);
+    let (spec, stats) = run_draft_batch(
+        with_draft(engine(&m, 256, 4), &m.weights, 6, &m),
+        &prompts,
+        false,
+    );
     assert_same(&plain, &spec, "tiny draft pool");
     assert!(
         stats.spec_draft_no_room > 0,
