@@ -105,10 +105,10 @@ pub struct BenchArgs {
     /// `tg128 chainK`. The plain tests copy every step's logits to the host, as llama-bench does
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(2..=64))]
     pub chain: Option<u16>,
-    /// Speculative decoding instead of the kernel tests: `ngram:K[,K..]` runs built-in prompts
-    /// that repeat or edit a 250-token passage through the engine (batch 1, greedy, -n tokens),
-    /// with speculation off and with each K, and prints decode tok/s, speedup and acceptance
-    #[arg(long, value_name = "ngram:K[,K..]")]
+    /// Speculative decoding instead of the kernel tests (batch 1, greedy, -n tokens, built-in
+    /// repeat/edit prompts, off vs each K): `ngram:K,..` (prompt lookup), `draft:FILE,K,..` (a
+    /// draft model); `verify:K,..` times a verify step of K+1 tokens against a plain one
+    #[arg(long, value_name = "ngram:K,..|draft:FILE,K,..|verify:K,..")]
     pub spec: Option<String>,
     /// With --spec: n-gram lengths matched, MIN,MAX
     #[arg(long, value_name = "MIN,MAX", default_value = "1,3")]

@@ -136,6 +136,8 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
     pub engine: EngineArgs,
 }
 
@@ -152,8 +154,10 @@ pub fn encode_prompt(model: &LoadedModel, prompt: &str) -> Result<Vec<TokenId>> 
     Ok(model.tokenizer.encode(prompt, true, true)?)
 }
 
-fn timings_json(t: &RequestTimings) -> serde_json::Value {
+/// `proposer`: the engine's speculative proposer (`off`, `ngram` or `draft`).
+fn timings_json(t: &RequestTimings, proposer: &str) -> serde_json::Value {
     json!({
+        "spec_proposer": proposer,
         "prefill_tok_s": t.prefill_tok_s,
         "decode_tok_s": t.decode_tok_s,
         "ttft_ms": t.ttft_ms,
@@ -201,7 +205,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     let t_engine = std::time::Instant::now();
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
-    engine.set_speculation(a.spec.config()?)?;
+    a.spec.apply(&mut engine, &a.model, &a.engine)?;
     // Reading the model and building the engine (weights on the device, KV cache).
     let load_ms = file_ms + t_engine.elapsed().as_secs_f64() * 1e3;
     let id = engine.add_request(tokens.clone(), a.sampling.params()?)?;
@@ -226,7 +230,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                         "completion_tokens": completion,
                         "text": text,
                         "finish_reason": reason.as_str(),
-                        "timings": timings_json(&t),
+                        "timings": timings_json(&t, engine.stats().spec_proposer),
                         "load_ms": load_ms,
                         "peak_rss_bytes": quire_perf::mem::peak_rss_bytes(),
                         "peak_gpu_bytes": engine.executor().device_memory_peak(),
@@ -284,7 +288,7 @@ fn run_file(
     let text = std::fs::read_to_string(input)
         .with_context(|| format!("cannot read {}", input.display()))?;
     let mut engine = build_engine(model, &a.model, &a.engine, 0)?;
-    engine.set_speculation(a.spec.config()?)?;
+    a.spec.apply(&mut engine, &a.model, &a.engine)?;
     let base = a.sampling.params()?;
     let mut ids = std::collections::HashMap::new();
     let mut prompts = Vec::new();
@@ -348,6 +352,7 @@ fn run_file(
         std::fs::File::create(output)
             .with_context(|| format!("cannot create {}", output.display()))?,
     );
+    let proposer = engine.stats().spec_proposer;
     let mut lines: Vec<(usize, serde_json::Value)> = prompts
         .iter()
         .map(|(index, tokens, completion, text, finish, timings)| {
@@ -357,7 +362,7 @@ fn run_file(
                 "completion_tokens": completion,
                 "text": text,
                 "finish_reason": finish.map(|f| f.as_str()),
-                "timings": timings_json(timings),
+                "timings": timings_json(timings, proposer),
             });
             (*index, j)
         })
@@ -437,6 +442,7 @@ fn file_request(
 pub fn chat(a: ChatArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let mut engine: Engine = build_engine(&model, &a.model, &a.engine, 0)?;
+    a.spec.apply(&mut engine, &a.model, &a.engine)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(ChatMessage::new("system", s.clone()));

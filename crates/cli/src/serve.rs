@@ -101,7 +101,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let t_load = std::time::Instant::now();
     let model = load_model(&a.model)?;
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
-    engine.set_speculation(a.spec.config()?)?;
+    a.spec.apply(&mut engine, &a.model, &a.engine)?;
     eprintln!(
         "model loaded in {:.0} ms, peak host RSS {}, peak GPU memory {}",
         t_load.elapsed().as_secs_f64() * 1e3,

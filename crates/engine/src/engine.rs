@@ -16,9 +16,11 @@ use quire_sched::{Scheduler, SchedulerConfig, SchedulerOutput};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::constrain::{Grammars, Guide};
+use crate::draft::DraftModel;
+use crate::proposer::{NgramProposer, ProposalRow, Proposer};
 use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
 use crate::sampler::{argmax, Sampled, Sampler};
-use crate::spec::{accept_greedy, accept_sampled, ngram_propose, SpecConfig};
+use crate::spec::{accept_greedy, accept_sampled, SpecConfig};
 use crate::stop::{find_stop, held_back};
 use crate::EngineError;
 
@@ -109,6 +111,13 @@ pub struct EngineStats {
     pub spec_proposed_tokens: u64,
     pub spec_accepted_tokens: u64,
     pub spec_verify_steps: u64,
+    /// The proposer speculation uses (`"ngram"` or `"draft"`), `"off"` when it is off.
+    pub spec_proposer: &'static str,
+    /// The draft model's own KV cache (0 without one), and rows that proposed nothing because it
+    /// had no room for them.
+    pub spec_draft_kv_blocks_used: usize,
+    pub spec_draft_kv_blocks_total: usize,
+    pub spec_draft_no_room: u64,
 }
 
 pub struct Engine {
@@ -125,6 +134,8 @@ pub struct Engine {
     /// Built the first time a request asks for structured output.
     grammars: Option<Grammars>,
     spec: SpecConfig,
+    /// Where speculative guesses come from: prompt lookup unless a draft model was given.
+    proposer: Box<dyn Proposer>,
 }
 
 impl Engine {
@@ -157,7 +168,26 @@ impl Engine {
             stats: EngineStats::default(),
             grammars: None,
             spec: SpecConfig::default(),
+            proposer: Box::new(NgramProposer),
         }
+    }
+
+    /// Makes `draft` (a smaller model of the same vocabulary, on the same backend, with its own
+    /// KV cache) the proposer of speculative decoding instead of prompt lookup; `--speculative-tokens`
+    /// still sets how many tokens it guesses. Refused when its tokenizer differs from the target's.
+    pub fn set_draft_model(
+        &mut self,
+        draft: Box<dyn Executor>,
+        draft_tokenizer: &Tokenizer,
+    ) -> Result<(), EngineError> {
+        let d = DraftModel::new(
+            draft,
+            draft_tokenizer,
+            &self.tokenizer,
+            self.cfg.max_num_batched_tokens,
+        )?;
+        self.proposer = Box::new(d);
+        Ok(())
     }
 
     /// Turns speculative decoding (n-gram prompt lookup) on or off for requests added from now
@@ -243,6 +273,7 @@ impl Engine {
 
     /// Stops a request at once and frees its KV blocks. False if it is unknown or finished.
     pub fn abort(&mut self, id: SeqId) -> bool {
+        self.proposer.release(id);
         let known = self.requests.remove(&id).is_some();
         self.sched.abort(id) || known
     }
@@ -254,6 +285,7 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let s = self.sched.stats();
         let kv = self.sched.kv();
+        let p = self.proposer.stats();
         EngineStats {
             running: self.sched.num_running(),
             waiting: self.sched.num_waiting(),
@@ -263,6 +295,14 @@ impl Engine {
             prefix_cache_queries: s.prefix_cache_queries,
             prefix_cache_hits: s.prefix_cache_hits,
             computed_tokens_total: s.total_computed_tokens,
+            spec_proposer: if self.spec.num_tokens > 0 {
+                self.proposer.name()
+            } else {
+                "off"
+            },
+            spec_draft_kv_blocks_used: p.kv_blocks_used,
+            spec_draft_kv_blocks_total: p.kv_blocks_total,
+            spec_draft_no_room: p.no_room,
             ..self.stats
         }
     }
@@ -271,7 +311,7 @@ impl Engine {
     /// forward pass over the mixed batch, then a token for every sequence that samples), and
     /// `update_from_output` (the scheduler's bookkeeping, stop checks, detokenizing).
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
-        self.propose();
+        self.propose()?;
         let out = self.sched.schedule();
         self.stats.steps += 1;
         if out.scheduled.is_empty() {
@@ -281,18 +321,22 @@ impl Engine {
         Ok(self.update_from_output(&out, picks, Instant::now()))
     }
 
-    /// Attaches n-gram proposals to every running request in decode that may speculate.
-    fn propose(&mut self) {
-        let k = self.spec.num_tokens;
-        if k == 0 {
-            return;
-        }
+    /// Asks the proposer for guesses for every running request in decode that may speculate and
+    /// attaches them; first lets it forget requests that are no longer running (finished,
+    /// aborted or preempted), freeing a draft model's blocks.
+    fn propose(&mut self) -> Result<(), EngineError> {
         let running = self.sched.running_seq_ids().to_vec();
-        for id in running {
+        self.proposer.retain(&running);
+        let k = self.spec.num_tokens;
+        if k == 0 || self.cfg.top_logprobs > 0 {
+            return Ok(());
+        }
+        let mut rows = Vec::new();
+        for &id in &running {
             let speculates = self.requests.get(&id).is_some_and(|r| {
                 r.sampler.params.speculative && r.sampler.is_plain() && r.guide.is_none()
             });
-            if !speculates || self.cfg.top_logprobs > 0 {
+            if !speculates {
                 continue;
             }
             let (Some(tokens), Some(done)) = (
@@ -301,14 +345,27 @@ impl Engine {
             ) else {
                 continue;
             };
-            if done + 1 != tokens.len() {
-                continue; // still in its prompt
-            }
-            let proposal = ngram_propose(tokens, self.spec.ngram_min, self.spec.ngram_max, k);
-            if !proposal.is_empty() {
-                self.sched.set_spec_tokens(id, proposal);
+            if done + 1 == tokens.len() {
+                rows.push(ProposalRow { id, tokens }); // in decode, not in its prompt
             }
         }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let proposals = self.proposer.propose(&rows, &self.spec)?;
+        let ids: Vec<SeqId> = rows.iter().map(|r| r.id).collect();
+        let vocab = self.exec.vocab_size();
+        for (id, mut p) in ids.into_iter().zip(proposals) {
+            // A guess outside the target's logits (a draft with a padded vocabulary) ends it.
+            if let Some(at) = p.iter().position(|t| t.as_usize() >= vocab) {
+                p.truncate(at);
+            }
+            p.truncate(k);
+            if !p.is_empty() {
+                self.sched.set_spec_tokens(id, p);
+            }
+        }
+        Ok(())
     }
 
     /// Runs the scheduled batch and picks the next tokens of every sequence that samples this
@@ -563,6 +620,7 @@ impl Engine {
                     self.sched.finish(id, reason);
                 }
                 self.requests.remove(&id);
+                self.proposer.release(id);
             }
             outputs.push(output);
         }

@@ -3,13 +3,17 @@
 //! talks to that thread over channels. `runner` turns a scheduler step into a backend batch.
 
 pub mod constrain;
+pub mod draft;
 pub mod engine;
+pub mod proposer;
 pub mod runner;
 pub mod sampler;
 pub mod spec;
 pub mod stop;
 
+pub use draft::DraftModel;
 pub use engine::{Engine, EngineConfig, EngineStats, RequestOutput, RequestTimings};
+pub use proposer::{NgramProposer, ProposalRow, Proposer, ProposerStats};
 pub use sampler::{Sampled, Sampler};
 pub use spec::SpecConfig;
 
@@ -27,6 +31,9 @@ pub enum EngineError {
         field: &'static str,
         message: String,
     },
+    /// The draft model of speculative decoding cannot be used with this target.
+    #[error("draft model: {0}")]
+    Draft(String),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] quire_tokenizer::TokenizerError),
 }

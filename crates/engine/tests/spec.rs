@@ -2,7 +2,11 @@
 //! n-gram proposer on and off — on many prompts, with speculative and plain requests in one
 //! batch, stop strings and short `max_tokens`, and in a KV cache so small that requests are
 //! preempted — and sampled outputs follow the target's own distribution (a chi-square test of a
-//! token produced by a verify step against the probabilities the target gives it).
+//! token produced by a verify step against the probabilities the target gives it). The draft-model
+//! proposer: the default model as its own draft is accepted nearly always, a scrambled 2-layer
+//! draft nearly never, a draft KV pool too small for the requests proposes nothing for them, and
+//! in every case greedy outputs equal those of speculation off; a draft of another vocabulary is
+//! refused.
 
 use std::collections::HashMap;
 
@@ -287,4 +291,211 @@ fn sampled_tokens_follow_the_target_distribution() {
             "K = {spec}: second token does not follow the target (chi2 {stat:.1} >= {crit:.1})"
         );
     }
+}
+
+/// A draft on the CPU with its own cache of `blocks` blocks of 16 tokens, set on `e`.
+fn with_draft(
+    mut e: Engine,
+    draft: &quire_backend::ModelWeights,
+    blocks: usize,
+    m: &quire_model::LoadedModel,
+) -> Engine {
+    let kv = KvCacheSpec {
+        num_blocks: blocks,
+        block_size: 16,
+    };
+    let exec = CpuExecutor::new(draft, kv, CpuOptions::default()).unwrap();
+    e.set_draft_model(Box::new(exec), &m.tokenizer).unwrap();
+    e
+}
+
+/// A few prompts (three reference ones and two passage ones) with short outputs, for runs that
+/// pay for a draft model as large as the target.
+fn few_prompts(m: &quire_model::LoadedModel) -> Vec<Vec<TokenId>> {
+    let all = prompts(m);
+    let n = all.len();
+    let mut few: Vec<Vec<TokenId>> = all[..3].to_vec();
+    few.extend_from_slice(&all[n - 3..n - 1]);
+    few
+}
+
+/// Runs `prompts` in one batch on `e` (requests as `params`, at most 32 tokens each; every
+/// third opts out of speculation, so the batch mixes speculating and plain rows). With `sampled`,
+/// one more request samples (temperature 0.8): it speculates too, and takes the batch's
+/// verification to the host, where greedy rows are verified from whole logits rows.
+fn run_draft_batch(
+    mut e: Engine,
+    prompts: &[Vec<TokenId>],
+    sampled: bool,
+) -> (Vec<Outcome>, quire_engine::EngineStats) {
+    let extra = sampled.then(|| {
+        let p = SamplingParams {
+            temperature: 0.8,
+            seed: Some(7),
+            max_tokens: 16,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        e.add_request(prompts[0].clone(), p).unwrap()
+    });
+    let ids: Vec<SeqId> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut sp = params(i);
+            sp.max_tokens = sp.max_tokens.min(32);
+            e.add_request(p.clone(), sp).unwrap()
+        })
+        .collect();
+    let mut out = drain(&mut e);
+    if let Some(id) = extra {
+        let (toks, _, reason) = out.remove(&id).unwrap();
+        assert_eq!((toks.len(), reason), (16, FinishReason::Length));
+    }
+    let outcomes = ids.iter().map(|id| out.remove(id).unwrap()).collect();
+    (outcomes, e.stats())
+}
+
+fn plain_outcomes(m: &quire_model::LoadedModel, prompts: &[Vec<TokenId>]) -> Vec<Outcome> {
+    run_draft_batch(engine(m, 256, 0), prompts, false).0
+}
+
+/// The default model with two layers and its token embeddings (tied to the output) shuffled:
+/// a model of the same vocabulary whose guesses are unrelated to the target's.
+fn scrambled_draft(m: &quire_model::LoadedModel) -> quire_backend::ModelWeights {
+    let mut w = m.weights.clone();
+    w.layers.truncate(2);
+    w.config.num_layers = 2;
+    assert!(
+        w.output.is_none(),
+        "the default model ties its output to the embeddings"
+    );
+    let vocab = w.config.vocab_size;
+    let bytes = w.tok_embd.bytes.as_slice();
+    let row = bytes.len() / vocab;
+    let mut shuffled = vec![0u8; bytes.len()];
+    for i in 0..vocab {
+        let j = (i * 7919 + 13) % vocab; // 7919 is prime and does not divide 49152: a permutation
+        shuffled[i * row..(i + 1) * row].copy_from_slice(&bytes[j * row..(j + 1) * row]);
+    }
+    w.tok_embd.bytes = quire_backend::TensorBytes::owned(shuffled);
+    w
+}
+
+fn assert_same(plain: &[Outcome], spec: &[Outcome], what: &str) {
+    for (i, (a, b)) in plain.iter().zip(spec).enumerate() {
+        assert_eq!(a, b, "prompt {i}, {what}");
+    }
+}
+
+#[test]
+fn draft_equal_to_the_target_is_accepted_and_changes_nothing_in_a_mixed_batch() {
+    let m = load();
+    let prompts = few_prompts(&m);
+    let plain = plain_outcomes(&m, &prompts);
+    let (spec, stats) = run_draft_batch(
+        with_draft(engine(&m, 256, 4), &m.weights, 256, &m),
+        &prompts,
+        false,
+    );
+    assert_same(&plain, &spec, "draft = target");
+    assert_eq!(stats.spec_proposer, "draft");
+    assert!(
+        stats.spec_proposed_tokens > 50,
+        "too little was proposed: {stats:?}"
+    );
+    let rate = stats.spec_accepted_tokens as f64 / stats.spec_proposed_tokens as f64;
+    eprintln!("draft = target: acceptance {rate:.3} ({stats:?})");
+    assert!(
+        rate >= 0.95,
+        "acceptance {rate:.3} with the target as its own draft: {stats:?}"
+    );
+    assert_eq!(stats.spec_draft_no_room, 0);
+    assert_eq!(
+        stats.spec_draft_kv_blocks_used, 0,
+        "draft blocks leaked: {stats:?}"
+    );
+    assert_eq!(stats.kv_blocks_used, 0);
+}
+
+#[test]
+fn scrambled_draft_is_rejected_and_changes_nothing_beside_a_sampled_request() {
+    let m = load();
+    let prompts = few_prompts(&m);
+    let plain = plain_outcomes(&m, &prompts);
+    let draft = scrambled_draft(&m);
+    let (spec, stats) = run_draft_batch(
+        with_draft(engine(&m, 256, 3), &draft, 256, &m),
+        &prompts,
+        true,
+    );
+    assert_same(&plain, &spec, "scrambled draft");
+    assert!(
+        stats.spec_proposed_tokens > 50,
+        "too little was proposed: {stats:?}"
+    );
+    let rate = stats.spec_accepted_tokens as f64 / stats.spec_proposed_tokens as f64;
+    eprintln!("scrambled draft: acceptance {rate:.3} ({stats:?})");
+    assert!(
+        rate < 0.1,
+        "acceptance {rate:.3} from an unrelated draft: {stats:?}"
+    );
+    assert_eq!(
+        stats.spec_draft_kv_blocks_used, 0,
+        "draft blocks leaked: {stats:?}"
+    );
+}
+
+#[test]
+fn draft_without_room_proposes_nothing_and_changes_nothing() {
+    let m = load();
+    let prompts = few_prompts(&m);
+    let plain = plain_outcomes(&m, &prompts);
+    // 6 blocks of 16 tokens: room for one short request's draft at a time, none for the passages.
+    let (spec, stats) = run_draft_batch(
+        with_draft(engine(&m, 256, 4), &m.weights, 6, &m),
+        &prompts,
+        false,
+    );
+    assert_same(&plain, &spec, "tiny draft pool");
+    assert!(
+        stats.spec_draft_no_room > 0,
+        "the draft pool was not tight: {stats:?}"
+    );
+    assert_eq!(stats.spec_draft_kv_blocks_total, 6);
+    assert_eq!(
+        stats.spec_draft_kv_blocks_used, 0,
+        "draft blocks leaked: {stats:?}"
+    );
+}
+
+#[test]
+fn draft_with_another_vocabulary_is_refused() {
+    let m = load();
+    let spec = quire_tokenizer::TokenizerSpec {
+        model: "llama".into(),
+        tokens: ["<unk>", "a", "b", "c"].map(String::from).to_vec(),
+        ..Default::default()
+    };
+    let other = quire_tokenizer::Tokenizer::from_spec(spec).unwrap();
+    let kv = KvCacheSpec {
+        num_blocks: 4,
+        block_size: 16,
+    };
+    let exec = CpuExecutor::new(&m.weights, kv, CpuOptions::default()).unwrap();
+    let mut e = engine(&m, 64, 4);
+    let err = e
+        .set_draft_model(Box::new(exec), &other)
+        .unwrap_err()
+        .to_string();
+    let n = m.tokenizer.vocab_size();
+    assert!(
+        err.contains("4 tokens") && err.contains(&format!("{n}")),
+        "{err}"
+    );
+    assert_eq!(
+        e.stats().spec_proposer,
+        "ngram",
+        "a refused draft must not replace the proposer"
+    );
 }

@@ -192,6 +192,35 @@ impl Metrics {
             "Speculative decoding: request steps that verified proposals.",
             s.spec_verify_steps,
         );
+        let proposer = if s.spec_proposer.is_empty() {
+            "off"
+        } else {
+            s.spec_proposer
+        };
+        let _ = writeln!(
+            out,
+            "# HELP quire_spec_proposer Where speculative guesses come from (ngram: prompt lookup; \
+             draft: a draft model; off).\n# TYPE quire_spec_proposer gauge\n\
+             quire_spec_proposer{{proposer=\"{proposer}\"}} 1"
+        );
+        gauge(
+            &mut out,
+            "quire_spec_draft_kv_blocks_used",
+            "Speculative decoding: blocks of the draft model's own KV cache in use (0 without one).",
+            s.spec_draft_kv_blocks_used as u64,
+        );
+        gauge(
+            &mut out,
+            "quire_spec_draft_kv_blocks_total",
+            "Speculative decoding: blocks of the draft model's own KV cache (0 without one).",
+            s.spec_draft_kv_blocks_total as u64,
+        );
+        counter(
+            &mut out,
+            "quire_spec_draft_no_room_total",
+            "Speculative decoding: request steps that proposed nothing because the draft's KV cache was full.",
+            s.spec_draft_no_room,
+        );
         let mean_len = if s.spec_verify_steps > 0 {
             1.0 + s.spec_accepted_tokens as f64 / s.spec_verify_steps as f64
         } else {
@@ -291,6 +320,9 @@ mod tests {
             "quire_spec_proposed_tokens_total",
             "quire_spec_accepted_tokens_total",
             "quire_spec_mean_accepted_length 0",
+            "quire_spec_proposer{proposer=\"off\"} 1",
+            "quire_spec_draft_kv_blocks_used",
+            "quire_spec_draft_no_room_total",
             "quire_prompt_tokens_total",
             "quire_generation_tokens_total",
             "quire_requests_total{finish_reason=\"length\"} 1",
