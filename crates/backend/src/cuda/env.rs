@@ -15,9 +15,6 @@ pub struct CudaEnv {
     pub gemv: bool,
     /// `QUIRE_CUDA_PDL=0`: launch without programmatic dependent launch (sm_90+ only anyway).
     pub pdl: bool,
-    /// `QUIRE_CUDA_PEER_ALLREDUCE=0`: a tensor-parallel group sums every step through NCCL, also
-    /// the small ones that go through peer memory by default (a fallback, and a comparison).
-    pub peer_all_reduce: bool,
     /// `QUIRE_CUDA_TRACE=1`: compile the kernels with the decode timeline's marks (trace.rs).
     pub trace: bool,
 }
@@ -28,7 +25,6 @@ impl Default for CudaEnv {
             graphs: true,
             gemv: true,
             pdl: true,
-            peer_all_reduce: true,
             trace: false,
         }
     }
@@ -48,7 +44,6 @@ impl CudaEnv {
             graphs: !off("QUIRE_CUDA_GRAPHS"),
             gemv: !off("QUIRE_CUDA_GEMV"),
             pdl: !off("QUIRE_CUDA_PDL"),
-            peer_all_reduce: !off("QUIRE_CUDA_PEER_ALLREDUCE"),
             trace: get("QUIRE_CUDA_TRACE").is_some_and(|v| v == "1"),
         }
     }
@@ -71,11 +66,6 @@ impl CudaEnv {
         flag("QUIRE_CUDA_GRAPHS", self.graphs, d.graphs);
         flag("QUIRE_CUDA_GEMV", self.gemv, d.gemv);
         flag("QUIRE_CUDA_PDL", self.pdl, d.pdl);
-        flag(
-            "QUIRE_CUDA_PEER_ALLREDUCE",
-            self.peer_all_reduce,
-            d.peer_all_reduce,
-        );
         flag("QUIRE_CUDA_TRACE", self.trace, d.trace);
         v
     }

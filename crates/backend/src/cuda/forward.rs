@@ -16,7 +16,7 @@ use super::gemv::{Gemv, GemvInput};
 use super::gpu::{DBuf, Gpu, KArg};
 use super::llama::{CudaExecutor, Kernels, Layer};
 use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
-use super::llama::TpRank;
+use super::nccl::Comm;
 use super::profile::EventProfiler;
 use super::qmat::WMat;
 use crate::forward::{forward, Act, LayerOps, Next};
@@ -93,8 +93,8 @@ struct Fwd<'a> {
     /// The layer's bias, QK-norm and RoPE arguments (`qkv_post`), for a decode step's attention
     /// kernel, which applies them.
     rope_args: Option<RopeArgs>,
-    /// This rank's communicators, when the model is sharded (`crate::tp`).
-    tp: Option<&'a TpRank>,
+    /// This rank's communicator, when the model is sharded (`crate::tp`).
+    tp: Option<(&'a Comm, Shard)>,
 }
 
 impl CudaExecutor {
@@ -132,7 +132,7 @@ impl CudaExecutor {
             moe: &s.moe,
             fused: None,
             rope_args: None,
-            tp: self.tp.as_ref(),
+            tp: self.tp.as_ref().map(|(c, s)| (&**c, *s)),
         };
         f.prof.start(f.g)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
@@ -557,29 +557,22 @@ impl LayerOps for Fwd<'_> {
     }
 
     fn shard(&self) -> Option<Shard> {
-        self.tp.map(|t| t.shard)
+        self.tp.map(|(_, s)| s)
     }
 
-    /// The residual rows summed over the group on the step's stream (so a captured decode graph
-    /// holds the collective too): through peer memory for small steps (`peer.rs`), else NCCL.
+    /// The residual rows summed over the group by NCCL, on the step's stream (so a captured
+    /// decode graph holds the collective too).
     fn all_reduce(&mut self, li: usize) -> Result<(), BackendError> {
-        let Some(tp) = self.tp else {
+        let Some((comm, _)) = self.tp else {
             return Err(BackendError::Config(
                 "an all-reduce in an unsharded model".into(),
             ));
         };
         let count = self.st.n * self.c.hidden_size;
-        match &tp.peer {
-            // SAFETY: `x` holds the step's `n × hidden` f32 residual rows on this rank's device,
-            // as `Bufs` says; every rank runs the same layer sequence on the same batch, so the
-            // ranks' peer all-reduces pair up.
-            Some((peer, f)) if peer.fits(count) => unsafe { peer.launch(self.g, f, self.b.x, count) }?,
-            _ => {
-                let stream = self.g.stream.cu_stream() as *mut std::ffi::c_void;
-                // SAFETY: as above; the stream is this device's.
-                unsafe { tp.comm.all_reduce_f32(self.b.x, count, stream) }?
-            }
-        }
+        let stream = self.g.stream.cu_stream() as *mut std::ffi::c_void;
+        // SAFETY: `x` holds the step's `n × hidden` f32 residual rows, as `Bufs` says; the stream
+        // is this device's.
+        unsafe { comm.all_reduce_f32(self.b.x, count, stream) }?;
         self.prof
             .mark(self.g, "all_reduce", Some(li), count * 4 * 2, count)
     }

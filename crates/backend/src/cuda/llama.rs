@@ -19,7 +19,6 @@ use super::gpu::{DBuf, Gpu};
 use super::meta::{pack_meta_padded, MappedMeta};
 use super::moe::{MoeKernels, MoeLayer};
 use super::nccl::Comm;
-use super::peer::PeerRank;
 use super::qmat::{QuantKernels, WMat};
 use super::sample::SampleKernel;
 use super::scratch::Scratch;
@@ -90,15 +89,7 @@ pub struct CudaExecutor {
     /// the copy, ahead in most alternating pairs.
     pub(super) meta_mapped: Option<MappedMeta>,
     /// The communicator and rank of a sharded model (`crate::tp`).
-    pub(super) tp: Option<TpRank>,
-}
-
-/// One rank of a tensor-parallel group: its communicator, its part of the model, and the peer
-/// all-reduce for small steps when the group has one (`peer.rs`).
-pub(super) struct TpRank {
-    pub(super) comm: Arc<Comm>,
-    pub(super) shard: Shard,
-    pub(super) peer: Option<(PeerRank, CudaFunction)>,
+    pub(super) tp: Option<(Arc<Comm>, Shard)>,
 }
 
 /// What a captured decode graph was captured for: a replay must match all of it.
@@ -149,24 +140,15 @@ impl CudaExecutor {
     }
 
     /// Rank `shard.rank` of a tensor-parallel group on device `opts.device`: `w` is that rank's
-    /// part of the model (`tp::shard_weights`), `comm` its communicator, `peer` its side of the
-    /// group's peer all-reduce (small steps) if the group has one.
+    /// part of the model (`tp::shard_weights`), `comm` its communicator.
     pub fn new_rank(
         w: &ModelWeights,
         opts: CudaOptions,
         comm: Arc<Comm>,
-        peer: Option<PeerRank>,
         shard: Shard,
     ) -> Result<Box<dyn Executor>, BackendError> {
         let mut me = Self::create(w, opts)?;
-        let peer = match peer {
-            Some(p) => {
-                let m = me.gpu.module(&super::nvrtc::ALLREDUCE, &[])?;
-                Some((p, Gpu::function(&m, "peer_all_reduce_f32")?))
-            }
-            None => None,
-        };
-        me.tp = Some(TpRank { comm, shard, peer });
+        me.tp = Some((comm, shard));
         Ok(Box::new(me))
     }
 }

@@ -83,8 +83,6 @@ pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
-pub mod peer;
-#[cfg(feature = "cuda")]
 mod profile;
 #[cfg(feature = "cuda")]
 pub mod qmat;

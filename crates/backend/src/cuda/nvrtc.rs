@@ -66,11 +66,6 @@ pub const MOE: KernelSource = KernelSource {
         include_str!("kernels/moe.cu")
     ),
 };
-/// The tensor-parallel all-reduce of small steps through peer memory (`peer.rs`).
-pub const ALLREDUCE: KernelSource = KernelSource {
-    name: "allreduce.cu",
-    src: include_str!("kernels/allreduce.cu"),
-};
 /// Needs `HEAD_DIM` and `GQA` defined. The decode and prefill kernels build on attention.cu's
 /// helpers, so the three files are one module.
 pub const ATTENTION: KernelSource = KernelSource {
@@ -84,9 +79,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 
 /// Every kernel family with the defines it is compiled with for the shapes quire supports.
 pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
-    let mut v: Vec<_> = [
-        NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV, ALLREDUCE,
-    ]
+    let mut v: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV]
         .into_iter()
         .map(|k| (k, vec![]))
         .collect();
@@ -99,9 +92,7 @@ pub fn all_variants() -> Vec<(KernelSource, Vec<(&'static str, String)>)> {
         }
     }
     // The decode timeline's builds (`QUIRE_CUDA_TRACE=1`: every module with `QUIRE_TRACE`).
-    let traced: Vec<_> = [
-        NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV, ALLREDUCE,
-    ]
+    let traced: Vec<_> = [NORM, EMBED, ACTIVATION, ROPE, SAMPLE, QUANT, MOE, GEMV]
         .into_iter()
         .map(|k| (k, vec![("QUIRE_TRACE", "1".to_string())]))
         .chain([(

@@ -1,28 +1,22 @@
 //! A tensor-parallel group of GPUs in this process: one rank per device, `opts.device` to
 //! `opts.device + size - 1`, each a CUDA executor on its share of the model, summing through
-//! NCCL, and small steps through peer memory (`peer.rs`). The communicators and the peer buffers
-//! are made together on the calling thread before any rank starts, so no rank can wait for one
-//! that failed to start.
+//! NCCL. The communicators are made together on the calling thread before any rank starts, so
+//! no rank can wait for one that failed to start.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
 use super::nccl::Comm;
-use super::peer::PeerGroup;
-use super::{CudaEnv, CudaExecutor, CudaOptions};
+use super::{CudaExecutor, CudaOptions};
 use crate::tp::{check_split, shard_weights, Abort, Shard, TpExecutor};
 use crate::{BackendError, Executor, ModelWeights};
 
-/// Aborts every rank's communicator and the peer all-reduce (a rank waiting in a collective then
-/// returns).
-struct Comms(Vec<Arc<Comm>>, Option<Arc<PeerGroup>>);
+/// Aborts every rank's communicator (a rank waiting in a collective then returns).
+struct Comms(Vec<Arc<Comm>>);
 
 impl Abort for Comms {
     fn abort(&self, _why: &str) {
-        if let Some(p) = &self.1 {
-            p.stop();
-        }
         self.0.iter().for_each(|c| c.abort());
     }
 }
@@ -58,26 +52,19 @@ pub fn tp_group(
         .into_iter()
         .map(Arc::new)
         .collect();
-    let peer = if CudaEnv::get().peer_all_reduce {
-        PeerGroup::new(&devices)?
-    } else {
-        None
-    };
     let weights = Arc::new(w.clone());
     let rank_comms = comms.clone();
-    let rank_peer = peer.clone();
     let make = move |s: Shard| -> Result<Box<dyn Executor>, BackendError> {
         let part = shard_weights(&weights, s)?;
         let opts = CudaOptions {
             device: opts.device + s.rank,
             ..opts
         };
-        let peer = rank_peer.as_ref().map(|p| p.rank(s.rank));
-        CudaExecutor::new_rank(&part, opts, rank_comms[s.rank].clone(), peer, s)
+        CudaExecutor::new_rank(&part, opts, rank_comms[s.rank].clone(), s)
     };
     Ok(Box::new(TpExecutor::new(
         size,
-        Arc::new(Comms(comms, peer)),
+        Arc::new(Comms(comms)),
         Arc::new(make),
     )?))
 }
