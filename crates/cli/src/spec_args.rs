@@ -27,7 +27,8 @@ pub struct SpecArgs {
     /// target's (--kv-cache-mb / --num-blocks); on CUDA it is loaded after the target, into the
     /// memory the target left, so give the target --num-blocks (or a lower
     /// --gpu-memory-utilization) to leave room for it. Needs --speculative-tokens K; refused when
-    /// the vocabularies differ
+    /// the vocabularies differ. CPU backend only for now: on CUDA the first measurement faulted
+    /// (an illegal address with the target as its own draft), so other backends refuse it
     #[arg(long, value_name = "FILE")]
     pub draft_model: Option<PathBuf>,
 }
@@ -62,6 +63,14 @@ impl SpecArgs {
 
 /// Loads `path` as the draft model of `engine` on the target's backend, with its own KV cache.
 pub fn attach_draft(engine: &mut Engine, path: &Path, m: &ModelArgs, e: &EngineArgs) -> Result<()> {
+    if m.backend != "cpu" {
+        bail!(
+            "--draft-model runs on the CPU backend only for now (on CUDA the draft path faulted in \
+             its first GPU run and is not trusted yet); use --backend cpu, or prompt lookup \
+             (--speculative-tokens K without --draft-model) on {}",
+            m.backend
+        );
+    }
     let dargs = ModelArgs {
         model: Some(path.to_path_buf()),
         ..m.clone()
