@@ -11,8 +11,8 @@
 //! matmul runs on the int8 tensor cores (`kernels/mmq_tc.cu`), which reads each weight once per
 //! token tile (8 to 64 tokens) instead of once per 8, with the same per-block arithmetic:
 //! the pipelined kernel (`mmq_*_tcp*`: `cp.async` stages, K split over CTAs until the grid fills
-//! the GPU, the partial tiles summed in a fixed order) where the weights and activations are
-//! 16-byte aligned, else the first 64 × 64 tile kernel (`mmq_*_tc`).
+//! the GPU, the partial tiles summed in a fixed order) below [`PIPE_MAX_TOKENS`] where the weights
+//! and activations are 16-byte aligned, else the first 64 × 64 tile kernel (`mmq_*_tc`).
 
 use cudarc::driver::sys::CUfunction_attribute as FuncAttr;
 use cudarc::driver::{CudaFunction, CudaModule};
@@ -53,13 +53,19 @@ const TCP_TILES: [usize; 4] = [8, 16, 32, 64];
 const TCP_PART_FLOATS: usize = 4 << 20;
 const TCP_COUNTERS: usize = 8192;
 
-/// The fewest tokens [`QuantKernels::matmul`] sends to the tensor-core kernel (on sm_80 and newer).
-/// What decides it: below it the dp4a kernel's extra weight reads (⌈n / 8⌉ passes over the
-/// matrix) cost less than the tensor-core kernel's fixed work (staging every weight through
-/// shared memory, a 64-token tile mostly empty, fewer CTAs). The two cross between 8 and 16
-/// tokens by the byte count; `cuda_matmul_bench` times both per type and token count on the
-/// 8B shapes to set it from measurement.
-pub const TC_MIN_TOKENS: usize = 16;
+/// The fewest tokens [`QuantKernels::matmul`] sends to the tensor-core kernels (on sm_80 and
+/// newer). Measured on an H100 (`cuda_matmul_bench --only many --reps 50`, 2026-11-27): at 8
+/// tokens the pipelined kernel beats the dp4a kernel on every 8B shape and type, e.g. Q4_K o
+/// 4096 × 4096 17.8 µs against 31.3, gate/up 28672 × 4096 69.3 against 165.8, down 4096 × 14336
+/// 35.1 against 88.2 (Q6_K gate/up 104.4 against 330.4). Fewer tokens were not measured.
+pub const TC_MIN_TOKENS: usize = 8;
+
+/// From this many tokens the first 64 × 64 tile kernel takes over from the pipelined one (up to
+/// `CudaOptions::dequant_gemm_tokens`). Same measurement, 128 tokens: Q4_K o 67.5 µs against
+/// 87.4, gate/up 332.1 against 409.9, down 246.9 against 259.7; Q8_0 gate/up 361.0 against 701.5
+/// (Q6_K the one type a little faster pipelined: down 283.8 against 329.2). At 64 tokens the
+/// pipelined kernel is ahead (Q4_K o 49.4 against 67.0, down 147.7 against 236.7).
+pub const PIPE_MAX_TOKENS: usize = 128;
 
 /// Which kernel multiplies a quantized weight (the benchmark times each; [`QuantKernels::matmul`]
 /// picks by token count).
@@ -370,7 +376,7 @@ impl QuantKernels {
     /// of `k_in` values.
     pub fn pick(&self, dtype: GgmlType, n: usize, k_in: usize, w: u64) -> QKernel {
         if n >= TC_MIN_TOKENS && self.tc_ok(w) {
-            if self.tcp_ok(dtype, n) {
+            if n < PIPE_MAX_TOKENS && self.tcp_ok(dtype, n) {
                 QKernel::TensorCorePipe
             } else {
                 QKernel::TensorCore
