@@ -16,12 +16,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use quire_backend::{Executor, ForwardBatch, SeqBatch};
-use quire_core::BlockId;
 use quire_engine::SpecConfig;
 use quire_tokenizer::ChatMessage;
 
 use crate::bench::BenchArgs;
 use crate::common::{build_engine, load_model, EngineArgs, ModelArgs};
+use crate::stepper::{fresh_seqs, BenchSeq, Stepper};
 
 /// About 250 tokens of plain prose.
 const PASSAGE: &str = "The old lighthouse stood on the northern cliff for two hundred years. \
@@ -290,7 +290,7 @@ fn verify_cost(a: &BenchArgs, ks: &[usize]) -> Result<()> {
                     eargs.max_num_batched_tokens
                 );
             }
-            let ctx = Filled::fill(exec, depth, b, kmax, a.seed, eargs.max_num_batched_tokens)?;
+            let ctx = Filled::fill(exec, depth, b, kmax, a.seed)?;
             let shapes: Vec<usize> = std::iter::once(1).chain(ks.iter().map(|k| k + 1)).collect();
             let mut times = vec![Vec::with_capacity(rounds); shapes.len()];
             for round in 0..rounds + 2 {
@@ -326,7 +326,7 @@ fn verify_cost(a: &BenchArgs, ks: &[usize]) -> Result<()> {
 struct Filled {
     depth: usize,
     block_size: usize,
-    tables: Vec<Vec<BlockId>>,
+    seqs: Vec<BenchSeq>,
     vocab: u32,
 }
 
@@ -337,9 +337,8 @@ impl Filled {
         batch: usize,
         kmax: usize,
         seed: u64,
-        chunk: usize,
     ) -> Result<Self> {
-        use rand::{Rng, SeedableRng};
+        use rand::SeedableRng;
         let kv = exec.kv_spec();
         let per_seq = (depth + kmax + 1).div_ceil(kv.block_size);
         if per_seq * batch > kv.num_blocks {
@@ -350,45 +349,17 @@ impl Filled {
                 kv.num_blocks
             );
         }
-        let tables: Vec<Vec<BlockId>> = (0..batch)
-            .map(|s| {
-                (0..per_seq)
-                    .map(|i| BlockId((s * per_seq + i) as u32))
-                    .collect()
-            })
-            .collect();
-        let vocab = exec.vocab_size() as u32;
+        let mut seqs = fresh_seqs(batch, depth + kmax + 1, kv.block_size);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        for table in &tables {
-            let tokens: Vec<u32> = (0..depth).map(|_| rng.random_range(0..vocab)).collect();
-            let mut done = 0;
-            while done < depth {
-                let n = chunk.min(depth - done);
-                let positions: Vec<u32> = (done..done + n).map(|p| p as u32).collect();
-                let slots: Vec<u32> = (done..done + n)
-                    .map(|p| quire_core::slot(table, p, kv.block_size) as u32)
-                    .collect();
-                let seqs = [SeqBatch {
-                    query_start: 0,
-                    query_len: n,
-                    seq_len: done + n,
-                    block_table: table,
-                }];
-                exec.forward_greedy(&ForwardBatch {
-                    token_ids: &tokens[done..done + n],
-                    positions: &positions,
-                    slot_mapping: &slots,
-                    seqs: &seqs,
-                    logits_indices: &[n as u32 - 1],
-                })?;
-                done += n;
-            }
+        let mut stepper = Stepper::default();
+        for s in &mut seqs {
+            stepper.prefill(exec, s, depth, &mut rng)?;
         }
         Ok(Self {
             depth,
             block_size: kv.block_size,
-            tables,
-            vocab,
+            seqs,
+            vocab: exec.vocab_size() as u32,
         })
     }
 
@@ -397,7 +368,7 @@ impl Filled {
     fn step(&self, exec: &mut dyn Executor, n: usize) -> Result<f64> {
         let (mut tokens, mut positions, mut slots, mut seqs) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (s, table) in self.tables.iter().enumerate() {
+        for (s, table) in self.seqs.iter().map(|q| &q.table).enumerate() {
             for j in 0..n {
                 let p = self.depth + j;
                 tokens.push(((s * 7 + j * 13 + 1) as u32) % self.vocab);
