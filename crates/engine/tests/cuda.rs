@@ -147,7 +147,8 @@ quire_testkit::gpu_test! {
 quire_testkit::gpu_test! {
     /// Chain decode (16 steps in one graph, each step's argmax fed to the next on the device) gives
     /// the tokens of step-by-step greedy decoding on the same executor kind, for one sequence and for
-    /// three (a padded bucket of four), on stored and on f16 weights.
+    /// three (a padded bucket of four), on stored and on f16 weights, also when a second chain of
+    /// the same shape has longer block tables than the one that captured the graph.
     fn chain_decode_matches_step_by_step() {
         use quire_backend::{chain, ForwardBatch, SeqBatch};
         use quire_core::BlockId;
@@ -221,7 +222,33 @@ quire_testkit::gpu_test! {
                         logits_indices: &li,
                     };
                     let toks = if use_chain {
-                        e.forward_greedy_chain(&batch, 16).unwrap()
+                        // First a chain whose block tables hold only the blocks it needs, then
+                        // the same chain with the whole tables: the two pack their steps'
+                        // metadata at different strides, and the second must not replay the
+                        // first one's graph with the first one's stride.
+                        let short: Vec<&[BlockId]> = (0..rows)
+                            .map(|i| &tables[i][..(pos[i] as usize + 16).div_ceil(16)])
+                            .collect();
+                        let short_seqs: Vec<SeqBatch> = seqs
+                            .iter()
+                            .zip(&short)
+                            .map(|(s, t)| SeqBatch {
+                                block_table: t,
+                                ..*s
+                            })
+                            .collect();
+                        let a = e
+                            .forward_greedy_chain(
+                                &ForwardBatch {
+                                    seqs: &short_seqs,
+                                    ..batch
+                                },
+                                16,
+                            )
+                            .unwrap();
+                        let b = e.forward_greedy_chain(&batch, 16).unwrap();
+                        assert_eq!(a, b, "chain with short vs whole block tables (rows {rows})");
+                        b
                     } else {
                         chain::by_steps(e.as_mut(), &batch, 16).unwrap()
                     };

@@ -48,10 +48,11 @@ impl CudaExecutor {
             .map_err(cuda_err("binding the context"))?;
         let b = n.next_power_of_two();
         let c = &self.cfg;
-        // Every step's metadata, one after another at a fixed stride (16-byte aligned).
-        let mut all = Vec::new();
+        // Every step's metadata, one after another at a fixed stride. The graph bakes the stride
+        // into its addresses, so it is part of the graph's key; a power of two (at least 64
+        // words, so 16-byte aligned) keeps one graph for block tables that grow a little.
+        let mut steps_meta = Vec::with_capacity(steps);
         let mut layout = None;
-        let mut stride = 0;
         // Tokens of later steps are written by the graph; zeros stand in for them here.
         let mut cur = chain::Stepped::new(batch);
         let zeros = vec![0u32; n];
@@ -60,14 +61,15 @@ impl CudaExecutor {
                 cur.advance(bs, &zeros);
             }
             let l = pack_meta_padded(&cur.batch(), b, self.kv.num_blocks, bs, &mut self.meta_host);
-            if k == 0 {
-                stride = self.meta_host.len().div_ceil(4) * 4;
-                layout = Some(l);
-                all.resize(steps * stride, 0);
-            }
-            all[k * stride..k * stride + self.meta_host.len()].copy_from_slice(&self.meta_host);
+            layout.get_or_insert(l);
+            steps_meta.push(self.meta_host.clone());
         }
         let layout = layout.expect("steps >= 1");
+        let stride = chain_stride(steps_meta.iter().map(Vec::len).max().unwrap_or(0));
+        let mut all = vec![0i32; steps * stride];
+        for (k, m) in steps_meta.iter().enumerate() {
+            all[k * stride..k * stride + m.len()].copy_from_slice(m);
+        }
         let last_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1) + steps - 1;
         let ctx = self.graph_ctx(last_ctx);
         let plan = self.k.attention.plan(self.gpu.sms, b, ctx, true);
@@ -82,6 +84,7 @@ impl CudaExecutor {
             ctx,
             logits_to_host: false,
             meta_words: 0,
+            meta_stride: stride,
         };
         self.replay(key, |e| {
             e.enqueue_chain(b, steps, stride, meta_base, layout, plan)
@@ -139,5 +142,27 @@ impl CudaExecutor {
             }
         }
         Ok(())
+    }
+}
+
+/// Words between two steps' metadata in a chain graph for `len` words of one step's metadata: a
+/// power of two of at least 64, so the stride (baked into the graph) changes only when the block
+/// tables double.
+fn chain_stride(len: usize) -> usize {
+    len.next_power_of_two().max(64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_stride;
+
+    #[test]
+    fn a_chain_stride_holds_the_step_and_keeps_int4_alignment() {
+        for len in 0..5000 {
+            let s = chain_stride(len);
+            assert!(s >= len && s % 4 == 0 && s >= 64, "len {len} -> {s}");
+            assert_eq!(s, chain_stride(s), "a stride is its own stride");
+        }
+        assert_eq!(chain_stride(65), 128);
     }
 }

@@ -105,6 +105,8 @@ pub(super) struct GraphKey {
     pub(super) logits_to_host: bool,
     /// Words of metadata the graph reads from `meta_mapped` (0: copied before the replay).
     pub(super) meta_words: usize,
+    /// A chain graph's words between two steps' metadata (0 for a single step).
+    pub(super) meta_stride: usize,
 }
 
 /// The decode timeline, when traced (`QUIRE_CUDA_TRACE=1`), goes to stderr as the executor ends.
@@ -341,6 +343,7 @@ impl CudaExecutor {
             ctx,
             logits_to_host: logits_host != 0,
             meta_words,
+            meta_stride: 0,
         };
         self.replay(key, |e| e.enqueue(step))?;
         Ok(logits_host != 0)
