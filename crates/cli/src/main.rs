@@ -16,6 +16,7 @@ mod gpu_ceilings;
 mod info;
 mod make_model;
 mod perplexity;
+mod presets;
 mod profile;
 mod quantize;
 mod roofline;
