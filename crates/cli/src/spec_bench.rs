@@ -169,12 +169,11 @@ pub fn run(a: &BenchArgs, spec: &str) -> Result<()> {
                 .as_ref()
                 .map_or(1.0, |b| r.decode_tok_s / b.decode_tok_s);
             // Where the greedy output first parts from speculation off (None: identical).
-            let parts =
-                base.as_ref().and_then(|b| {
-                    let at = b.tokens.iter().zip(&r.tokens).position(|(x, y)| x != y);
-                    at.or((b.tokens.len() != r.tokens.len())
+            let parts = base.as_ref().and_then(|b| {
+                let at = b.tokens.iter().zip(&r.tokens).position(|(x, y)| x != y);
+                at.or((b.tokens.len() != r.tokens.len())
                         .then(|| b.tokens.len().min(r.tokens.len())))
-                });
+            });
             parted |= parts.is_some();
             let (acc, mean_len) = if r.proposed > 0 {
                 (

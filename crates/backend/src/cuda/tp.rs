@@ -62,9 +62,9 @@ pub fn tp_group(
         };
         CudaExecutor::new_rank(&part, opts, rank_comms[s.rank].clone(), s)
     };
-    Ok(Box::new(TpExecutor::new(
-        size,
-        Arc::new(Comms(comms)),
-        Arc::new(make),
-    )?))
+    // Rank threads spin up to 2 ms for their next job: a decode step's comes within the host's
+    // turn between steps (a few hundred microseconds), and a woken thread would add its wake-up.
+    Ok(Box::new(
+        TpExecutor::new(size, Arc::new(Comms(comms)), Arc::new(make))?.spinning(2000),
+    ))
 }

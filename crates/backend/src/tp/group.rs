@@ -3,12 +3,20 @@
 //! batch; the ranks meet in the all-reduces of the layer sequence and end with identical residual
 //! streams, hence identical logits and tokens, and the lead rank's answer is the group's.
 //!
+//! The lead rank runs on the caller's thread and the others on their own: a decode step is a few
+//! milliseconds, and every hop between threads (a blocked thread woken by a channel) adds tens of
+//! microseconds to it. For the same reason a GPU group's rank threads spin for a moment on their
+//! job channel before they block (`spinning`): the next decode step's job comes within a few
+//! hundred microseconds of the last reply.
+//!
 //! A rank that fails stops the group: its error is returned, the collectives are aborted (so no
 //! rank waits for it forever), and every later call answers with the same error.
 
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use quire_core::BlockId;
 
@@ -123,7 +131,12 @@ struct Worker {
 
 pub struct TpExecutor {
     name: &'static str,
+    /// Rank 0, run on the caller's thread.
+    lead: Box<dyn Executor>,
+    /// Ranks 1.., each on its own thread.
     ranks: Vec<Worker>,
+    /// How long the rank threads and the gathering of their replies spin before blocking.
+    spin: Arc<AtomicU64>,
     /// Every rank's replies, tagged with the rank, in the order they come.
     replies: Receiver<(usize, Reply)>,
     abort: Arc<dyn Abort>,
@@ -134,9 +147,54 @@ pub struct TpExecutor {
     failed: Option<String>,
 }
 
+/// Waits for a message, spinning for up to `spin` microseconds before blocking.
+fn recv_soon<T>(rx: &Receiver<T>, spin: u64) -> Result<T, RecvError> {
+    if spin == 0 {
+        return rx.recv();
+    }
+    let t0 = Instant::now();
+    let spin = Duration::from_micros(spin);
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(TryRecvError::Disconnected) => return Err(RecvError),
+            Err(TryRecvError::Empty) if t0.elapsed() >= spin => return rx.recv(),
+            Err(TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+}
+
+/// What one rank answers to `job`.
+fn answer(ex: &mut dyn Executor, job: Job, lead: bool) -> Reply {
+    match job {
+        Job::Run(b, call) => b.with(|b| run_call(ex, b, &call, lead)),
+        Job::Profiling(on) => {
+            ex.set_profiling(on);
+            Reply::Done
+        }
+        Job::TakeProfile => Reply::Profile(ex.take_profile(), ex.device_memory_peak()),
+        Job::Peak => Reply::Profile(Vec::new(), ex.device_memory_peak()),
+    }
+}
+
 /// Runs one rank: builds its executor, then answers jobs until the group drops its sender.
-fn rank_loop(shard: Shard, make: Arc<MakeRank>, jobs: Receiver<Job>, out: Sender<(usize, Reply)>) {
+fn rank_loop(
+    shard: Shard,
+    make: Arc<MakeRank>,
+    jobs: Receiver<Job>,
+    out: Sender<(usize, Reply)>,
+    spin: Arc<AtomicU64>,
+    abort: Arc<dyn Abort>,
+) {
+    // A failing rank stops the collectives itself: the lead, which would otherwise notice the
+    // failure, may be waiting in one of them on the group's thread.
     let reply = |r: Reply| {
+        if let Reply::Failed(e) = &r {
+            abort.abort(&format!(
+                "rank {} of {} failed: {e}",
+                shard.rank, shard.size
+            ));
+        }
         let _ = out.send((shard.rank, r));
     };
     let run = || -> Result<(), BackendError> {
@@ -146,17 +204,9 @@ fn rank_loop(shard: Shard, make: Arc<MakeRank>, jobs: Receiver<Job>, out: Sender
             vocab: ex.vocab_size(),
             name: ex.backend_name(),
         });
-        for job in jobs.iter() {
-            let reply_to_job = match job {
-                Job::Run(b, call) => b.with(|b| run_call(ex.as_mut(), b, &call, shard.is_lead())),
-                Job::Profiling(on) => {
-                    ex.set_profiling(on);
-                    Reply::Done
-                }
-                Job::TakeProfile => Reply::Profile(ex.take_profile(), ex.device_memory_peak()),
-                Job::Peak => Reply::Profile(Vec::new(), ex.device_memory_peak()),
-            };
-            reply(reply_to_job);
+        let spin_us = || spin.load(Ordering::Relaxed);
+        while let Ok(job) = recv_soon(&jobs, spin_us()) {
+            reply(answer(ex.as_mut(), job, shard.is_lead()));
         }
         Ok(())
     };
@@ -193,24 +243,26 @@ fn run_call(ex: &mut dyn Executor, b: &ForwardBatch, call: &Call, lead: bool) ->
 }
 
 impl TpExecutor {
-    /// Starts `size` rank threads, each building its executor with `make`; `abort` stops the
-    /// collectives those executors share. Fails, with every rank stopped, when any rank fails or
-    /// the ranks disagree on the KV block size or vocabulary. The group's KV pool is the
-    /// smallest rank's.
+    /// Starts ranks 1.. on threads of their own, each building its executor with `make`, and
+    /// builds rank 0 on this thread meanwhile; `abort` stops the collectives those executors
+    /// share. Fails, with every rank stopped, when any rank fails or the ranks disagree on the KV
+    /// block size or vocabulary. The group's KV pool is the smallest rank's.
     pub fn new(
         size: usize,
         abort: Arc<dyn Abort>,
         make: Arc<MakeRank>,
     ) -> Result<Self, BackendError> {
-        let mut ranks = Vec::with_capacity(size);
+        let spin = Arc::new(AtomicU64::new(0));
+        let mut ranks = Vec::with_capacity(size.saturating_sub(1));
         let (replies_tx, replies) = channel();
-        for rank in 0..size {
+        for rank in 1..size {
             let (jobs, jobs_rx) = channel();
             let replies_tx = replies_tx.clone();
-            let make = make.clone();
+            let (make, spin, abort) = (make.clone(), spin.clone(), abort.clone());
+            let shard = Shard { rank, size };
             let thread = std::thread::Builder::new()
                 .name(format!("quire-tp-rank-{rank}"))
-                .spawn(move || rank_loop(Shard { rank, size }, make, jobs_rx, replies_tx))
+                .spawn(move || rank_loop(shard, make, jobs_rx, replies_tx, spin, abort))
                 .map_err(|e| BackendError::Config(format!("cannot start rank {rank}: {e}")))?;
             ranks.push(Worker {
                 jobs,
@@ -218,9 +270,22 @@ impl TpExecutor {
             });
         }
         drop(replies_tx);
+        let lead = match make(Shard { rank: 0, size }) {
+            Ok(e) => e,
+            Err(e) => {
+                let why = format!("rank 0 of {size} failed: {e}");
+                abort.abort(&why);
+                drop(ranks); // ends and joins the other ranks
+                return Err(BackendError::Config(why));
+            }
+        };
+        let mut seen = vec![None; size];
+        seen[0] = Some((lead.kv_spec(), lead.vocab_size(), lead.backend_name()));
         let mut me = Self {
             name: "cpu",
+            lead,
             ranks,
+            spin,
             replies,
             abort,
             kv: KvCacheSpec {
@@ -231,8 +296,7 @@ impl TpExecutor {
             peak: None,
             failed: None,
         };
-        let mut seen = vec![None; size];
-        for reply in me.gather(size)? {
+        for reply in me.gather(size - 1)? {
             if let (rank, Reply::Ready { kv, vocab, name }) = reply {
                 seen[rank] = Some((kv, vocab, name));
             }
@@ -262,12 +326,21 @@ impl TpExecutor {
         Ok(me)
     }
 
-    /// Records rank `rank`'s failure, aborts the collectives so no rank waits for it, and
-    /// returns the error every later call gets.
+    /// Lets the rank threads (and the gathering of their replies) spin for up to `micros` on
+    /// their channel before blocking: for GPU ranks, whose threads wait while the GPU works, so
+    /// a spinning thread costs no compute. CPU ranks leave it at 0 (a spinning thread would take
+    /// a core from the ranks' own compute threads).
+    pub fn spinning(self, micros: u64) -> Self {
+        self.spin.store(micros, Ordering::Relaxed);
+        self
+    }
+
+    /// Records rank `rank`'s failure (the first one stays), aborts the collectives so no rank
+    /// waits for it, and returns the error every later call gets.
     fn fail(&mut self, rank: usize, e: BackendError) -> BackendError {
-        let why = format!("rank {rank} of {} failed: {e}", self.ranks.len());
+        let why = format!("rank {rank} of {} failed: {e}", self.ranks.len() + 1);
         self.abort.abort(&why);
-        self.failed = Some(why.clone());
+        let why = self.failed.get_or_insert(why).clone();
         BackendError::Config(why)
     }
 
@@ -280,14 +353,15 @@ impl TpExecutor {
         }
     }
 
-    /// Gathers `n` replies, in the order they come, sorted by rank. The first failure stops the
-    /// group at once (aborting the collectives, so ranks waiting in one return too); the other
-    /// replies are still gathered, then that failure is returned.
+    /// Gathers `n` replies of ranks 1.., in the order they come, sorted by rank. The first
+    /// failure stops the group at once (aborting the collectives, so ranks waiting in one return
+    /// too); the other replies are still gathered, then that failure is returned.
     fn gather(&mut self, n: usize) -> Result<Vec<(usize, Reply)>, BackendError> {
         let mut got = Vec::with_capacity(n);
         let mut first_err = None;
+        let spin = self.spin.load(Ordering::Relaxed);
         for _ in 0..n {
-            match self.replies.recv() {
+            match recv_soon(&self.replies, spin) {
                 Ok((rank, Reply::Failed(e))) => {
                     if first_err.is_none() {
                         first_err = Some(self.fail(rank, e));
@@ -297,7 +371,7 @@ impl TpExecutor {
                 Err(_) => {
                     if first_err.is_none() {
                         let e = BackendError::Config("its thread ended".into());
-                        first_err = Some(self.fail(got.len(), e));
+                        first_err = Some(self.fail(got.len() + 1, e));
                     }
                     break;
                 }
@@ -312,7 +386,8 @@ impl TpExecutor {
         }
     }
 
-    /// Sends `job` to every rank and gathers the replies, the lead's first.
+    /// Sends `job` to ranks 1.., answers it on rank 0 here, and gathers the replies, the lead's
+    /// first.
     fn all(&mut self, job: impl Fn() -> Job) -> Result<Vec<Reply>, BackendError> {
         self.stopped()?;
         let mut sent = 0;
@@ -322,11 +397,20 @@ impl TpExecutor {
             }
             sent += 1;
         }
+        let lead = answer(self.lead.as_mut(), job(), true);
+        if let Reply::Failed(e) = lead {
+            let err = self.fail(0, e);
+            let _ = self.gather(sent);
+            return Err(err);
+        }
         let got = self.gather(sent)?;
         if sent < self.ranks.len() {
-            return Err(self.fail(sent, BackendError::Config("its thread ended".into())));
+            let e = BackendError::Config("its thread ended".into());
+            return Err(self.fail(sent + 1, e));
         }
-        Ok(got.into_iter().map(|(_, r)| r).collect())
+        Ok(std::iter::once(lead)
+            .chain(got.into_iter().map(|(_, r)| r))
+            .collect())
     }
 
     fn run(&mut self, b: &ForwardBatch, call: Call) -> Result<Reply, BackendError> {
@@ -394,7 +478,7 @@ impl Executor for TpExecutor {
         if self.failed.is_some() {
             return self.peak;
         }
-        let mut peak = self.peak;
+        let mut peak = self.peak.max(self.lead.device_memory_peak());
         let sent = self
             .ranks
             .iter()
@@ -430,18 +514,14 @@ impl Executor for TpExecutor {
     }
 }
 
-impl Drop for TpExecutor {
+impl Drop for Worker {
+    /// Closing the job channel ends the rank loop; a rank stuck in a collective is freed by the
+    /// abort a failure already sent.
     fn drop(&mut self) {
-        // Closing the job channels ends every rank loop; a rank stuck in a collective is freed by
-        // the abort a failure already sent.
-        for r in &mut self.ranks {
-            let (dead, _) = channel();
-            r.jobs = dead;
-        }
-        for r in &mut self.ranks {
-            if let Some(t) = r.thread.take() {
-                let _ = t.join();
-            }
+        let (dead, _) = channel();
+        self.jobs = dead;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
