@@ -23,10 +23,12 @@ use super::nvrtc;
 use super::qmat::{is_native_quant, to_f16, WMat, Q8A_BYTES};
 use crate::{BackendError, HostTensor, MoeWeights};
 
-/// Pairs per tile of the dp4a expert kernels (`MOE_TILE` in moe.cu) and their weight rows per CTA
-/// (`MOE_WARPS × MOE_ROWS`).
+/// Pairs per tile of the dp4a and GEMV-shaped expert kernels (`MOE_TILE` in moe.cu) and their
+/// weight rows per CTA (`MOE_WARPS × MOE_ROWS`, `MMV_WARPS × MMV_ROWS` in quant.cu).
 pub const TILE: usize = 8;
 const ROWS_PER_CTA: usize = 8;
+/// Threads per CTA of the GEMV-shaped expert kernels (`MMV_WARPS` warps).
+const MMV_THREADS: u32 = 128;
 /// Pairs per tile of the tensor-core expert kernels (`TC_TOK` in mmq_tc.cuh), their weight rows
 /// per CTA (`TC_ROWS`) and threads (`TC_THREADS`).
 pub const TC_TILE: usize = 64;
@@ -52,8 +54,17 @@ pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
 pub enum MoePath {
     /// Tiles of up to [`TILE`] pairs, dp4a (quantized) or f16 GEMV.
     Dp4a,
+    /// Tiles of up to [`TILE`] pairs shaped like the dense one-token GEMV: each warp stages its
+    /// rows through shared memory with 16-byte loads (quantized experts whose rows start 16-byte
+    /// aligned; a matrix whose rows do not takes the dp4a kernel). Decode's path.
+    Gemv,
     /// Tiles of up to [`TC_TILE`] pairs on the int8 tensor cores (quantized experts, sm_80+).
     TensorCore,
+}
+
+impl MoePath {
+    /// Every path (the benchmark's rows).
+    pub const ALL: [MoePath; 3] = [MoePath::Dp4a, MoePath::Gemv, MoePath::TensorCore];
 }
 
 /// The expert kernels' stored types, in the order of `MoeKernels::mmq`, with their name suffix.
@@ -74,8 +85,8 @@ pub struct MoeKernels {
     topk: CudaFunction,
     route: CudaFunction,
     sort: CudaFunction,
-    /// By type (`TYPES` order): the dp4a kernel and the tensor-core one.
-    mmq: Vec<[CudaFunction; 2]>,
+    /// By type (`TYPES` order): the dp4a kernel, the GEMV-shaped one and the tensor-core one.
+    mmq: Vec<[CudaFunction; 3]>,
     gemv_f16: CudaFunction,
     combine: CudaFunction,
 }
@@ -86,7 +97,13 @@ impl MoeKernels {
         let f = |name: &str| Gpu::function(&m, name);
         let mmq = TYPES
             .iter()
-            .map(|(_, t)| Ok([f(&format!("moe_mmq_{t}"))?, f(&format!("moe_mmq_{t}_tc"))?]))
+            .map(|(_, t)| {
+                Ok([
+                    f(&format!("moe_mmq_{t}"))?,
+                    f(&format!("moe_mmq_{t}_mmv"))?,
+                    f(&format!("moe_mmq_{t}_tc"))?,
+                ])
+            })
             .collect::<Result<_, BackendError>>()?;
         Ok(Self {
             topk: f("moe_topk")?,
@@ -102,6 +119,8 @@ impl MoeKernels {
 /// One layer's experts on the device.
 pub struct MoeLayer {
     pub cfg: MoeConfig,
+    /// The model's hidden size (the experts' gate/up row length).
+    pub hidden: usize,
     /// `[num_experts, hidden]` f32: router logits = x · routerᵀ, in f32 as the CPU computes them
     /// (near-equal logits must pick the same experts).
     pub router: DBuf<f32>,
@@ -192,6 +211,7 @@ impl MoeLayer {
         }
         Ok(Self {
             cfg,
+            hidden,
             router: gpu.upload(&w.gate_inp.to_f32()?)?,
             gate_up: stack_experts(gpu, &[&w.gate_exps, &w.up_exps], e, keep_quant)?,
             down: stack_experts(gpu, &[&w.down_exps], e, keep_quant)?,
@@ -222,9 +242,12 @@ pub struct MoeScratch {
     y: DBuf<f32>,         // [n * k, hidden]
 }
 
-/// Tiles of at most `tile` pairs that `pairs` pairs over `experts` experts can take.
+/// Tiles of at most `tile` pairs that `pairs` pairs over `experts` experts can take: a partial
+/// tile at most per expert that has a pair, and never more tiles than pairs. The expert matmuls
+/// launch this many CTA rows (those past the step's tile count leave at once), so the bound is
+/// kept tight: one token's 8 pairs launch 8, not 129.
 fn max_tiles(pairs: usize, experts: usize, tile: usize) -> usize {
-    pairs.div_ceil(tile) + experts
+    (pairs.div_ceil(tile) + experts.min(pairs)).min(pairs)
 }
 
 impl MoeScratch {
@@ -321,9 +344,29 @@ impl MoeRun<'_> {
     pub fn path_for(&self, layer: &MoeLayer, n: usize) -> MoePath {
         if n >= TC_MIN_TOKENS && self.tc_ok(layer) {
             MoePath::TensorCore
+        } else if self.gemv_ok(layer) {
+            MoePath::Gemv
         } else {
             MoePath::Dp4a
         }
+    }
+
+    /// Whether `path` can run on `layer` here (the dp4a path always can).
+    pub fn path_ok(&self, layer: &MoeLayer, path: MoePath) -> bool {
+        match path {
+            MoePath::Dp4a => true,
+            MoePath::Gemv => self.gemv_ok(layer),
+            MoePath::TensorCore => self.tc_ok(layer),
+        }
+    }
+
+    /// Whether the GEMV-shaped expert kernels can run on `layer`'s gate/up matrix: quantized
+    /// experts whose rows start 16-byte aligned (its down matrix, where they do not, takes the
+    /// dp4a kernel).
+    pub fn gemv_ok(&self, layer: &MoeLayer) -> bool {
+        layer.gate_up.quant_type().is_some_and(|t| {
+            super::qmat::QuantKernels::mmv_ok(t, layer.hidden, layer.gate_up.ptr())
+        })
     }
 
     /// Whether the tensor-core expert kernels can run on `layer` here: quantized experts, sm_80+
@@ -363,6 +406,25 @@ impl MoeRun<'_> {
         io: &MoeInputs,
         path: MoePath,
     ) -> Result<(), BackendError> {
+        // SAFETY: this fn's contract is `run_marked`'s.
+        unsafe { self.run_marked(layer, s, io, path, &mut |_| Ok(())) }
+    }
+
+    /// [`Self::run_with`], calling `mark` with the stage's name right after each stage's
+    /// launches are queued (`route`, `gate_up`, `swiglu`, `down`, `combine`): the benchmark
+    /// records a CUDA event there to time each stage.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::run`].
+    pub unsafe fn run_marked(
+        &self,
+        layer: &MoeLayer,
+        s: &MoeScratch,
+        io: &MoeInputs,
+        path: MoePath,
+        mark: &mut dyn FnMut(&'static str) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         let c = &layer.cfg;
         let (e, k) = (c.num_experts, c.num_experts_per_tok);
         if io.n > s.tokens {
@@ -378,9 +440,16 @@ impl MoeRun<'_> {
                 self.g.arch
             )));
         }
+        if path == MoePath::Gemv && !self.gemv_ok(layer) {
+            return Err(BackendError::Config(
+                "the GEMV-shaped expert kernels need quantized experts whose gate/up rows start \
+                 16-byte aligned"
+                    .into(),
+            ));
+        }
         let pairs = io.n * k;
         let tile = match path {
-            MoePath::Dp4a => TILE,
+            MoePath::Dp4a | MoePath::Gemv => TILE,
             MoePath::TensorCore => TC_TILE,
         };
         let grid_y = max_tiles(pairs, e, tile);
@@ -409,10 +478,15 @@ impl MoeRun<'_> {
         // the executor's life.
         unsafe {
             self.route(layer, s, io, d)?;
+            mark("route")?;
             self.experts(&layer.gate_up, x_in, k, s.gu.ptr, 2 * d.inter, d.hd, s, d)?;
+            mark("gate_up")?;
             self.swiglu(quant, s, d)?;
+            mark("swiglu")?;
             self.experts(&layer.down, s.act.ptr, 1, s.y.ptr, d.hd, d.inter, s, d)?;
-            self.combine(io.x, s, d)
+            mark("down")?;
+            self.combine(io.x, s, d)?;
+            mark("combine")
         }
     }
 
@@ -508,20 +582,29 @@ impl MoeRun<'_> {
                 let mut args = vec![P(data.ptr), L(expert_bytes as i64), P(a), I(act_div as i32)];
                 args.extend(tiles);
                 args.extend([P(out), I(rows as i32), I((cols / 32) as i32)]);
+                let gemv = d.path == MoePath::Gemv
+                    && super::qmat::QuantKernels::mmv_ok(*dtype, cols, data.ptr);
                 let (f, grid, block) = match d.path {
-                    MoePath::Dp4a => (
+                    MoePath::Gemv if gemv => (
+                        &self.mk.mmq[idx][1],
+                        (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1),
+                        (MMV_THREADS, 1, 1),
+                    ),
+                    MoePath::Dp4a | MoePath::Gemv => (
                         &self.mk.mmq[idx][0],
                         (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1),
                         (128, 1, 1),
                     ),
                     MoePath::TensorCore => (
-                        &self.mk.mmq[idx][1],
+                        &self.mk.mmq[idx][2],
                         (rows.div_ceil(TC_ROWS) as u32, d.grid_y, 1),
                         (TC_THREADS, 1, 1),
                     ),
                 };
-                // SAFETY: moe_mmq's (and moe_mmq_*_tc's) list; the addresses as this fn's
-                // contract says.
+                // SAFETY: moe_mmq's (and moe_mmq_*_mmv's, moe_mmq_*_tc's) list; the addresses
+                // as this fn's contract says; the GEMV-shaped kernel only where every expert's
+                // rows start 16-byte aligned (`mmv_ok` of the slab base and the row length: the
+                // expert slabs are whole rows).
                 unsafe { self.g.launch(f, grid, block, &args) }
             }
             WMat::F16(b) => {

@@ -146,6 +146,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ hf, const float* 
         for (int t = 0; t < n; t++) {
             const float4* x4 = (const float4*)(hf + (long)t * hidden);
             float acc = 0.0f;
+            // Unrolled so several 16-byte loads are in flight per lane (a lane's 16 loads of a
+            // 2048-wide row would otherwise wait on memory one after another).
+#pragma unroll 8
             for (int i = lane; i < hidden / 4; i += 32) {
                 const float4 a = r4[i], b = x4[i];
                 acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -219,6 +222,116 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
         }
 }
 
+// The same product for decode (MoePath::Gemv), shaped like the dense staged GEMV (quant.cu's
+// `mmv`): each warp owns MMV_ROWS rows of the tile's expert and copies a stage of them into
+// shared memory with coalesced 16-byte loads, issuing the next stage's loads before it computes
+// on the current one; the dot products are `block_dot` (Q4_K, Q6_K: the sub-block pair dots), so
+// each pair's result equals the dp4a kernel's up to the f32 summation order. With one token the
+// tiles are single pairs of 8 experts, so the 16-byte loads and the loads in flight, not the
+// arithmetic, set the time. The expert's rows must start 16-byte aligned (the slab base and the
+// row length in bytes multiples of 16; the host checks), else the dp4a kernel above runs.
+// grid (⌈rows / (MMV_WARPS · MMV_ROWS)⌉, max_tiles); block 32 · MMV_WARPS
+template <int TYPE>
+__device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, long expert_bytes,
+                                        const q8a_t* __restrict__ a, int act_div,
+                                        const int* __restrict__ sorted, const int4* __restrict__ tiles,
+                                        const int* __restrict__ num_tiles, float* __restrict__ y,
+                                        int rows, int nb) {
+    __shared__ uint4 stage[MMV_WARPS][MMV_ROWS][MMV_LOADS * 32];
+    const int B = wblock<TYPE>::bytes, PER = wblock<TYPE>::elems / 32;
+    const int SB = mmv_stage<TYPE>::blocks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * MMV_WARPS + warp) * MMV_ROWS;
+    // The tile list is the route's output: nothing is read before it is complete.
+    if (blockIdx.y >= *num_tiles || r0 >= rows) return;  // whole warps: no warp step left waiting
+    const int4 tile = tiles[blockIdx.y];
+    const int nsb = nb / PER;
+    const long row_bytes = (long)nsb * B;
+    const unsigned char* we = w + tile.x * expert_bytes;
+    // Rows past the end read the last row again (in bounds) and are not written.
+    const uint4* wr[MMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+        wr[i] = (const uint4*)(we + (long)min(r0 + i, rows - 1) * row_bytes);
+    uint4 next[MMV_ROWS][MMV_LOADS];
+    mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    int pair[MOE_TILE];
+    const q8a_t* ap[MOE_TILE];
+#pragma unroll
+    for (int t = 0; t < MOE_TILE; t++) {
+        pair[t] = t < tile.z ? sorted[tile.y + t] : 0;
+        ap[t] = a + (long)(pair[t] / act_div) * nb;
+    }
+    float acc[MMV_ROWS][MOE_TILE];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) acc[i][t] = 0.0f;
+    for (int s0 = 0; s0 < nsb; s0 += SB) {
+        const int n16 = (min(SB, nsb - s0) * B) >> 4;
+        __syncwarp();  // every lane is done reading the previous stage
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+            for (int u = 0; u < MMV_LOADS; u++)
+                if (lane + 32 * u < n16) stage[warp][i][lane + 32 * u] = next[i][u];
+        __syncwarp();
+        if (s0 + SB < nsb) mmv_fetch<TYPE>(wr, s0 + SB, nsb, lane, next);  // in flight meanwhile
+        const int nsub = min(SB, nsb - s0) * PER;
+        const long b0 = (long)s0 * PER;
+        if constexpr (TYPE == T_Q4_K || TYPE == T_Q6_K) {
+            // One pair of sub-blocks per lane: four per super-block, at most 8 super-blocks.
+            const int sb = lane >> 2, p = lane & 3;
+            if (sb < nsub / PER) {
+#pragma unroll
+                for (int t = 0; t < MOE_TILE; t++) {
+                    if (t < tile.z) {
+                        const q8a_t* ab = ap[t] + b0 + sb * PER;
+#pragma unroll
+                        for (int i = 0; i < MMV_ROWS; i++) {
+                            const unsigned char* wb = (const unsigned char*)stage[warp][i] + sb * B;
+                            if constexpr (TYPE == T_Q4_K) {
+                                acc[i][t] += q4k_pair_dot(wb, p, ab + 2 * p);
+                            } else {
+                                const int h = p >> 1, k = p & 1, j0 = 4 * h + k;
+                                acc[i][t] += q6k_pair_dot(wb, h, k, ab + j0, ab + j0 + 2);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            // Sub-blocks j and j + 32 per lane: consecutive lanes read consecutive activation
+            // blocks.
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                if (j < nsub) {
+#pragma unroll
+                    for (int t = 0; t < MOE_TILE; t++) {
+                        if (t < tile.z) {
+                            const q8a_t* ab = ap[t] + b0 + j;
+#pragma unroll
+                            for (int i = 0; i < MMV_ROWS; i++) {
+                                const unsigned char* wb =
+                                    (const unsigned char*)stage[warp][i] + (j / PER) * B;
+                                acc[i][t] += block_dot<TYPE>(wb, j % PER, ab);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < MOE_TILE; t++) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0 && t < tile.z && r0 + i < rows) y[(long)pair[t] * rows + r0 + i] = v;
+        }
+}
+
 // The columns of a tensor-core tile: the tile's pairs (activation row pair / act_div, output
 // row pair), gathered by index from the sorted list.
 struct tc_moe_map {
@@ -254,6 +367,14 @@ __device__ __forceinline__ void moe_mmq_tc(const unsigned char* __restrict__ w, 
                                     int rows, int nb) {                                          \
         pdl_enter();                                                                             \
         moe_mmq<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
+        NAME##_mmv(const unsigned char* __restrict__ w, long expert_bytes,                       \
+                   const q8a_t* __restrict__ a, int act_div, const int* __restrict__ sorted,     \
+                   const int4* __restrict__ tiles, const int* __restrict__ num_tiles,            \
+                   float* __restrict__ y, int rows, int nb) {                                    \
+        pdl_enter();                                                                             \
+        moe_mmv<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                     \
         NAME##_tc(const unsigned char* __restrict__ w, long expert_bytes,                        \
