@@ -6,9 +6,11 @@
 //! the dp4a tiles and the grouped int8 tensor-core GEMM. The router is rigged so that two experts
 //! get no pair and one gets most tokens (several 64-pair tiles, the last partial); the others get
 //! odd counts (checked: some tile holds an odd number of pairs above 1). The shapes give the
-//! GEMV-shaped kernels two stages of rows with a partial second one (hidden 2304 for Q4_0 and
-//! Q4_K), one stage (the others), and a down matrix whose rows are not 16-byte aligned (Q4_0, Q8_0
-//! and Q6_K: the dp4a kernel takes it inside the GEMV path); the dp4a kernels get partial K steps.
+//! GEMV-shaped kernels two stages of rows with a partial second one (gate/up of Q4_0 and Q4_K:
+//! hidden 2304; the fused down + combine of Q4_1: expert rows 2304, so a token's slots change in
+//! the middle of its stages), one stage (the others), and down matrices whose rows are not 16-byte
+//! aligned (Q4_0, Q8_0 and Q6_K: the dp4a down kernel and the separate combine run inside the GEMV
+//! path); the dp4a kernels get partial K steps.
 //! At decode sizes the GEMV path runs twice and must give the same bits both times (no float
 //! atomics: a step is deterministic), and must agree with the dp4a path within 0.2%.
 //!
@@ -190,7 +192,7 @@ quire_testkit::gpu_test! {
         let mut rng = StdRng::seed_from_u64(24);
         let types = [
             (GgmlType::Q4_0, 2304, 96),
-            (GgmlType::Q4_1, 256, 128),
+            (GgmlType::Q4_1, 256, 2304),
             (GgmlType::Q8_0, 256, 96),
             (GgmlType::Q4_K, 2304, 256),
             (GgmlType::Q5_K, 256, 512),

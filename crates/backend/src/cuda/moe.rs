@@ -5,12 +5,21 @@
 //!
 //! Quantized experts (Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) stay as stored and take
 //! 8-bit activations, with the dense kernels' per-block arithmetic; other types go to f16. Decode
-//! (few tokens) sorts into tiles of up to [`TILE`] pairs for the dp4a kernels; prompt chunks (from
-//! [`TC_MIN_TOKENS`]) into tiles of up to [`TC_TILE`] pairs for a grouped int8 tensor-core GEMM,
-//! so each expert's weights are read once per 64 of its pairs instead of once per 8.
+//! (few tokens) sorts into tiles of up to [`TILE`] pairs; prompt chunks (from [`TC_MIN_TOKENS`])
+//! into tiles of up to [`TC_TILE`] pairs for a grouped int8 tensor-core GEMM, so each expert's
+//! weights are read once per 64 of its pairs instead of once per 8.
+//!
+//! Decode reads little (one token: 8 experts × 3 matrices, ~21 MB at the 30B-A3B shape, ~7 µs at
+//! the H100's read roof), so what costs is how the reads are issued: the GEMV path
+//! ([`MoePath::Gemv`]) stages each warp's weight rows through shared memory with 16-byte loads
+//! as the dense one-token GEMV does, launches only as many tile rows as the pairs can fill, and
+//! runs the down matrix and the combine as one launch. The older dp4a tile kernels
+//! ([`MoePath::Dp4a`], 2-byte loads straight from memory) stay for rows that are not 16-byte
+//! aligned and as the reference the test holds the GEMV path to.
 //!
 //! Launches per layer: up to [`FUSED_ROUTE_MAX_TOKENS`] tokens, route (logits, top-k, sort),
-//! gate/up, SwiGLU into 8-bit blocks, down, combine (5); above, cuBLAS's router GEMM, top-k and
+//! gate/up, SwiGLU into 8-bit blocks, then down and combine (one launch on the GEMV path up to
+//! [`FUSED_DOWN_MAX_TOKENS`] tokens: 4 in all; else 5); above, cuBLAS's router GEMM, top-k and
 //! sort in place of the route (7). Each expert matmul is one launch over every expert's tiles.
 
 use cudarc::driver::CudaFunction;
@@ -47,6 +56,14 @@ pub const TC_MIN_TOKENS: usize = 128;
 /// a warp per expert, then the last CTA routes every token), two launches fewer per layer than
 /// cuBLAS's GEMM, the top-k and the sort that larger steps take.
 pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
+
+/// Up to this many tokens the GEMV path runs the down matrix and the combine as one launch: each
+/// warp owns rows of one token and sums its `k` experts in order (deterministic, no float
+/// atomics), reading an expert once per pair rather than once per tile of pairs. At 16 tokens
+/// (~128 pairs over ~80 experts) a shared expert's rows come from L2 the second time (the CTAs of
+/// one row block for every token are launched together); the benchmark's `down+combine` stage
+/// against `down` + `combine` on the dp4a path tells whether that holds.
+pub const FUSED_DOWN_MAX_TOKENS: usize = 16;
 
 /// Which kernels multiply the experts (the test and the benchmark name one; a step picks by
 /// token count).
@@ -87,6 +104,8 @@ pub struct MoeKernels {
     sort: CudaFunction,
     /// By type (`TYPES` order): the dp4a kernel, the GEMV-shaped one and the tensor-core one.
     mmq: Vec<[CudaFunction; 3]>,
+    /// By type: the GEMV-shaped down matrix with the combine (few tokens).
+    down: Vec<CudaFunction>,
     gemv_f16: CudaFunction,
     combine: CudaFunction,
 }
@@ -110,6 +129,10 @@ impl MoeKernels {
             route: f("moe_route")?,
             sort: f("moe_sort")?,
             mmq,
+            down: TYPES
+                .iter()
+                .map(|(_, t)| f(&format!("moe_mmq_{t}_down")))
+                .collect::<Result<_, _>>()?,
             gemv_f16: f("moe_gemv_f16")?,
             combine: f("moe_combine")?,
         })
@@ -483,6 +506,10 @@ impl MoeRun<'_> {
             mark("gate_up")?;
             self.swiglu(quant, s, d)?;
             mark("swiglu")?;
+            if self.down_fused(layer, d) {
+                self.down_combine(layer, io.x, s, d)?;
+                return mark("down+combine");
+            }
             self.experts(&layer.down, s.act.ptr, 1, s.y.ptr, d.hd, d.inter, s, d)?;
             mark("down")?;
             self.combine(io.x, s, d)?;
@@ -615,6 +642,67 @@ impl MoeRun<'_> {
                 // SAFETY: moe_gemv_f16's list; the addresses as this fn's contract says.
                 unsafe { self.g.launch(&self.mk.gemv_f16, grid, (128, 1, 1), &args) }
             }
+        }
+    }
+
+    /// Whether the step's down matrix and combine are one launch (`moe_mmq_*_down`): the GEMV
+    /// path, at most [`FUSED_DOWN_MAX_TOKENS`] tokens, down rows 16-byte aligned.
+    fn down_fused(&self, layer: &MoeLayer, d: Dims) -> bool {
+        d.path == MoePath::Gemv
+            && d.n <= FUSED_DOWN_MAX_TOKENS
+            && layer
+                .down
+                .quant_type()
+                .is_some_and(|t| super::qmat::QuantKernels::mmv_ok(t, d.inter, layer.down.ptr()))
+    }
+
+    /// `x[t] += Σ_s weight · down[expert](act[pair])` over each token's `k` pairs in order, one
+    /// launch (the down matrix and the combine; see [`Self::down_fused`]).
+    ///
+    /// # Safety
+    ///
+    /// As `run`, `x` being `io.x`; [`Self::down_fused`] holds.
+    unsafe fn down_combine(
+        &self,
+        layer: &MoeLayer,
+        x: u64,
+        s: &MoeScratch,
+        d: Dims,
+    ) -> Result<(), BackendError> {
+        use KArg::{I, L, P};
+        let WMat::Quant { dtype, data } = &layer.down else {
+            return Err(BackendError::Config(
+                "the fused down kernel takes quantized experts".into(),
+            ));
+        };
+        let idx = TYPES
+            .iter()
+            .position(|(t, _)| t == dtype)
+            .ok_or_else(|| BackendError::Config(format!("no MoE expert kernel for {dtype:?}")))?;
+        let row_bytes = dtype.row_size(d.inter as u64).ok_or_else(|| {
+            BackendError::Config(format!(
+                "{} is not a whole number of {dtype:?} blocks",
+                d.inter
+            ))
+        })?;
+        let expert_bytes = d.hd * row_bytes as usize;
+        let args = [
+            P(data.ptr),
+            L(expert_bytes as i64),
+            P(s.act.ptr),
+            P(s.ids.ptr),
+            P(s.weights.ptr),
+            I(d.k as i32),
+            P(x),
+            I(d.hd as i32),
+            I((d.inter / 32) as i32),
+        ];
+        let grid = (d.n as u32, d.hd.div_ceil(ROWS_PER_CTA) as u32, 1);
+        // SAFETY: moe_mmq_*_down's list; `x` is the caller's, the rest `s`'s (sized for the
+        // pairs) or the layer's; every expert's down rows start 16-byte aligned (`down_fused`).
+        unsafe {
+            self.g
+                .launch(&self.mk.down[idx], grid, (MMV_THREADS, 1, 1), &args)
         }
     }
 

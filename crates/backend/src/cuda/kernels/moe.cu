@@ -10,7 +10,10 @@
 // covers every expert's tiles (grid: row blocks × tiles), and every stored type (Q4_0, Q4_1,
 // Q8_0, Q4_K, Q5_K, Q6_K) stays as stored: the arithmetic is quant.cu's `block_dot`. Few tokens
 // route in one launch (moe_route: logits, top-k and sort); more take cuBLAS's router GEMM, then
-// moe_topk and moe_sort.
+// moe_topk and moe_sort. Decode's fast kernels (moe_mmv, moe_down_mmv) have the dense one-token
+// GEMV's shape: 16-byte staged loads of the weight rows, the tile's pairs gathered by index, and
+// for few tokens the down matrix summed over each token's k experts in order straight into the
+// residual stream (the combine in the same launch, deterministic).
 //
 // A "pair" p = t * top_k + s is token t's s-th chosen expert.
 
@@ -86,13 +89,18 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_ex
 }
 
 // Counting sort of the pairs by expert, and the tile list: tile i covers `count` (<= tile)
-// consecutive sorted pairs of one expert. One CTA (experts <= 1024).
+// consecutive sorted pairs of one expert, experts in ascending order. One CTA (experts <= 1024,
+// a whole number of warps, at most 1024 threads). Each thread takes a run of consecutive experts;
+// the offsets of their pairs and tiles come from a block-wide exclusive scan (warp shuffles, then
+// the warps' totals), so no thread walks all the experts alone.
 // ids: [pairs]; sorted: [pairs] pair indices; tiles: [max_tiles] (expert, start, count, 0);
 // num_tiles: [1]
 __device__ __forceinline__ void moe_sort_cta(const int* ids, int pairs, int num_experts, int tile,
                                              int* __restrict__ sorted, int4* __restrict__ tiles,
                                              int* __restrict__ num_tiles) {
     __shared__ int count[1024], offset[1024], cursor[1024];
+    __shared__ int warp_pairs[32], warp_tiles[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
         count[e] = 0;
         cursor[e] = 0;
@@ -100,17 +108,59 @@ __device__ __forceinline__ void moe_sort_cta(const int* ids, int pairs, int num_
     __syncthreads();
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int off = 0, nt = 0;
-        for (int e = 0; e < num_experts; e++) {
-            offset[e] = off;
-            for (int c = 0; c < count[e]; c += tile) {
-                tiles[nt++] = make_int4(e, off + c, min(tile, count[e] - c), 0);
-            }
-            off += count[e];
-        }
-        *num_tiles = nt;
+    const int per = (num_experts + blockDim.x - 1) / blockDim.x;
+    const int e0 = min(num_experts, (int)threadIdx.x * per), e1 = min(num_experts, e0 + per);
+    int my_pairs = 0, my_tiles = 0;
+    for (int e = e0; e < e1; e++) {
+        my_pairs += count[e];
+        my_tiles += (count[e] + tile - 1) / tile;
     }
+    // Inclusive scan within the warp.
+    int inc_pairs = my_pairs, inc_tiles = my_tiles;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, inc_pairs, o);
+        const int b = __shfl_up_sync(0xffffffffu, inc_tiles, o);
+        if (lane >= o) {
+            inc_pairs += a;
+            inc_tiles += b;
+        }
+    }
+    if (lane == 31) {
+        warp_pairs[warp] = inc_pairs;
+        warp_tiles[warp] = inc_tiles;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // Exclusive scan of the warps' totals.
+        const int wp = lane < warps ? warp_pairs[lane] : 0, wt = lane < warps ? warp_tiles[lane] : 0;
+        int ip = wp, it = wt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, ip, o);
+            const int b = __shfl_up_sync(0xffffffffu, it, o);
+            if (lane >= o) {
+                ip += a;
+                it += b;
+            }
+        }
+        __syncwarp();
+        if (lane < warps) {
+            warp_pairs[lane] = ip - wp;
+            warp_tiles[lane] = it - wt;
+        }
+    }
+    __syncthreads();
+    int off = warp_pairs[warp] + inc_pairs - my_pairs;
+    int nt = warp_tiles[warp] + inc_tiles - my_tiles;
+    for (int e = e0; e < e1; e++) {
+        offset[e] = off;
+        for (int c = 0; c < count[e]; c += tile)
+            tiles[nt++] = make_int4(e, off + c, min(tile, count[e] - c), 0);
+        off += count[e];
+    }
+    // The last thread's runs end at the totals (its run may be empty).
+    if (threadIdx.x == blockDim.x - 1) *num_tiles = nt;
     __syncthreads();
     // Within an expert the order follows the atomics; each pair's result is computed on its own,
     // so the outputs do not depend on it.
@@ -332,6 +382,111 @@ __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, lon
         }
 }
 
+// The down matrix and the combine in one kernel for decode (MoePath::Gemv, few tokens):
+// x[t, r] += Σ_s weights[t, s] · dot(w[ids[t, s]][r], a[t · top_k + s]), the k slots summed in
+// order s = 0, 1, … inside one warp, so the step stays deterministic (no float atomics) and each
+// slot's dot is `moe_mmv`'s (the same stages and lane partials, then the warp sum). Each warp owns
+// MMV_ROWS rows of one token and walks that token's k experts stage by stage, issuing the next
+// stage's loads (the next expert's rows once a slot is done) before it computes on the current.
+// The CTAs of one row block for every token are neighbours in the launch order (grid x is the
+// token), so an expert two tokens share is read from memory once and from L2 after.
+// w: experts' slabs of `rows` rows (`expert_bytes` each, rows 16-byte aligned); a: [n · top_k, nb]
+// q8 blocks; ids, weights: [n, top_k]; x: [n, rows] f32.
+// grid (n, ⌈rows / (MMV_WARPS · MMV_ROWS)⌉); block 32 · MMV_WARPS
+template <int TYPE>
+__device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w, long expert_bytes,
+                                             const q8a_t* __restrict__ a,
+                                             const int* __restrict__ ids,
+                                             const float* __restrict__ weights, int top_k,
+                                             float* __restrict__ x, int rows, int nb) {
+    __shared__ uint4 stage[MMV_WARPS][MMV_ROWS][MMV_LOADS * 32];
+    const int B = wblock<TYPE>::bytes, PER = wblock<TYPE>::elems / 32;
+    const int SB = mmv_stage<TYPE>::blocks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x;
+    const int r0 = (blockIdx.y * MMV_WARPS + warp) * MMV_ROWS;
+    if (r0 >= rows) return;  // the whole warp: no warp-wide step below is left waiting
+    const int nsb = nb / PER;
+    const int stages = (nsb + SB - 1) / SB;
+    const long row_bytes = (long)nsb * B;
+    const int* id = ids + (long)t * top_k;
+    // Rows past the end read the last row again (in bounds) and are not written.
+    const uint4* wr[MMV_ROWS];
+    auto rows_of = [&](int slot) {
+        const unsigned char* we = w + id[slot] * expert_bytes;
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+            wr[i] = (const uint4*)(we + (long)min(r0 + i, rows - 1) * row_bytes);
+    };
+    rows_of(0);
+    uint4 next[MMV_ROWS][MMV_LOADS];
+    mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    float acc[MMV_ROWS], out[MMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++) acc[i] = out[i] = 0.0f;
+    const int steps = top_k * stages;
+    for (int step = 0; step < steps; step++) {
+        const int slot = step / stages, s0 = (step - slot * stages) * SB;
+        const int n16 = (min(SB, nsb - s0) * B) >> 4;
+        __syncwarp();  // every lane is done reading the previous stage
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+            for (int u = 0; u < MMV_LOADS; u++)
+                if (lane + 32 * u < n16) stage[warp][i][lane + 32 * u] = next[i][u];
+        __syncwarp();
+        if (step + 1 < steps) {  // in flight meanwhile
+            const int ns = (step + 1) / stages;
+            if (ns != slot) rows_of(ns);
+            mmv_fetch<TYPE>(wr, (step + 1 - ns * stages) * SB, nsb, lane, next);
+        }
+        const int nsub = min(SB, nsb - s0) * PER;
+        const q8a_t* ab0 = a + ((long)t * top_k + slot) * nb + (long)s0 * PER;
+        if constexpr (TYPE == T_Q4_K || TYPE == T_Q6_K) {
+            const int sb = lane >> 2, p = lane & 3;
+            if (sb < nsub / PER) {
+                const q8a_t* ab = ab0 + sb * PER;
+#pragma unroll
+                for (int i = 0; i < MMV_ROWS; i++) {
+                    const unsigned char* wb = (const unsigned char*)stage[warp][i] + sb * B;
+                    if constexpr (TYPE == T_Q4_K) {
+                        acc[i] += q4k_pair_dot(wb, p, ab + 2 * p);
+                    } else {
+                        const int h = p >> 1, k = p & 1, j0 = 4 * h + k;
+                        acc[i] += q6k_pair_dot(wb, h, k, ab + j0, ab + j0 + 2);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                if (j < nsub) {
+#pragma unroll
+                    for (int i = 0; i < MMV_ROWS; i++) {
+                        const unsigned char* wb =
+                            (const unsigned char*)stage[warp][i] + (j / PER) * B;
+                        acc[i] += block_dot<TYPE>(wb, j % PER, ab0 + j);
+                    }
+                }
+            }
+        }
+        if (s0 + SB >= nsb) {  // the slot's last stage: its dot is complete
+            const float wt = weights[(long)t * top_k + slot];
+#pragma unroll
+            for (int i = 0; i < MMV_ROWS; i++) {
+                out[i] += wt * warp_sum(acc[i]);
+                acc[i] = 0.0f;
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+            if (r0 + i < rows) x[(long)t * rows + r0 + i] += out[i];
+    }
+}
+
 // The columns of a tensor-core tile: the tile's pairs (activation row pair / act_div, output
 // row pair), gathered by index from the sorted list.
 struct tc_moe_map {
@@ -375,6 +530,14 @@ __device__ __forceinline__ void moe_mmq_tc(const unsigned char* __restrict__ w, 
                    float* __restrict__ y, int rows, int nb) {                                    \
         pdl_enter();                                                                             \
         moe_mmv<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
+        NAME##_down(const unsigned char* __restrict__ w, long expert_bytes,                      \
+                    const q8a_t* __restrict__ a, const int* __restrict__ ids,                    \
+                    const float* __restrict__ weights, int top_k, float* __restrict__ x,         \
+                    int rows, int nb) {                                                          \
+        pdl_enter();                                                                             \
+        moe_down_mmv<TYPE>(w, expert_bytes, a, ids, weights, top_k, x, rows, nb);                \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                     \
         NAME##_tc(const unsigned char* __restrict__ w, long expert_bytes,                        \
