@@ -7,11 +7,12 @@
 //! get no pair and one gets most tokens (several 64-pair tiles, the last partial); the others get
 //! odd counts (checked: some tile holds an odd number of pairs above 1). The shapes give the
 //! GEMV-shaped kernels two stages of rows with a partial second one (gate/up of Q4_0 and Q4_K:
-//! hidden 2304; the fused down + combine of Q4_1: expert rows 2304, so a token's slots change in
-//! the middle of its stages), one stage (the others), and down matrices whose rows are not 16-byte
+//! hidden 2304; the fused down + combine of Q4_1: expert rows 2304, two stages per slot), one
+//! stage (the others), and down matrices whose rows are not 16-byte
 //! aligned (Q4_0, Q8_0 and Q6_K: the dp4a down kernel and the separate combine run inside the GEMV
 //! path); the dp4a kernels get partial K steps.
-//! At decode sizes the GEMV path runs twice and must give the same bits both times (no float
+//! Six experts per token, so the fused down kernel's four warps take two slots or one each (a
+//! warp moves to its next slot's expert mid-way). At decode sizes the GEMV path runs twice and must give the same bits both times (no float
 //! atomics: a step is deterministic), and must agree with the dp4a path within 0.2%.
 //!
 //! Bounds: the block's output (x after minus x before) within 2% of its largest magnitude of the
@@ -43,7 +44,7 @@ use {
 #[cfg(feature = "cuda")]
 const EXPERTS: usize = 16;
 #[cfg(feature = "cuda")]
-const TOP_K: usize = 4;
+const TOP_K: usize = 6;
 /// The expert most tokens pick, and the two none picks.
 #[cfg(feature = "cuda")]
 const POPULAR: usize = 0;
@@ -96,7 +97,9 @@ fn rnd(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
 /// far ahead that the others' weights vanish) and −24 to the starved experts'.
 #[cfg(feature = "cuda")]
 fn router(rng: &mut StdRng, hd: usize) -> Vec<f32> {
-    let mut r = rnd(rng, EXPERTS * hd, 0.3);
+    // Wider rows get smaller weights, so the random part of the logits keeps its spread.
+    let a = 0.3 * (256.0 / hd as f32).sqrt().min(1.0);
+    let mut r = rnd(rng, EXPERTS * hd, a);
     r[POPULAR * hd] = 0.75;
     for e in STARVED {
         r[e * hd] = -6.0;

@@ -36,6 +36,8 @@ use crate::{BackendError, HostTensor, MoeWeights};
 /// weight rows per CTA (`MOE_WARPS × MOE_ROWS`, `MMV_WARPS × MMV_ROWS` in quant.cu).
 pub const TILE: usize = 8;
 const ROWS_PER_CTA: usize = 8;
+/// Rows per CTA of the fused down + combine kernel (`MMV_ROWS`: its warps split the slots).
+const DOWN_ROWS_PER_CTA: usize = 2;
 /// Threads per CTA of the GEMV-shaped expert kernels (`MMV_WARPS` warps).
 const MMV_THREADS: u32 = 128;
 /// Pairs per tile of the tensor-core expert kernels (`TC_TOK` in mmq_tc.cuh), their weight rows
@@ -58,8 +60,9 @@ pub const TC_MIN_TOKENS: usize = 128;
 pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
 
 /// Up to this many tokens the GEMV path runs the down matrix and the combine as one launch: each
-/// warp owns rows of one token and sums its `k` experts in order (deterministic, no float
-/// atomics), reading an expert once per pair rather than once per tile of pairs. At 16 tokens
+/// CTA owns rows of one token, its warps split the token's `k` experts, and one thread per row
+/// sums them in order (deterministic, no float atomics), reading an expert once per pair rather
+/// than once per tile of pairs. At 16 tokens
 /// (~128 pairs over ~80 experts) a shared expert's rows come from L2 the second time (the CTAs of
 /// one row block for every token are launched together); the benchmark's `down+combine` stage
 /// against `down` + `combine` on the dp4a path tells whether that holds.
@@ -94,7 +97,8 @@ const TYPES: [(GgmlType, &str); 6] = [
     (GgmlType::Q6_K, "q6_k"),
 ];
 
-/// Experts and picks per token the top-k kernel handles (its taken-set and one lane per pick).
+/// Experts and picks per token the top-k kernel handles (its taken-set and one lane per pick;
+/// `MOE_MAX_TOP_K` in moe.cu, the fused down kernel's slots).
 const MAX_EXPERTS: usize = 512;
 const MAX_TOP_K: usize = 32;
 
@@ -697,7 +701,7 @@ impl MoeRun<'_> {
             I(d.hd as i32),
             I((d.inter / 32) as i32),
         ];
-        let grid = (d.n as u32, d.hd.div_ceil(ROWS_PER_CTA) as u32, 1);
+        let grid = (d.n as u32, d.hd.div_ceil(DOWN_ROWS_PER_CTA) as u32, 1);
         // SAFETY: moe_mmq_*_down's list; `x` is the caller's, the rest `s`'s (sized for the
         // pairs) or the layer's; every expert's down rows start 16-byte aligned (`down_fused`).
         unsafe {

@@ -383,16 +383,19 @@ __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, lon
 }
 
 // The down matrix and the combine in one kernel for decode (MoePath::Gemv, few tokens):
-// x[t, r] += Σ_s weights[t, s] · dot(w[ids[t, s]][r], a[t · top_k + s]), the k slots summed in
-// order s = 0, 1, … inside one warp, so the step stays deterministic (no float atomics) and each
-// slot's dot is `moe_mmv`'s (the same stages and lane partials, then the warp sum). Each warp owns
-// MMV_ROWS rows of one token and walks that token's k experts stage by stage, issuing the next
-// stage's loads (the next expert's rows once a slot is done) before it computes on the current.
-// The CTAs of one row block for every token are neighbours in the launch order (grid x is the
-// token), so an expert two tokens share is read from memory once and from L2 after.
+// x[t, r] += Σ_s weights[t, s] · dot(w[ids[t, s]][r], a[t · top_k + s]). A CTA owns MMV_ROWS rows
+// of one token; its warps split the token's k slots (warp w takes slots w, w + MMV_WARPS, …), so
+// one token's block still keeps ~1,000 CTAs in flight (hidden 2048), and each warp walks its
+// slots stage by stage, issuing the next stage's loads (the next slot's expert rows once a slot is
+// done) before it computes on the current. Each slot's dot is `moe_mmv`'s (the same stages and
+// lane partials, then the warp sum); the slots' results meet in shared memory and one thread per
+// row sums them in order s = 0, 1, … as moe_combine does, so the step stays deterministic (no
+// float atomics). The CTAs of one row block for every token are neighbours in the launch order
+// (grid x is the token), so an expert two tokens share is read from memory once, then from L2.
 // w: experts' slabs of `rows` rows (`expert_bytes` each, rows 16-byte aligned); a: [n · top_k, nb]
-// q8 blocks; ids, weights: [n, top_k]; x: [n, rows] f32.
-// grid (n, ⌈rows / (MMV_WARPS · MMV_ROWS)⌉); block 32 · MMV_WARPS
+// q8 blocks; ids, weights: [n, top_k] (top_k <= MOE_MAX_TOP_K); x: [n, rows] f32.
+// grid (n, ⌈rows / MMV_ROWS⌉); block 32 · MMV_WARPS
+#define MOE_MAX_TOP_K 32
 template <int TYPE>
 __device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w, long expert_bytes,
                                              const q8a_t* __restrict__ a,
@@ -400,16 +403,19 @@ __device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w
                                              const float* __restrict__ weights, int top_k,
                                              float* __restrict__ x, int rows, int nb) {
     __shared__ uint4 stage[MMV_WARPS][MMV_ROWS][MMV_LOADS * 32];
+    __shared__ float ys[MOE_MAX_TOP_K][MMV_ROWS];
     const int B = wblock<TYPE>::bytes, PER = wblock<TYPE>::elems / 32;
     const int SB = mmv_stage<TYPE>::blocks;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t = blockIdx.x;
-    const int r0 = (blockIdx.y * MMV_WARPS + warp) * MMV_ROWS;
-    if (r0 >= rows) return;  // the whole warp: no warp-wide step below is left waiting
+    const int r0 = blockIdx.y * MMV_ROWS;
     const int nsb = nb / PER;
     const int stages = (nsb + SB - 1) / SB;
     const long row_bytes = (long)nsb * B;
     const int* id = ids + (long)t * top_k;
+    // This warp's slots, and the (slot, stage) steps it walks.
+    const int my_slots = warp < top_k ? (top_k - warp + MMV_WARPS - 1) / MMV_WARPS : 0;
+    const int steps = my_slots * stages;
     // Rows past the end read the last row again (in bounds) and are not written.
     const uint4* wr[MMV_ROWS];
     auto rows_of = [&](int slot) {
@@ -418,15 +424,17 @@ __device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w
         for (int i = 0; i < MMV_ROWS; i++)
             wr[i] = (const uint4*)(we + (long)min(r0 + i, rows - 1) * row_bytes);
     };
-    rows_of(0);
     uint4 next[MMV_ROWS][MMV_LOADS];
-    mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
-    float acc[MMV_ROWS], out[MMV_ROWS];
+    if (steps > 0) {
+        rows_of(warp);
+        mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    }
+    float acc[MMV_ROWS];
 #pragma unroll
-    for (int i = 0; i < MMV_ROWS; i++) acc[i] = out[i] = 0.0f;
-    const int steps = top_k * stages;
+    for (int i = 0; i < MMV_ROWS; i++) acc[i] = 0.0f;
     for (int step = 0; step < steps; step++) {
-        const int slot = step / stages, s0 = (step - slot * stages) * SB;
+        const int j = step / stages, slot = warp + j * MMV_WARPS;
+        const int s0 = (step - j * stages) * SB;
         const int n16 = (min(SB, nsb - s0) * B) >> 4;
         __syncwarp();  // every lane is done reading the previous stage
 #pragma unroll
@@ -436,9 +444,9 @@ __device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w
                 if (lane + 32 * u < n16) stage[warp][i][lane + 32 * u] = next[i][u];
         __syncwarp();
         if (step + 1 < steps) {  // in flight meanwhile
-            const int ns = (step + 1) / stages;
-            if (ns != slot) rows_of(ns);
-            mmv_fetch<TYPE>(wr, (step + 1 - ns * stages) * SB, nsb, lane, next);
+            const int nj = (step + 1) / stages;
+            if (nj != j) rows_of(warp + nj * MMV_WARPS);
+            mmv_fetch<TYPE>(wr, (step + 1 - nj * stages) * SB, nsb, lane, next);
         }
         const int nsub = min(SB, nsb - s0) * PER;
         const q8a_t* ab0 = a + ((long)t * top_k + slot) * nb + (long)s0 * PER;
@@ -460,30 +468,32 @@ __device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w
         } else {
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                const int j = lane + 32 * c;
-                if (j < nsub) {
+                const int jb = lane + 32 * c;
+                if (jb < nsub) {
 #pragma unroll
                     for (int i = 0; i < MMV_ROWS; i++) {
                         const unsigned char* wb =
-                            (const unsigned char*)stage[warp][i] + (j / PER) * B;
-                        acc[i] += block_dot<TYPE>(wb, j % PER, ab0 + j);
+                            (const unsigned char*)stage[warp][i] + (jb / PER) * B;
+                        acc[i] += block_dot<TYPE>(wb, jb % PER, ab0 + jb);
                     }
                 }
             }
         }
         if (s0 + SB >= nsb) {  // the slot's last stage: its dot is complete
-            const float wt = weights[(long)t * top_k + slot];
 #pragma unroll
             for (int i = 0; i < MMV_ROWS; i++) {
-                out[i] += wt * warp_sum(acc[i]);
+                const float v = warp_sum(acc[i]);
+                if (lane == 0) ys[slot][i] = v;
                 acc[i] = 0.0f;
             }
         }
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < MMV_ROWS; i++)
-            if (r0 + i < rows) x[(long)t * rows + r0 + i] += out[i];
+    __syncthreads();
+    const int i = threadIdx.x;
+    if (i < MMV_ROWS && r0 + i < rows) {
+        float out = 0.0f;
+        for (int s = 0; s < top_k; s++) out += weights[(long)t * top_k + s] * ys[s][i];
+        x[(long)t * rows + r0 + i] += out;
     }
 }
 
