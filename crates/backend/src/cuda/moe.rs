@@ -106,8 +106,9 @@ pub struct MoeKernels {
     topk: CudaFunction,
     route: CudaFunction,
     sort: CudaFunction,
-    /// By type (`TYPES` order): the dp4a kernel, the GEMV-shaped one and the tensor-core one.
-    mmq: Vec<[CudaFunction; 3]>,
+    /// By type (`TYPES` order): the dp4a kernel, the GEMV-shaped one (tiles of up to [`TILE`]
+    /// pairs, and of one pair: one token), and the tensor-core one.
+    mmq: Vec<[CudaFunction; 4]>,
     /// By type: the GEMV-shaped down matrix with the combine (few tokens).
     down: Vec<CudaFunction>,
     gemv_f16: CudaFunction,
@@ -124,6 +125,7 @@ impl MoeKernels {
                 Ok([
                     f(&format!("moe_mmq_{t}"))?,
                     f(&format!("moe_mmq_{t}_mmv"))?,
+                    f(&format!("moe_mmq_{t}_mmv1"))?,
                     f(&format!("moe_mmq_{t}_tc"))?,
                 ])
             })
@@ -616,8 +618,9 @@ impl MoeRun<'_> {
                 let gemv = d.path == MoePath::Gemv
                     && super::qmat::QuantKernels::mmv_ok(*dtype, cols, data.ptr);
                 let (f, grid, block) = match d.path {
+                    // One token: its k experts are distinct, so every tile is one pair.
                     MoePath::Gemv if gemv => (
-                        &self.mk.mmq[idx][1],
+                        &self.mk.mmq[idx][if d.n == 1 { 2 } else { 1 }],
                         (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1),
                         (MMV_THREADS, 1, 1),
                     ),
@@ -627,7 +630,7 @@ impl MoeRun<'_> {
                         (128, 1, 1),
                     ),
                     MoePath::TensorCore => (
-                        &self.mk.mmq[idx][2],
+                        &self.mk.mmq[idx][3],
                         (rows.div_ceil(TC_ROWS) as u32, d.grid_y, 1),
                         (TC_THREADS, 1, 1),
                     ),

@@ -279,9 +279,11 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
 // each pair's result equals the dp4a kernel's up to the f32 summation order. With one token the
 // tiles are single pairs of 8 experts, so the 16-byte loads and the loads in flight, not the
 // arithmetic, set the time. The expert's rows must start 16-byte aligned (the slab base and the
-// row length in bytes multiples of 16; the host checks), else the dp4a kernel above runs.
+// row length in bytes multiples of 16; the host checks), else the dp4a kernel above runs. TOK:
+// the most pairs a tile holds, MOE_TILE, or 1 for one token (its k experts are distinct, so every
+// tile is one pair: a sixteenth of the accumulators, fewer registers, more warps resident).
 // grid (⌈rows / (MMV_WARPS · MMV_ROWS)⌉, max_tiles); block 32 · MMV_WARPS
-template <int TYPE>
+template <int TYPE, int TOK>
 __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, long expert_bytes,
                                         const q8a_t* __restrict__ a, int act_div,
                                         const int* __restrict__ sorted, const int4* __restrict__ tiles,
@@ -305,18 +307,18 @@ __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, lon
         wr[i] = (const uint4*)(we + (long)min(r0 + i, rows - 1) * row_bytes);
     uint4 next[MMV_ROWS][MMV_LOADS];
     mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
-    int pair[MOE_TILE];
-    const q8a_t* ap[MOE_TILE];
+    int pair[TOK];
+    const q8a_t* ap[TOK];
 #pragma unroll
-    for (int t = 0; t < MOE_TILE; t++) {
+    for (int t = 0; t < TOK; t++) {
         pair[t] = t < tile.z ? sorted[tile.y + t] : 0;
         ap[t] = a + (long)(pair[t] / act_div) * nb;
     }
-    float acc[MMV_ROWS][MOE_TILE];
+    float acc[MMV_ROWS][TOK];
 #pragma unroll
     for (int i = 0; i < MMV_ROWS; i++)
 #pragma unroll
-        for (int t = 0; t < MOE_TILE; t++) acc[i][t] = 0.0f;
+        for (int t = 0; t < TOK; t++) acc[i][t] = 0.0f;
     for (int s0 = 0; s0 < nsb; s0 += SB) {
         const int n16 = (min(SB, nsb - s0) * B) >> 4;
         __syncwarp();  // every lane is done reading the previous stage
@@ -334,7 +336,7 @@ __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, lon
             const int sb = lane >> 2, p = lane & 3;
             if (sb < nsub / PER) {
 #pragma unroll
-                for (int t = 0; t < MOE_TILE; t++) {
+                for (int t = 0; t < TOK; t++) {
                     if (t < tile.z) {
                         const q8a_t* ab = ap[t] + b0 + sb * PER;
 #pragma unroll
@@ -358,7 +360,7 @@ __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, lon
                 const int j = lane + 32 * c;
                 if (j < nsub) {
 #pragma unroll
-                    for (int t = 0; t < MOE_TILE; t++) {
+                    for (int t = 0; t < TOK; t++) {
                         if (t < tile.z) {
                             const q8a_t* ab = ap[t] + b0 + j;
 #pragma unroll
@@ -376,7 +378,7 @@ __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, lon
 #pragma unroll
     for (int i = 0; i < MMV_ROWS; i++)
 #pragma unroll
-        for (int t = 0; t < MOE_TILE; t++) {
+        for (int t = 0; t < TOK; t++) {
             const float v = warp_sum(acc[i][t]);
             if (lane == 0 && t < tile.z && r0 + i < rows) y[(long)pair[t] * rows + r0 + i] = v;
         }
@@ -539,7 +541,16 @@ __device__ __forceinline__ void moe_mmq_tc(const unsigned char* __restrict__ w, 
                    const int4* __restrict__ tiles, const int* __restrict__ num_tiles,            \
                    float* __restrict__ y, int rows, int nb) {                                    \
         pdl_enter();                                                                             \
-        moe_mmv<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
+        moe_mmv<TYPE, MOE_TILE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows,  \
+                                nb);                                                             \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
+        NAME##_mmv1(const unsigned char* __restrict__ w, long expert_bytes,                      \
+                    const q8a_t* __restrict__ a, int act_div, const int* __restrict__ sorted,    \
+                    const int4* __restrict__ tiles, const int* __restrict__ num_tiles,           \
+                    float* __restrict__ y, int rows, int nb) {                                   \
+        pdl_enter();                                                                             \
+        moe_mmv<TYPE, 1>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);    \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
         NAME##_down(const unsigned char* __restrict__ w, long expert_bytes,                      \
