@@ -2,18 +2,20 @@
 //! oracle: every expert type the kernels keep as stored (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K,
 //! Q5_K, Q6_K, which used to go to f16) and F16 (the f16 path), at decode sizes (16, 7, 3, 2 and 1
 //! tokens: the fused top-k + sort, tiles of 8 pairs on both the dp4a kernels and the GEMV-shaped
-//! ones), a mid size (100 tokens: separate top-k and sort) and a prompt size (200 tokens) on both
-//! the dp4a tiles and the grouped int8 tensor-core GEMM. The router is rigged so that two experts
-//! get no pair and one gets most tokens (several 64-pair tiles, the last partial); the others get
-//! odd counts (checked: some tile holds an odd number of pairs above 1). The shapes give the
-//! GEMV-shaped kernels two stages of rows with a partial second one (gate/up of Q4_0 and Q4_K:
-//! hidden 2304; the fused down + combine of Q4_1: expert rows 2304, two stages per slot), one
-//! stage (the others), and down matrices whose rows are not 16-byte
-//! aligned (Q4_0, Q8_0 and Q6_K: the dp4a down kernel and the separate combine run inside the GEMV
-//! path); the dp4a kernels get partial K steps.
-//! Six experts per token, so the fused down kernel's four warps take two slots or one each (a
-//! warp moves to its next slot's expert mid-way). At decode sizes the GEMV path runs twice and must give the same bits both times (no float
-//! atomics: a step is deterministic), and must agree with the dp4a path within 0.2%.
+//! ones, one token on the one-pair GEMV kernel), a mid size (100 tokens: separate top-k and sort,
+//! both tile paths, the GEMV path's down and combine as two launches) and a prompt size (200
+//! tokens) on both the dp4a tiles and the grouped int8 tensor-core GEMM. The router is rigged so
+//! that two experts get no pair and one gets most tokens (several 64-pair tiles, the last
+//! partial); the others get odd counts (checked: some tile holds an odd number of pairs above 1).
+//!
+//! The shapes give the GEMV-shaped kernels two stages of rows with a partial second one (gate/up
+//! of Q4_0 and Q4_K: hidden 2304; the fused down + combine of Q4_1: expert rows 2304, two stages
+//! per slot), one stage (the others), and down matrices whose rows are not 16-byte aligned (Q4_0,
+//! Q8_0 and Q6_K: the dp4a down kernel and the separate combine run inside the GEMV path); the
+//! dp4a kernels get partial K steps. Six experts per token, so the fused down kernel's four warps
+//! take two slots or one each (a warp moves to its next slot's expert mid-way). Wherever it runs,
+//! the GEMV path runs twice and must give the same bits both times (no float atomics: a step is
+//! deterministic), and must agree with the dp4a path within 0.2%.
 //!
 //! Bounds: the block's output (x after minus x before) within 2% of its largest magnitude of the
 //! CPU's (the CPU MoE test's bound against an f64 reference; both sides quantize the activations
@@ -217,12 +219,16 @@ quire_testkit::gpu_test! {
             let mut s = MoeScratch::empty(&g).unwrap();
             s.grow(&g, 200, &m, hd).unwrap();
             assert_eq!(run.gemv_ok(&gpu_layer), quant, "{dtype:?}: GEMV-shaped gate/up");
-            let mut cases = vec![(200, vec![MoePath::Dp4a]), (100, vec![MoePath::Dp4a])];
+            // The tile paths (the dp4a one first: the GEMV path is held to it), by token count.
+            let tiles = || -> Vec<MoePath> {
+                [MoePath::Dp4a, MoePath::Gemv].into_iter().filter(|&p| run.path_ok(&gpu_layer, p)).collect()
+            };
+            let mut cases = vec![(200, vec![MoePath::Dp4a]), (100, tiles())];
             if quant && run.tc_ok(&gpu_layer) {
                 cases[0].1.insert(0, MoePath::TensorCore);
             }
             for n in [16, 7, 3, 2, 1] {
-                cases.push((n, MoePath::ALL.into_iter().filter(|&p| p != MoePath::TensorCore && run.path_ok(&gpu_layer, p)).collect()));
+                cases.push((n, tiles()));
             }
             let mut odd_tile = false;
             for (n, paths) in cases {
