@@ -62,10 +62,10 @@ pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
 /// Up to this many tokens the GEMV path runs the down matrix and the combine as one launch: each
 /// CTA owns rows of one token, its warps split the token's `k` experts, and one thread per row
 /// sums them in order (deterministic, no float atomics), reading an expert once per pair rather
-/// than once per tile of pairs. At 16 tokens
-/// (~128 pairs over ~80 experts) a shared expert's rows come from L2 the second time (the CTAs of
-/// one row block for every token are launched together); the benchmark's `down+combine` stage
-/// against `down` + `combine` on the dp4a path tells whether that holds.
+/// than once per tile of pairs. At 16 tokens (~128 pairs over ~80 experts) a shared expert's rows
+/// should come from L2 the second time (the CTAs of one row block for every token are launched
+/// together); the benchmark's `down+combine` stage against `down` + `combine` on the dp4a path
+/// tells whether that holds (not yet measured).
 pub const FUSED_DOWN_MAX_TOKENS: usize = 16;
 
 /// Which kernels multiply the experts (the test and the benchmark name one; a step picks by
@@ -440,8 +440,9 @@ impl MoeRun<'_> {
     }
 
     /// [`Self::run_with`], calling `mark` with the stage's name right after each stage's
-    /// launches are queued (`route`, `gate_up`, `swiglu`, `down`, `combine`): the benchmark
-    /// records a CUDA event there to time each stage.
+    /// launches are queued (`route`, `gate_up`, `swiglu`, then `down` and `combine`, or
+    /// `down+combine` where they are one launch): the benchmark records a CUDA event there to
+    /// time each stage.
     ///
     /// # Safety
     ///
