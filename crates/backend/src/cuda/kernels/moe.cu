@@ -281,7 +281,7 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
 // arithmetic, set the time. The expert's rows must start 16-byte aligned (the slab base and the
 // row length in bytes multiples of 16; the host checks), else the dp4a kernel above runs. TOK:
 // the most pairs a tile holds, MOE_TILE, or 1 for one token (its k experts are distinct, so every
-// tile is one pair: a sixteenth of the accumulators, fewer registers, more warps resident).
+// tile is one pair: an eighth of the accumulators, fewer registers, more warps resident).
 // grid (⌈rows / (MMV_WARPS · MMV_ROWS)⌉, max_tiles); block 32 · MMV_WARPS
 template <int TYPE, int TOK>
 __device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, long expert_bytes,
