@@ -23,7 +23,8 @@
 
 // Router: softmax over the experts, top-k (ties to the lower index, as torch.topk on CPU), weights
 // renormalized over the chosen k when `norm_topk`. One warp per token (experts <= 512, k <= 32,
-// which the host checks).
+// which the host checks; a lane holds MOE_TOPK_REGS = 512 / 32 logits).
+#define MOE_TOPK_REGS 16
 // logits: [n, num_experts] f32; ids, weights: [n, top_k]
 // (`logits` without __restrict__: the fused route kernel reads logits other CTAs of the same
 // launch wrote, which must not go through the read-only cache.)
@@ -33,25 +34,37 @@ __device__ __forceinline__ void moe_topk_warp(const float* logits, int num_exper
                                               float* __restrict__ weights) {
     const int lane = threadIdx.x & 31;
     const float* l = logits + (long)t * num_experts;
+    // The token's logits in registers, read once (all loads in flight together): expert
+    // lane + 32 i in v[i]; -inf past the end. The k rounds below then only shuffle.
+    float v[MOE_TOPK_REGS];
+#pragma unroll
+    for (int i = 0; i < MOE_TOPK_REGS; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < num_experts ? l[e] : -INFINITY;
+    }
     float mx = -INFINITY;
-    for (int e = lane; e < num_experts; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int i = 0; i < MOE_TOPK_REGS; i++) mx = fmaxf(mx, v[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int e = lane; e < num_experts; e += 32) sum += expf(l[e] - mx);
+#pragma unroll
+    for (int i = 0; i < MOE_TOPK_REGS; i++)
+        if (lane + 32 * i < num_experts) sum += expf(v[i] - mx);
     sum = warp_sum(sum);
     // k rounds of a warp argmax over the logits not yet taken (softmax is monotonic).
-    unsigned long long taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // bit e % 64 of word e / 64 (<= 512)
+    unsigned taken = 0;  // bit i: expert lane + 32 i was picked
     float chosen_sum = 0.0f;
     float w_mine = 0.0f;
     int id_mine = 0;
     for (int s = 0; s < top_k; s++) {
         float best = -INFINITY;
         int best_e = 0x7fffffff;
-        for (int e = lane; e < num_experts; e += 32) {
-            if ((taken[e >> 6] >> (e & 63)) & 1ull) continue;
-            const float v = l[e];
-            if (v > best || (v == best && e < best_e)) {
-                best = v;
+#pragma unroll
+        for (int i = 0; i < MOE_TOPK_REGS; i++) {
+            const int e = lane + 32 * i;
+            if (e >= num_experts || ((taken >> i) & 1u)) continue;
+            if (v[i] > best || (v[i] == best && e < best_e)) {
+                best = v[i];
                 best_e = e;
             }
         }
@@ -64,7 +77,7 @@ __device__ __forceinline__ void moe_topk_warp(const float* logits, int num_exper
                 best_e = oe;
             }
         }
-        taken[best_e >> 6] |= 1ull << (best_e & 63);
+        if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
         const float p = expf(best - mx) / sum;
         chosen_sum += p;
         if (lane == s) {
