@@ -1,17 +1,24 @@
 //! Microbenchmark of one mixture-of-experts block on CUDA at the Qwen3-30B-A3B shape (hidden 2048,
 //! 128 experts, 8 per token, expert rows 768): router GEMM, top-k and sort, gate/up, SwiGLU,
 //! down and the combine, as a step launches them (`MoeRun::run_with`), for Q4_0 and Q4_K experts
-//! at 1, 16, 128 and 512 tokens, on the dp4a tiles and on the tensor-core tiles. Timed with CUDA
-//! events over many runs after a warm-up: median and half the 10th–90th percentile spread, in
-//! microseconds, and the expert weight bytes the step must read at least (each distinct expert
-//! chosen, once) per second. The row the step takes by itself is marked `*`;
-//! `moe::TC_MIN_TOKENS` is set from where the two paths cross.
+//! at 1, 2, 4, 8, 16, 128 and 512 tokens (`--tokens` picks others), on every expert path. Timed
+//! with CUDA events over many runs after a warm-up: median and half the 10th–90th percentile
+//! spread, in microseconds, and the expert weight bytes the step must read at least (each distinct
+//! expert chosen, once) per second. The row the step takes by itself is marked `*`;
+//! `moe::TC_MIN_TOKENS` is set from where the paths cross.
+//!
+//! Beside the total, where the time goes: each stage's median (`MoeRun::run_marked` with an event
+//! recorded after each stage's launches) in a second run of the same reps. The events between the
+//! launches stop programmatic dependent launch from overlapping one kernel's start with the
+//! previous one's tail, so the stages add up to more than the total; the difference is roughly
+//! what that overlap saves.
 //!
 //! Weights: one random expert, quantized, repeated for every expert (each still at its own
 //! address, so the bytes read are real); the router random, so the routing is spread as in a
 //! model with a trained router, roughly.
 //!
-//! `cargo run --release -p quire-backend --features cuda --example cuda_moe_bench [-- --reps 200]`
+//! `cargo run --release -p quire-backend --features cuda --example cuda_moe_bench
+//! [-- --reps 200] [--tokens 1,2,4,8,16]`
 
 use half::f16;
 use quire_backend::cpu::quant::{quantize_row_q8a, BlockQ8A, QK};
@@ -19,7 +26,7 @@ use quire_backend::cuda::gpu::{EventFlags, Gpu};
 use quire_backend::cuda::moe::{MoeInputs, MoeKernels, MoeLayer, MoePath, MoeRun, MoeScratch};
 use quire_backend::cuda::nvrtc;
 use quire_backend::cuda::qmat::{QuantKernels, Q8A_BYTES};
-use quire_backend::{HostTensor, MoeWeights, TensorBytes};
+use quire_backend::{BackendError, HostTensor, MoeWeights, TensorBytes};
 use quire_core::MoeConfig;
 use quire_gguf::GgmlType;
 
@@ -27,7 +34,7 @@ const HIDDEN: usize = 2048;
 const EXPERTS: usize = 128;
 const TOP_K: usize = 8;
 const INTER: usize = 768;
-const TOKENS: [usize; 4] = [1, 16, 128, 512];
+const TOKENS: [usize; 7] = [1, 2, 4, 8, 16, 128, 512];
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -85,6 +92,23 @@ fn main() -> Res<()> {
         .and_then(|i| args.get(i + 1))
         .map_or(Ok(100), |v| v.parse::<usize>())
         .map_err(|e| format!("--reps takes a count: {e}"))?;
+    if reps == 0 {
+        return Err("--reps takes a count of at least 1".into());
+    }
+    let tokens: Vec<usize> = match args.iter().position(|a| a == "--tokens") {
+        None => TOKENS.to_vec(),
+        Some(i) => args
+            .get(i + 1)
+            .ok_or("--tokens takes a list such as 1,2,4,8,16")?
+            .split(',')
+            .map(|v| match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!(
+                    "--tokens takes token counts of at least 1, not {v:?}"
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let g = Gpu::new(0)?;
     let mk = MoeKernels::new(&g)?;
     let qk = QuantKernels::new(&g)?;
@@ -108,9 +132,12 @@ fn main() -> Res<()> {
         g.name, g.arch
     );
     println!();
-    println!("| experts | tokens | path | median us | +/- | distinct experts | expert GB/s |");
-    println!("|---|---:|---|---:|---:|---:|---:|");
-    let max_n = TOKENS[TOKENS.len() - 1];
+    println!(
+        "| experts | tokens | path | median us | +/- | distinct experts | expert GB/s | \
+         stages, us (events between) |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---|");
+    let max_n = tokens.iter().copied().max().unwrap_or(1);
     let x = pattern(max_n * HIDDEN, 3, 1.0);
     let router = pattern(EXPERTS * HIDDEN, 4, 0.05);
     let dq = g.upload(&q8_device_bytes(&x))?;
@@ -134,7 +161,7 @@ fn main() -> Res<()> {
         let mut s = MoeScratch::empty(&g)?;
         s.grow(&g, max_n, &cfg, HIDDEN)?;
         g.htod(&x, &mut s.hf, 0)?;
-        for n in TOKENS {
+        for &n in &tokens {
             let io = MoeInputs {
                 hf: s.hf.ptr,
                 h: dh.ptr,
@@ -145,8 +172,8 @@ fn main() -> Res<()> {
             };
             let chosen = run.path_for(&layer, n);
             let distinct = distinct_experts(&router, &x[..n * HIDDEN]);
-            for path in [MoePath::Dp4a, MoePath::TensorCore] {
-                if path == MoePath::TensorCore && !run.tc_ok(&layer) {
+            for path in MoePath::ALL {
+                if !run.path_ok(&layer, path) {
                     continue;
                 }
                 // SAFETY: every address is a live allocation of this function (the scratch
@@ -155,10 +182,20 @@ fn main() -> Res<()> {
                 let (med, spread) = time_us(&g, reps, || unsafe {
                     run.run_with(&layer, &s, &io, path).map_err(Into::into)
                 })?;
+                // SAFETY: as above.
+                let stages = time_stages(&g, reps, |mark| unsafe {
+                    run.run_marked(&layer, &s, &io, path, mark)
+                })?;
+                let sum: f64 = stages.iter().map(|(_, t)| t).sum();
+                let stages: Vec<String> = stages
+                    .iter()
+                    .map(|(name, t)| format!("{name} {t:.1}"))
+                    .collect();
                 let mark = if path == chosen { " *" } else { "" };
                 println!(
-                    "| {dtype:?} | {n} | {path:?}{mark} | {med:.1} | {spread:.1} | {distinct} | {:.0} |",
-                    (distinct * expert_bytes) as f64 / med / 1e3
+                    "| {dtype:?} | {n} | {path:?}{mark} | {med:.1} | {spread:.1} | {distinct} | {:.0} | {} = {sum:.1} |",
+                    (distinct * expert_bytes) as f64 / med / 1e3,
+                    stages.join(" + ")
                 );
             }
         }
@@ -197,4 +234,60 @@ fn time_us(g: &Gpu, reps: usize, mut launch: impl FnMut() -> Res<()>) -> Res<(f6
         times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
     }
     Ok(median_spread(times))
+}
+
+/// Each stage's median time: `launch` runs the block, calling its `mark` after each stage's
+/// launches, where an event is recorded; a stage's time is the gap to the event before it.
+/// 10 warm-up runs, then `reps` timed ones.
+fn time_stages(
+    g: &Gpu,
+    reps: usize,
+    mut launch: impl FnMut(
+        &mut dyn FnMut(&'static str) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError>,
+) -> Res<Vec<(&'static str, f64)>> {
+    let new_event = || g.ctx.new_event(Some(EventFlags::CU_EVENT_DEFAULT));
+    let start = new_event()?;
+    let mut events = Vec::new();
+    let mut names: Vec<&'static str> = Vec::new();
+    let mut times: Vec<Vec<f64>> = Vec::new();
+    for rep in 0..10 + reps {
+        start.record(&g.stream)?;
+        let mut used = 0;
+        let mut seen = Vec::new();
+        launch(&mut |name| {
+            if used == events.len() {
+                events.push(new_event().map_err(|e| BackendError::Cuda(e.to_string()))?);
+            }
+            events[used]
+                .record(&g.stream)
+                .map_err(|e| BackendError::Cuda(e.to_string()))?;
+            used += 1;
+            seen.push(name);
+            Ok(())
+        })?;
+        events[..used].last().unwrap_or(&start).synchronize()?;
+        if rep < 10 {
+            continue;
+        }
+        if names.is_empty() {
+            names = seen.clone();
+            times = vec![Vec::with_capacity(reps); names.len()];
+        }
+        if seen != names {
+            return Err(
+                format!("the block's stages changed between runs: {names:?}, {seen:?}").into(),
+            );
+        }
+        let mut prev = &start;
+        for (i, e) in events[..used].iter().enumerate() {
+            times[i].push(prev.elapsed_ms(e)? as f64 * 1e3);
+            prev = e;
+        }
+    }
+    Ok(names
+        .into_iter()
+        .zip(times)
+        .map(|(n, t)| (n, median_spread(t).0))
+        .collect())
 }

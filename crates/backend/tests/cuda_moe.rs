@@ -1,11 +1,21 @@
 //! The CUDA mixture-of-experts block (cuda/moe.rs, kernels/moe.cu) against the CPU backend's, the
 //! oracle: every expert type the kernels keep as stored (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K,
-//! Q5_K, Q6_K, which used to go to f16) and F16 (the f16 path), at decode sizes (1 and 16 tokens:
-//! the fused top-k + sort, dp4a tiles of 8), a mid size (100 tokens: separate top-k and sort) and a
-//! prompt size (200 tokens) on both the dp4a tiles and the grouped int8 tensor-core GEMM. The
-//! router is rigged so that two experts get no pair and one gets most tokens (several 64-pair
-//! tiles, the last partial); the others get odd counts. The legacy types take shapes that leave
-//! partial row tiles and a partial K step (hidden 160, expert rows 96).
+//! Q5_K, Q6_K, which used to go to f16) and F16 (the f16 path), at decode sizes (16, 7, 3, 2 and 1
+//! tokens: the fused top-k + sort, tiles of 8 pairs on both the dp4a kernels and the GEMV-shaped
+//! ones, one token on the one-pair GEMV kernel), a mid size (100 tokens: separate top-k and sort,
+//! both tile paths, the GEMV path's down and combine as two launches) and a prompt size (200
+//! tokens) on both the dp4a tiles and the grouped int8 tensor-core GEMM. The router is rigged so
+//! that two experts get no pair and one gets most tokens (several 64-pair tiles, the last
+//! partial); the others get odd counts (checked: some tile holds an odd number of pairs above 1).
+//!
+//! The shapes give the GEMV-shaped kernels two stages of rows with a partial second one (gate/up
+//! of Q4_0 and Q4_K: hidden 2304; the fused down + combine of Q4_1: expert rows 2304, two stages
+//! per slot), one stage (the others), and down matrices whose rows are not 16-byte aligned (Q4_0,
+//! Q8_0 and Q6_K: the dp4a down kernel and the separate combine run inside the GEMV path); the
+//! dp4a kernels get partial K steps. Six experts per token, so the fused down kernel's four warps
+//! take two slots or one each (a warp moves to its next slot's expert mid-way). Wherever it runs,
+//! the GEMV path runs twice and must give the same bits both times (no float atomics: a step is
+//! deterministic), and must agree with the dp4a path within 0.2%.
 //!
 //! Bounds: the block's output (x after minus x before) within 2% of its largest magnitude of the
 //! CPU's (the CPU MoE test's bound against an f64 reference; both sides quantize the activations
@@ -36,7 +46,7 @@ use {
 #[cfg(feature = "cuda")]
 const EXPERTS: usize = 16;
 #[cfg(feature = "cuda")]
-const TOP_K: usize = 4;
+const TOP_K: usize = 6;
 /// The expert most tokens pick, and the two none picks.
 #[cfg(feature = "cuda")]
 const POPULAR: usize = 0;
@@ -89,7 +99,9 @@ fn rnd(rng: &mut StdRng, n: usize, a: f32) -> Vec<f32> {
 /// far ahead that the others' weights vanish) and −24 to the starved experts'.
 #[cfg(feature = "cuda")]
 fn router(rng: &mut StdRng, hd: usize) -> Vec<f32> {
-    let mut r = rnd(rng, EXPERTS * hd, 0.3);
+    // Wider rows get smaller weights, so the random part of the logits keeps its spread.
+    let a = 0.3 * (256.0 / hd as f32).sqrt().min(1.0);
+    let mut r = rnd(rng, EXPERTS * hd, a);
     r[POPULAR * hd] = 0.75;
     for e in STARVED {
         r[e * hd] = -6.0;
@@ -184,12 +196,12 @@ quire_testkit::gpu_test! {
         let team = Team::new(2);
         let mut rng = StdRng::seed_from_u64(24);
         let types = [
-            (GgmlType::Q4_0, 160, 96),
-            (GgmlType::Q4_1, 160, 96),
-            (GgmlType::Q8_0, 160, 96),
-            (GgmlType::Q4_K, 256, 256),
-            (GgmlType::Q5_K, 256, 256),
-            (GgmlType::Q6_K, 256, 256),
+            (GgmlType::Q4_0, 2304, 96),
+            (GgmlType::Q4_1, 256, 2304),
+            (GgmlType::Q8_0, 256, 96),
+            (GgmlType::Q4_K, 2304, 256),
+            (GgmlType::Q5_K, 256, 512),
+            (GgmlType::Q6_K, 2048, 256),
             (GgmlType::F16, 160, 96),
         ];
         for (dtype, hd, inter) in types {
@@ -206,13 +218,21 @@ quire_testkit::gpu_test! {
             assert_eq!(gpu_layer.q8_in(), quant, "{dtype:?} kept as stored");
             let mut s = MoeScratch::empty(&g).unwrap();
             s.grow(&g, 200, &m, hd).unwrap();
-            let mut cases = vec![(200, MoePath::Dp4a), (100, MoePath::Dp4a)];
+            assert_eq!(run.gemv_ok(&gpu_layer), quant, "{dtype:?}: GEMV-shaped gate/up");
+            // The tile paths (the dp4a one first: the GEMV path is held to it), by token count.
+            let tiles = || -> Vec<MoePath> {
+                [MoePath::Dp4a, MoePath::Gemv].into_iter().filter(|&p| run.path_ok(&gpu_layer, p)).collect()
+            };
+            let mut cases = vec![(200, vec![MoePath::Dp4a]), (100, tiles())];
             if quant && run.tc_ok(&gpu_layer) {
-                cases.insert(0, (200, MoePath::TensorCore));
+                cases[0].1.insert(0, MoePath::TensorCore);
             }
-            cases.extend([(16, MoePath::Dp4a), (1, MoePath::Dp4a)]);
-            for (n, path) in cases {
-                let what = format!("{dtype:?} n={n} {path:?}");
+            for n in [16, 7, 3, 2, 1] {
+                cases.push((n, tiles()));
+            }
+            let mut odd_tile = false;
+            for (n, paths) in cases {
+                let what = format!("{dtype:?} n={n}");
                 let mut h = rnd(&mut rng, n * hd, 1.0);
                 h.chunks_exact_mut(hd).for_each(|x| x[0] = 4.0);
                 let resid = rnd(&mut rng, n * hd, 1.0);
@@ -226,31 +246,55 @@ quire_testkit::gpu_test! {
                     let c = counts[POPULAR];
                     assert!(c > 64, "{what}: expert 0 was to take several tiles ({c} pairs)");
                 }
+                if n <= 16 {
+                    odd_tile |= counts.iter().any(|&c| c % 8 > 1 && c % 2 == 1);
+                }
 
                 let mut want = resid.clone();
                 cpu.forward(&team, &mut Profiler::default(), None, &h, &mut CpuScratch::default(), &mut want);
+                let delta = |x: &[f32]| -> Vec<f32> {
+                    x.iter().zip(&resid).map(|(a, b)| a - b).collect()
+                };
+                let want = delta(&want);
 
                 g.htod(&h, &mut s.hf, 0).unwrap();
                 let h16: Vec<f16> = h.iter().map(|&v| f16::from_f32(v)).collect();
                 let dh = g.upload(&h16).unwrap();
                 let dq = g.upload(&q8_bytes(&h)).unwrap();
-                let dx = g.upload(&resid).unwrap();
-                let io = MoeInputs { hf: s.hf.ptr, h: dh.ptr, q8: dq.ptr, x: dx.ptr, n, hidden: hd };
-                // SAFETY: every address is a live allocation of this test (the scratch grown
-                // for 200 tokens, the uploads sized for n tokens), and the stream is synchronised
-                // (dtoh) before any of them drops.
-                unsafe { run.run_with(&gpu_layer, &s, &io, path) }.unwrap();
-                let mut got = vec![0.0f32; n * hd];
-                g.dtoh(&dx, &mut got).unwrap();
-
-                let delta = |x: &[f32]| -> Vec<f32> {
-                    x.iter().zip(&resid).map(|(a, b)| a - b).collect()
+                let block = |path: MoePath| -> Vec<f32> {
+                    let dx = g.upload(&resid).unwrap();
+                    let io = MoeInputs { hf: s.hf.ptr, h: dh.ptr, q8: dq.ptr, x: dx.ptr, n, hidden: hd };
+                    // SAFETY: every address is a live allocation of this test (the scratch grown
+                    // for 200 tokens, the uploads sized for n tokens), and the stream is
+                    // synchronised (dtoh) before any of them drops.
+                    unsafe { run.run_with(&gpu_layer, &s, &io, path) }.unwrap();
+                    let mut got = vec![0.0f32; n * hd];
+                    g.dtoh(&dx, &mut got).unwrap();
+                    delta(&got)
                 };
-                let (got, want) = (delta(&got), delta(&want));
-                let (diff, scale) = max_diff(&got, &want, &clear, hd);
-                assert!(scale > 0.0, "{what}: the CPU block added nothing");
-                assert!(diff <= 2e-2 * scale, "{what}: off by {diff} (largest {scale})");
+                let mut dp4a = None;
+                for path in paths {
+                    let what = format!("{what} {path:?}");
+                    let got = block(path);
+                    let (diff, scale) = max_diff(&got, &want, &clear, hd);
+                    assert!(scale > 0.0, "{what}: the CPU block added nothing");
+                    assert!(diff <= 2e-2 * scale, "{what}: off by {diff} (largest {scale})");
+                    match path {
+                        MoePath::Dp4a => dp4a = Some(got),
+                        MoePath::Gemv => {
+                            let again = block(path);
+                            let same = got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{what}: a second run gave other bits");
+                            let d = dp4a.as_ref().expect("the dp4a path runs first");
+                            let all = vec![true; n];
+                            let (diff, scale) = max_diff(&got, d, &all, hd);
+                            assert!(diff <= 2e-3 * scale, "{what}: off the dp4a path by {diff} (largest {scale})");
+                        }
+                        MoePath::TensorCore => {}
+                    }
+                }
             }
+            assert!(odd_tile, "{dtype:?}: no decode case gave an expert an odd pair count above 1");
         }
     }
 }

@@ -5,12 +5,21 @@
 //!
 //! Quantized experts (Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K) stay as stored and take
 //! 8-bit activations, with the dense kernels' per-block arithmetic; other types go to f16. Decode
-//! (few tokens) sorts into tiles of up to [`TILE`] pairs for the dp4a kernels; prompt chunks (from
-//! [`TC_MIN_TOKENS`]) into tiles of up to [`TC_TILE`] pairs for a grouped int8 tensor-core GEMM,
-//! so each expert's weights are read once per 64 of its pairs instead of once per 8.
+//! (few tokens) sorts into tiles of up to [`TILE`] pairs; prompt chunks (from [`TC_MIN_TOKENS`])
+//! into tiles of up to [`TC_TILE`] pairs for a grouped int8 tensor-core GEMM, so each expert's
+//! weights are read once per 64 of its pairs instead of once per 8.
+//!
+//! Decode reads little (one token: 8 experts × 3 matrices, ~21 MB at the 30B-A3B shape, ~7 µs at
+//! the H100's read roof), so what costs is how the reads are issued: the GEMV path
+//! ([`MoePath::Gemv`]) stages each warp's weight rows through shared memory with 16-byte loads
+//! as the dense one-token GEMV does, launches only as many tile rows as the pairs can fill, and
+//! runs the down matrix and the combine as one launch. The older dp4a tile kernels
+//! ([`MoePath::Dp4a`], 2-byte loads straight from memory) stay for rows that are not 16-byte
+//! aligned and as the reference the test holds the GEMV path to.
 //!
 //! Launches per layer: up to [`FUSED_ROUTE_MAX_TOKENS`] tokens, route (logits, top-k, sort),
-//! gate/up, SwiGLU into 8-bit blocks, down, combine (5); above, cuBLAS's router GEMM, top-k and
+//! gate/up, SwiGLU into 8-bit blocks, then down and combine (one launch on the GEMV path up to
+//! [`FUSED_DOWN_MAX_TOKENS`] tokens: 4 in all; else 5); above, cuBLAS's router GEMM, top-k and
 //! sort in place of the route (7). Each expert matmul is one launch over every expert's tiles.
 
 use cudarc::driver::CudaFunction;
@@ -23,10 +32,14 @@ use super::nvrtc;
 use super::qmat::{is_native_quant, to_f16, WMat, Q8A_BYTES};
 use crate::{BackendError, HostTensor, MoeWeights};
 
-/// Pairs per tile of the dp4a expert kernels (`MOE_TILE` in moe.cu) and their weight rows per CTA
-/// (`MOE_WARPS × MOE_ROWS`).
+/// Pairs per tile of the dp4a and GEMV-shaped expert kernels (`MOE_TILE` in moe.cu) and their
+/// weight rows per CTA (`MOE_WARPS × MOE_ROWS`, `MMV_WARPS × MMV_ROWS` in quant.cu).
 pub const TILE: usize = 8;
 const ROWS_PER_CTA: usize = 8;
+/// Rows per CTA of the fused down + combine kernel (`MMV_ROWS`: its warps split the slots).
+const DOWN_ROWS_PER_CTA: usize = 2;
+/// Threads per CTA of the GEMV-shaped expert kernels (`MMV_WARPS` warps).
+const MMV_THREADS: u32 = 128;
 /// Pairs per tile of the tensor-core expert kernels (`TC_TOK` in mmq_tc.cuh), their weight rows
 /// per CTA (`TC_ROWS`) and threads (`TC_THREADS`).
 pub const TC_TILE: usize = 64;
@@ -46,14 +59,32 @@ pub const TC_MIN_TOKENS: usize = 128;
 /// cuBLAS's GEMM, the top-k and the sort that larger steps take.
 pub const FUSED_ROUTE_MAX_TOKENS: usize = 64;
 
+/// Up to this many tokens the GEMV path runs the down matrix and the combine as one launch: each
+/// CTA owns rows of one token, its warps split the token's `k` experts, and one thread per row
+/// sums them in order (deterministic, no float atomics), reading an expert once per pair rather
+/// than once per tile of pairs. At 16 tokens (~128 pairs over ~80 experts) a shared expert's rows
+/// should come from L2 the second time (the CTAs of one row block for every token are launched
+/// together); the benchmark's `down+combine` stage against `down` + `combine` on the dp4a path
+/// tells whether that holds (not yet measured).
+pub const FUSED_DOWN_MAX_TOKENS: usize = 16;
+
 /// Which kernels multiply the experts (the test and the benchmark name one; a step picks by
 /// token count).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoePath {
     /// Tiles of up to [`TILE`] pairs, dp4a (quantized) or f16 GEMV.
     Dp4a,
+    /// Tiles of up to [`TILE`] pairs shaped like the dense one-token GEMV: each warp stages its
+    /// rows through shared memory with 16-byte loads (quantized experts whose rows start 16-byte
+    /// aligned; a matrix whose rows do not takes the dp4a kernel). Decode's path.
+    Gemv,
     /// Tiles of up to [`TC_TILE`] pairs on the int8 tensor cores (quantized experts, sm_80+).
     TensorCore,
+}
+
+impl MoePath {
+    /// Every path (the benchmark's rows).
+    pub const ALL: [MoePath; 3] = [MoePath::Dp4a, MoePath::Gemv, MoePath::TensorCore];
 }
 
 /// The expert kernels' stored types, in the order of `MoeKernels::mmq`, with their name suffix.
@@ -66,7 +97,8 @@ const TYPES: [(GgmlType, &str); 6] = [
     (GgmlType::Q6_K, "q6_k"),
 ];
 
-/// Experts and picks per token the top-k kernel handles (its taken-set and one lane per pick).
+/// Experts and picks per token the top-k kernel handles (its taken-set and one lane per pick;
+/// `MOE_MAX_TOP_K` in moe.cu, the fused down kernel's slots).
 const MAX_EXPERTS: usize = 512;
 const MAX_TOP_K: usize = 32;
 
@@ -74,8 +106,11 @@ pub struct MoeKernels {
     topk: CudaFunction,
     route: CudaFunction,
     sort: CudaFunction,
-    /// By type (`TYPES` order): the dp4a kernel and the tensor-core one.
-    mmq: Vec<[CudaFunction; 2]>,
+    /// By type (`TYPES` order): the dp4a kernel, the GEMV-shaped one (tiles of up to [`TILE`]
+    /// pairs, and of one pair: one token), and the tensor-core one.
+    mmq: Vec<[CudaFunction; 4]>,
+    /// By type: the GEMV-shaped down matrix with the combine (few tokens).
+    down: Vec<CudaFunction>,
     gemv_f16: CudaFunction,
     combine: CudaFunction,
 }
@@ -86,13 +121,24 @@ impl MoeKernels {
         let f = |name: &str| Gpu::function(&m, name);
         let mmq = TYPES
             .iter()
-            .map(|(_, t)| Ok([f(&format!("moe_mmq_{t}"))?, f(&format!("moe_mmq_{t}_tc"))?]))
+            .map(|(_, t)| {
+                Ok([
+                    f(&format!("moe_mmq_{t}"))?,
+                    f(&format!("moe_mmq_{t}_mmv"))?,
+                    f(&format!("moe_mmq_{t}_mmv1"))?,
+                    f(&format!("moe_mmq_{t}_tc"))?,
+                ])
+            })
             .collect::<Result<_, BackendError>>()?;
         Ok(Self {
             topk: f("moe_topk")?,
             route: f("moe_route")?,
             sort: f("moe_sort")?,
             mmq,
+            down: TYPES
+                .iter()
+                .map(|(_, t)| f(&format!("moe_mmq_{t}_down")))
+                .collect::<Result<_, _>>()?,
             gemv_f16: f("moe_gemv_f16")?,
             combine: f("moe_combine")?,
         })
@@ -102,6 +148,8 @@ impl MoeKernels {
 /// One layer's experts on the device.
 pub struct MoeLayer {
     pub cfg: MoeConfig,
+    /// The model's hidden size (the experts' gate/up row length).
+    pub hidden: usize,
     /// `[num_experts, hidden]` f32: router logits = x · routerᵀ, in f32 as the CPU computes them
     /// (near-equal logits must pick the same experts).
     pub router: DBuf<f32>,
@@ -192,6 +240,7 @@ impl MoeLayer {
         }
         Ok(Self {
             cfg,
+            hidden,
             router: gpu.upload(&w.gate_inp.to_f32()?)?,
             gate_up: stack_experts(gpu, &[&w.gate_exps, &w.up_exps], e, keep_quant)?,
             down: stack_experts(gpu, &[&w.down_exps], e, keep_quant)?,
@@ -222,9 +271,12 @@ pub struct MoeScratch {
     y: DBuf<f32>,         // [n * k, hidden]
 }
 
-/// Tiles of at most `tile` pairs that `pairs` pairs over `experts` experts can take.
+/// Tiles of at most `tile` pairs that `pairs` pairs over `experts` experts can take: a partial
+/// tile at most per expert that has a pair, and never more tiles than pairs. The expert matmuls
+/// launch this many CTA rows (those past the step's tile count leave at once), so the bound is
+/// kept tight: one token's 8 pairs launch 8, not 129.
 fn max_tiles(pairs: usize, experts: usize, tile: usize) -> usize {
-    pairs.div_ceil(tile) + experts
+    (pairs.div_ceil(tile) + experts.min(pairs)).min(pairs)
 }
 
 impl MoeScratch {
@@ -321,9 +373,29 @@ impl MoeRun<'_> {
     pub fn path_for(&self, layer: &MoeLayer, n: usize) -> MoePath {
         if n >= TC_MIN_TOKENS && self.tc_ok(layer) {
             MoePath::TensorCore
+        } else if self.gemv_ok(layer) {
+            MoePath::Gemv
         } else {
             MoePath::Dp4a
         }
+    }
+
+    /// Whether `path` can run on `layer` here (the dp4a path always can).
+    pub fn path_ok(&self, layer: &MoeLayer, path: MoePath) -> bool {
+        match path {
+            MoePath::Dp4a => true,
+            MoePath::Gemv => self.gemv_ok(layer),
+            MoePath::TensorCore => self.tc_ok(layer),
+        }
+    }
+
+    /// Whether the GEMV-shaped expert kernels can run on `layer`'s gate/up matrix: quantized
+    /// experts whose rows start 16-byte aligned (its down matrix, where they do not, takes the
+    /// dp4a kernel).
+    pub fn gemv_ok(&self, layer: &MoeLayer) -> bool {
+        layer.gate_up.quant_type().is_some_and(|t| {
+            super::qmat::QuantKernels::mmv_ok(t, layer.hidden, layer.gate_up.ptr())
+        })
     }
 
     /// Whether the tensor-core expert kernels can run on `layer` here: quantized experts, sm_80+
@@ -363,6 +435,26 @@ impl MoeRun<'_> {
         io: &MoeInputs,
         path: MoePath,
     ) -> Result<(), BackendError> {
+        // SAFETY: this fn's contract is `run_marked`'s.
+        unsafe { self.run_marked(layer, s, io, path, &mut |_| Ok(())) }
+    }
+
+    /// [`Self::run_with`], calling `mark` with the stage's name right after each stage's
+    /// launches are queued (`route`, `gate_up`, `swiglu`, then `down` and `combine`, or
+    /// `down+combine` where they are one launch): the benchmark records a CUDA event there to
+    /// time each stage.
+    ///
+    /// # Safety
+    ///
+    /// As [`Self::run`].
+    pub unsafe fn run_marked(
+        &self,
+        layer: &MoeLayer,
+        s: &MoeScratch,
+        io: &MoeInputs,
+        path: MoePath,
+        mark: &mut dyn FnMut(&'static str) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         let c = &layer.cfg;
         let (e, k) = (c.num_experts, c.num_experts_per_tok);
         if io.n > s.tokens {
@@ -378,9 +470,16 @@ impl MoeRun<'_> {
                 self.g.arch
             )));
         }
+        if path == MoePath::Gemv && !self.gemv_ok(layer) {
+            return Err(BackendError::Config(
+                "the GEMV-shaped expert kernels need quantized experts whose gate/up rows start \
+                 16-byte aligned"
+                    .into(),
+            ));
+        }
         let pairs = io.n * k;
         let tile = match path {
-            MoePath::Dp4a => TILE,
+            MoePath::Dp4a | MoePath::Gemv => TILE,
             MoePath::TensorCore => TC_TILE,
         };
         let grid_y = max_tiles(pairs, e, tile);
@@ -409,10 +508,19 @@ impl MoeRun<'_> {
         // the executor's life.
         unsafe {
             self.route(layer, s, io, d)?;
+            mark("route")?;
             self.experts(&layer.gate_up, x_in, k, s.gu.ptr, 2 * d.inter, d.hd, s, d)?;
+            mark("gate_up")?;
             self.swiglu(quant, s, d)?;
+            mark("swiglu")?;
+            if self.down_fused(layer, d) {
+                self.down_combine(layer, io.x, s, d)?;
+                return mark("down+combine");
+            }
             self.experts(&layer.down, s.act.ptr, 1, s.y.ptr, d.hd, d.inter, s, d)?;
-            self.combine(io.x, s, d)
+            mark("down")?;
+            self.combine(io.x, s, d)?;
+            mark("combine")
         }
     }
 
@@ -508,20 +616,30 @@ impl MoeRun<'_> {
                 let mut args = vec![P(data.ptr), L(expert_bytes as i64), P(a), I(act_div as i32)];
                 args.extend(tiles);
                 args.extend([P(out), I(rows as i32), I((cols / 32) as i32)]);
+                let gemv = d.path == MoePath::Gemv
+                    && super::qmat::QuantKernels::mmv_ok(*dtype, cols, data.ptr);
                 let (f, grid, block) = match d.path {
-                    MoePath::Dp4a => (
+                    // One token: its k experts are distinct, so every tile is one pair.
+                    MoePath::Gemv if gemv => (
+                        &self.mk.mmq[idx][if d.n == 1 { 2 } else { 1 }],
+                        (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1),
+                        (MMV_THREADS, 1, 1),
+                    ),
+                    MoePath::Dp4a | MoePath::Gemv => (
                         &self.mk.mmq[idx][0],
                         (rows.div_ceil(ROWS_PER_CTA) as u32, d.grid_y, 1),
                         (128, 1, 1),
                     ),
                     MoePath::TensorCore => (
-                        &self.mk.mmq[idx][1],
+                        &self.mk.mmq[idx][3],
                         (rows.div_ceil(TC_ROWS) as u32, d.grid_y, 1),
                         (TC_THREADS, 1, 1),
                     ),
                 };
-                // SAFETY: moe_mmq's (and moe_mmq_*_tc's) list; the addresses as this fn's
-                // contract says.
+                // SAFETY: moe_mmq's (and moe_mmq_*_mmv's, moe_mmq_*_tc's) list; the addresses
+                // as this fn's contract says; the GEMV-shaped kernel only where every expert's
+                // rows start 16-byte aligned (`mmv_ok` of the slab base and the row length: the
+                // expert slabs are whole rows).
                 unsafe { self.g.launch(f, grid, block, &args) }
             }
             WMat::F16(b) => {
@@ -532,6 +650,67 @@ impl MoeRun<'_> {
                 // SAFETY: moe_gemv_f16's list; the addresses as this fn's contract says.
                 unsafe { self.g.launch(&self.mk.gemv_f16, grid, (128, 1, 1), &args) }
             }
+        }
+    }
+
+    /// Whether the step's down matrix and combine are one launch (`moe_mmq_*_down`): the GEMV
+    /// path, at most [`FUSED_DOWN_MAX_TOKENS`] tokens, down rows 16-byte aligned.
+    fn down_fused(&self, layer: &MoeLayer, d: Dims) -> bool {
+        d.path == MoePath::Gemv
+            && d.n <= FUSED_DOWN_MAX_TOKENS
+            && layer
+                .down
+                .quant_type()
+                .is_some_and(|t| super::qmat::QuantKernels::mmv_ok(t, d.inter, layer.down.ptr()))
+    }
+
+    /// `x[t] += Σ_s weight · down[expert](act[pair])` over each token's `k` pairs in order, one
+    /// launch (the down matrix and the combine; see [`Self::down_fused`]).
+    ///
+    /// # Safety
+    ///
+    /// As `run`, `x` being `io.x`; [`Self::down_fused`] holds.
+    unsafe fn down_combine(
+        &self,
+        layer: &MoeLayer,
+        x: u64,
+        s: &MoeScratch,
+        d: Dims,
+    ) -> Result<(), BackendError> {
+        use KArg::{I, L, P};
+        let WMat::Quant { dtype, data } = &layer.down else {
+            return Err(BackendError::Config(
+                "the fused down kernel takes quantized experts".into(),
+            ));
+        };
+        let idx = TYPES
+            .iter()
+            .position(|(t, _)| t == dtype)
+            .ok_or_else(|| BackendError::Config(format!("no MoE expert kernel for {dtype:?}")))?;
+        let row_bytes = dtype.row_size(d.inter as u64).ok_or_else(|| {
+            BackendError::Config(format!(
+                "{} is not a whole number of {dtype:?} blocks",
+                d.inter
+            ))
+        })?;
+        let expert_bytes = d.hd * row_bytes as usize;
+        let args = [
+            P(data.ptr),
+            L(expert_bytes as i64),
+            P(s.act.ptr),
+            P(s.ids.ptr),
+            P(s.weights.ptr),
+            I(d.k as i32),
+            P(x),
+            I(d.hd as i32),
+            I((d.inter / 32) as i32),
+        ];
+        let grid = (d.n as u32, d.hd.div_ceil(DOWN_ROWS_PER_CTA) as u32, 1);
+        // SAFETY: moe_mmq_*_down's list; `x` is the caller's, the rest `s`'s (sized for the
+        // pairs) or the layer's; every expert's down rows start 16-byte aligned (`down_fused`).
+        unsafe {
+            self.g
+                .launch(&self.mk.down[idx], grid, (MMV_THREADS, 1, 1), &args)
         }
     }
 

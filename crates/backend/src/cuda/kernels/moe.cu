@@ -10,7 +10,10 @@
 // covers every expert's tiles (grid: row blocks × tiles), and every stored type (Q4_0, Q4_1,
 // Q8_0, Q4_K, Q5_K, Q6_K) stays as stored: the arithmetic is quant.cu's `block_dot`. Few tokens
 // route in one launch (moe_route: logits, top-k and sort); more take cuBLAS's router GEMM, then
-// moe_topk and moe_sort.
+// moe_topk and moe_sort. Decode's fast kernels (moe_mmv, moe_down_mmv) have the dense one-token
+// GEMV's shape: 16-byte staged loads of the weight rows, the tile's pairs gathered by index, and
+// for few tokens the down matrix summed over each token's k experts in order straight into the
+// residual stream (the combine in the same launch, deterministic).
 //
 // A "pair" p = t * top_k + s is token t's s-th chosen expert.
 
@@ -20,7 +23,8 @@
 
 // Router: softmax over the experts, top-k (ties to the lower index, as torch.topk on CPU), weights
 // renormalized over the chosen k when `norm_topk`. One warp per token (experts <= 512, k <= 32,
-// which the host checks).
+// which the host checks; a lane holds MOE_TOPK_REGS = 512 / 32 logits).
+#define MOE_TOPK_REGS 16
 // logits: [n, num_experts] f32; ids, weights: [n, top_k]
 // (`logits` without __restrict__: the fused route kernel reads logits other CTAs of the same
 // launch wrote, which must not go through the read-only cache.)
@@ -30,25 +34,37 @@ __device__ __forceinline__ void moe_topk_warp(const float* logits, int num_exper
                                               float* __restrict__ weights) {
     const int lane = threadIdx.x & 31;
     const float* l = logits + (long)t * num_experts;
+    // The token's logits in registers, read once (all loads in flight together): expert
+    // lane + 32 i in v[i]; -inf past the end. The k rounds below then only shuffle.
+    float v[MOE_TOPK_REGS];
+#pragma unroll
+    for (int i = 0; i < MOE_TOPK_REGS; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < num_experts ? l[e] : -INFINITY;
+    }
     float mx = -INFINITY;
-    for (int e = lane; e < num_experts; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int i = 0; i < MOE_TOPK_REGS; i++) mx = fmaxf(mx, v[i]);
     mx = warp_max(mx);
     float sum = 0.0f;
-    for (int e = lane; e < num_experts; e += 32) sum += expf(l[e] - mx);
+#pragma unroll
+    for (int i = 0; i < MOE_TOPK_REGS; i++)
+        if (lane + 32 * i < num_experts) sum += expf(v[i] - mx);
     sum = warp_sum(sum);
     // k rounds of a warp argmax over the logits not yet taken (softmax is monotonic).
-    unsigned long long taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // bit e % 64 of word e / 64 (<= 512)
+    unsigned taken = 0;  // bit i: expert lane + 32 i was picked
     float chosen_sum = 0.0f;
     float w_mine = 0.0f;
     int id_mine = 0;
     for (int s = 0; s < top_k; s++) {
         float best = -INFINITY;
         int best_e = 0x7fffffff;
-        for (int e = lane; e < num_experts; e += 32) {
-            if ((taken[e >> 6] >> (e & 63)) & 1ull) continue;
-            const float v = l[e];
-            if (v > best || (v == best && e < best_e)) {
-                best = v;
+#pragma unroll
+        for (int i = 0; i < MOE_TOPK_REGS; i++) {
+            const int e = lane + 32 * i;
+            if (e >= num_experts || ((taken >> i) & 1u)) continue;
+            if (v[i] > best || (v[i] == best && e < best_e)) {
+                best = v[i];
                 best_e = e;
             }
         }
@@ -61,7 +77,7 @@ __device__ __forceinline__ void moe_topk_warp(const float* logits, int num_exper
                 best_e = oe;
             }
         }
-        taken[best_e >> 6] |= 1ull << (best_e & 63);
+        if ((best_e & 31) == lane) taken |= 1u << (best_e >> 5);
         const float p = expf(best - mx) / sum;
         chosen_sum += p;
         if (lane == s) {
@@ -86,13 +102,18 @@ extern "C" __global__ void moe_topk(const float* __restrict__ logits, int num_ex
 }
 
 // Counting sort of the pairs by expert, and the tile list: tile i covers `count` (<= tile)
-// consecutive sorted pairs of one expert. One CTA (experts <= 1024).
+// consecutive sorted pairs of one expert, experts in ascending order. One CTA (experts <= 1024,
+// a whole number of warps, at most 1024 threads). Each thread takes a run of consecutive experts;
+// the offsets of their pairs and tiles come from a block-wide exclusive scan (warp shuffles, then
+// the warps' totals), so no thread walks all the experts alone.
 // ids: [pairs]; sorted: [pairs] pair indices; tiles: [max_tiles] (expert, start, count, 0);
 // num_tiles: [1]
 __device__ __forceinline__ void moe_sort_cta(const int* ids, int pairs, int num_experts, int tile,
                                              int* __restrict__ sorted, int4* __restrict__ tiles,
                                              int* __restrict__ num_tiles) {
     __shared__ int count[1024], offset[1024], cursor[1024];
+    __shared__ int warp_pairs[32], warp_tiles[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
         count[e] = 0;
         cursor[e] = 0;
@@ -100,17 +121,59 @@ __device__ __forceinline__ void moe_sort_cta(const int* ids, int pairs, int num_
     __syncthreads();
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int off = 0, nt = 0;
-        for (int e = 0; e < num_experts; e++) {
-            offset[e] = off;
-            for (int c = 0; c < count[e]; c += tile) {
-                tiles[nt++] = make_int4(e, off + c, min(tile, count[e] - c), 0);
-            }
-            off += count[e];
-        }
-        *num_tiles = nt;
+    const int per = (num_experts + blockDim.x - 1) / blockDim.x;
+    const int e0 = min(num_experts, (int)threadIdx.x * per), e1 = min(num_experts, e0 + per);
+    int my_pairs = 0, my_tiles = 0;
+    for (int e = e0; e < e1; e++) {
+        my_pairs += count[e];
+        my_tiles += (count[e] + tile - 1) / tile;
     }
+    // Inclusive scan within the warp.
+    int inc_pairs = my_pairs, inc_tiles = my_tiles;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, inc_pairs, o);
+        const int b = __shfl_up_sync(0xffffffffu, inc_tiles, o);
+        if (lane >= o) {
+            inc_pairs += a;
+            inc_tiles += b;
+        }
+    }
+    if (lane == 31) {
+        warp_pairs[warp] = inc_pairs;
+        warp_tiles[warp] = inc_tiles;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        // Exclusive scan of the warps' totals.
+        const int wp = lane < warps ? warp_pairs[lane] : 0, wt = lane < warps ? warp_tiles[lane] : 0;
+        int ip = wp, it = wt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, ip, o);
+            const int b = __shfl_up_sync(0xffffffffu, it, o);
+            if (lane >= o) {
+                ip += a;
+                it += b;
+            }
+        }
+        __syncwarp();
+        if (lane < warps) {
+            warp_pairs[lane] = ip - wp;
+            warp_tiles[lane] = it - wt;
+        }
+    }
+    __syncthreads();
+    int off = warp_pairs[warp] + inc_pairs - my_pairs;
+    int nt = warp_tiles[warp] + inc_tiles - my_tiles;
+    for (int e = e0; e < e1; e++) {
+        offset[e] = off;
+        for (int c = 0; c < count[e]; c += tile)
+            tiles[nt++] = make_int4(e, off + c, min(tile, count[e] - c), 0);
+        off += count[e];
+    }
+    // The last thread's runs end at the totals (its run may be empty).
+    if (threadIdx.x == blockDim.x - 1) *num_tiles = nt;
     __syncthreads();
     // Within an expert the order follows the atomics; each pair's result is computed on its own,
     // so the outputs do not depend on it.
@@ -146,6 +209,9 @@ extern "C" __global__ void moe_route(const float* __restrict__ hf, const float* 
         for (int t = 0; t < n; t++) {
             const float4* x4 = (const float4*)(hf + (long)t * hidden);
             float acc = 0.0f;
+            // Unrolled so several 16-byte loads are in flight per lane (a lane's 16 loads of a
+            // 2048-wide row would otherwise wait on memory one after another).
+#pragma unroll 8
             for (int i = lane; i < hidden / 4; i += 32) {
                 const float4 a = r4[i], b = x4[i];
                 acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -219,6 +285,233 @@ __device__ __forceinline__ void moe_mmq(const unsigned char* __restrict__ w, lon
         }
 }
 
+// The same product for decode (MoePath::Gemv), shaped like the dense staged GEMV (quant.cu's
+// `mmv`): each warp owns MMV_ROWS rows of the tile's expert and copies a stage of them into
+// shared memory with coalesced 16-byte loads, issuing the next stage's loads before it computes
+// on the current one; the dot products are `block_dot` (Q4_K, Q6_K: the sub-block pair dots), so
+// each pair's result equals the dp4a kernel's up to the f32 summation order. With one token the
+// tiles are single pairs of 8 experts, so the 16-byte loads and the loads in flight, not the
+// arithmetic, set the time. The expert's rows must start 16-byte aligned (the slab base and the
+// row length in bytes multiples of 16; the host checks), else the dp4a kernel above runs. TOK:
+// the most pairs a tile holds, MOE_TILE, or 1 for one token (its k experts are distinct, so every
+// tile is one pair: an eighth of the accumulators, fewer registers, more warps resident).
+// grid (⌈rows / (MMV_WARPS · MMV_ROWS)⌉, max_tiles); block 32 · MMV_WARPS
+template <int TYPE, int TOK>
+__device__ __forceinline__ void moe_mmv(const unsigned char* __restrict__ w, long expert_bytes,
+                                        const q8a_t* __restrict__ a, int act_div,
+                                        const int* __restrict__ sorted, const int4* __restrict__ tiles,
+                                        const int* __restrict__ num_tiles, float* __restrict__ y,
+                                        int rows, int nb) {
+    __shared__ uint4 stage[MMV_WARPS][MMV_ROWS][MMV_LOADS * 32];
+    const int B = wblock<TYPE>::bytes, PER = wblock<TYPE>::elems / 32;
+    const int SB = mmv_stage<TYPE>::blocks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = (blockIdx.x * MMV_WARPS + warp) * MMV_ROWS;
+    // The tile list is the route's output: nothing is read before it is complete.
+    if (blockIdx.y >= *num_tiles || r0 >= rows) return;  // whole warps: no warp step left waiting
+    const int4 tile = tiles[blockIdx.y];
+    const int nsb = nb / PER;
+    const long row_bytes = (long)nsb * B;
+    const unsigned char* we = w + tile.x * expert_bytes;
+    // Rows past the end read the last row again (in bounds) and are not written.
+    const uint4* wr[MMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+        wr[i] = (const uint4*)(we + (long)min(r0 + i, rows - 1) * row_bytes);
+    uint4 next[MMV_ROWS][MMV_LOADS];
+    mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    int pair[TOK];
+    const q8a_t* ap[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        pair[t] = t < tile.z ? sorted[tile.y + t] : 0;
+        ap[t] = a + (long)(pair[t] / act_div) * nb;
+    }
+    float acc[MMV_ROWS][TOK];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < TOK; t++) acc[i][t] = 0.0f;
+    for (int s0 = 0; s0 < nsb; s0 += SB) {
+        const int n16 = (min(SB, nsb - s0) * B) >> 4;
+        __syncwarp();  // every lane is done reading the previous stage
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+            for (int u = 0; u < MMV_LOADS; u++)
+                if (lane + 32 * u < n16) stage[warp][i][lane + 32 * u] = next[i][u];
+        __syncwarp();
+        if (s0 + SB < nsb) mmv_fetch<TYPE>(wr, s0 + SB, nsb, lane, next);  // in flight meanwhile
+        const int nsub = min(SB, nsb - s0) * PER;
+        const long b0 = (long)s0 * PER;
+        if constexpr (TYPE == T_Q4_K || TYPE == T_Q6_K) {
+            // One pair of sub-blocks per lane: four per super-block, at most 8 super-blocks.
+            const int sb = lane >> 2, p = lane & 3;
+            if (sb < nsub / PER) {
+#pragma unroll
+                for (int t = 0; t < TOK; t++) {
+                    if (t < tile.z) {
+                        const q8a_t* ab = ap[t] + b0 + sb * PER;
+#pragma unroll
+                        for (int i = 0; i < MMV_ROWS; i++) {
+                            const unsigned char* wb = (const unsigned char*)stage[warp][i] + sb * B;
+                            if constexpr (TYPE == T_Q4_K) {
+                                acc[i][t] += q4k_pair_dot(wb, p, ab + 2 * p);
+                            } else {
+                                const int h = p >> 1, k = p & 1, j0 = 4 * h + k;
+                                acc[i][t] += q6k_pair_dot(wb, h, k, ab + j0, ab + j0 + 2);
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
+            // Sub-blocks j and j + 32 per lane: consecutive lanes read consecutive activation
+            // blocks.
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                if (j < nsub) {
+#pragma unroll
+                    for (int t = 0; t < TOK; t++) {
+                        if (t < tile.z) {
+                            const q8a_t* ab = ap[t] + b0 + j;
+#pragma unroll
+                            for (int i = 0; i < MMV_ROWS; i++) {
+                                const unsigned char* wb =
+                                    (const unsigned char*)stage[warp][i] + (j / PER) * B;
+                                acc[i][t] += block_dot<TYPE>(wb, j % PER, ab);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+        for (int t = 0; t < TOK; t++) {
+            const float v = warp_sum(acc[i][t]);
+            if (lane == 0 && t < tile.z && r0 + i < rows) y[(long)pair[t] * rows + r0 + i] = v;
+        }
+}
+
+// The down matrix and the combine in one kernel for decode (MoePath::Gemv, few tokens):
+// x[t, r] += Σ_s weights[t, s] · dot(w[ids[t, s]][r], a[t · top_k + s]). A CTA owns MMV_ROWS rows
+// of one token; its warps split the token's k slots (warp w takes slots w, w + MMV_WARPS, …), so
+// one token's block still keeps ~1,000 CTAs in flight (hidden 2048), and each warp walks its
+// slots stage by stage, issuing the next stage's loads (the next slot's expert rows once a slot is
+// done) before it computes on the current. Each slot's dot is `moe_mmv`'s (the same stages and
+// lane partials, then the warp sum); the slots' results meet in shared memory and one thread per
+// row sums them in order s = 0, 1, … as moe_combine does, so the step stays deterministic (no
+// float atomics). The CTAs of one row block for every token are neighbours in the launch order
+// (grid x is the token), so an expert two tokens share is read from memory once, then from L2.
+// w: experts' slabs of `rows` rows (`expert_bytes` each, rows 16-byte aligned); a: [n · top_k, nb]
+// q8 blocks; ids, weights: [n, top_k] (top_k <= MOE_MAX_TOP_K); x: [n, rows] f32.
+// grid (n, ⌈rows / MMV_ROWS⌉); block 32 · MMV_WARPS
+#define MOE_MAX_TOP_K 32
+template <int TYPE>
+__device__ __forceinline__ void moe_down_mmv(const unsigned char* __restrict__ w, long expert_bytes,
+                                             const q8a_t* __restrict__ a,
+                                             const int* __restrict__ ids,
+                                             const float* __restrict__ weights, int top_k,
+                                             float* __restrict__ x, int rows, int nb) {
+    __shared__ uint4 stage[MMV_WARPS][MMV_ROWS][MMV_LOADS * 32];
+    __shared__ float ys[MOE_MAX_TOP_K][MMV_ROWS];
+    const int B = wblock<TYPE>::bytes, PER = wblock<TYPE>::elems / 32;
+    const int SB = mmv_stage<TYPE>::blocks;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x;
+    const int r0 = blockIdx.y * MMV_ROWS;
+    const int nsb = nb / PER;
+    const int stages = (nsb + SB - 1) / SB;
+    const long row_bytes = (long)nsb * B;
+    const int* id = ids + (long)t * top_k;
+    // This warp's slots, and the (slot, stage) steps it walks.
+    const int my_slots = warp < top_k ? (top_k - warp + MMV_WARPS - 1) / MMV_WARPS : 0;
+    const int steps = my_slots * stages;
+    // Rows past the end read the last row again (in bounds) and are not written.
+    const uint4* wr[MMV_ROWS];
+    auto rows_of = [&](int slot) {
+        const unsigned char* we = w + id[slot] * expert_bytes;
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+            wr[i] = (const uint4*)(we + (long)min(r0 + i, rows - 1) * row_bytes);
+    };
+    uint4 next[MMV_ROWS][MMV_LOADS];
+    if (steps > 0) {
+        rows_of(warp);
+        mmv_fetch<TYPE>(wr, 0, nsb, lane, next);
+    }
+    float acc[MMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < MMV_ROWS; i++) acc[i] = 0.0f;
+    for (int step = 0; step < steps; step++) {
+        const int j = step / stages, slot = warp + j * MMV_WARPS;
+        const int s0 = (step - j * stages) * SB;
+        const int n16 = (min(SB, nsb - s0) * B) >> 4;
+        __syncwarp();  // every lane is done reading the previous stage
+#pragma unroll
+        for (int i = 0; i < MMV_ROWS; i++)
+#pragma unroll
+            for (int u = 0; u < MMV_LOADS; u++)
+                if (lane + 32 * u < n16) stage[warp][i][lane + 32 * u] = next[i][u];
+        __syncwarp();
+        if (step + 1 < steps) {  // in flight meanwhile
+            const int nj = (step + 1) / stages;
+            if (nj != j) rows_of(warp + nj * MMV_WARPS);
+            mmv_fetch<TYPE>(wr, (step + 1 - nj * stages) * SB, nsb, lane, next);
+        }
+        const int nsub = min(SB, nsb - s0) * PER;
+        const q8a_t* ab0 = a + ((long)t * top_k + slot) * nb + (long)s0 * PER;
+        if constexpr (TYPE == T_Q4_K || TYPE == T_Q6_K) {
+            const int sb = lane >> 2, p = lane & 3;
+            if (sb < nsub / PER) {
+                const q8a_t* ab = ab0 + sb * PER;
+#pragma unroll
+                for (int i = 0; i < MMV_ROWS; i++) {
+                    const unsigned char* wb = (const unsigned char*)stage[warp][i] + sb * B;
+                    if constexpr (TYPE == T_Q4_K) {
+                        acc[i] += q4k_pair_dot(wb, p, ab + 2 * p);
+                    } else {
+                        const int h = p >> 1, k = p & 1, j0 = 4 * h + k;
+                        acc[i] += q6k_pair_dot(wb, h, k, ab + j0, ab + j0 + 2);
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int jb = lane + 32 * c;
+                if (jb < nsub) {
+#pragma unroll
+                    for (int i = 0; i < MMV_ROWS; i++) {
+                        const unsigned char* wb =
+                            (const unsigned char*)stage[warp][i] + (jb / PER) * B;
+                        acc[i] += block_dot<TYPE>(wb, jb % PER, ab0 + jb);
+                    }
+                }
+            }
+        }
+        if (s0 + SB >= nsb) {  // the slot's last stage: its dot is complete
+#pragma unroll
+            for (int i = 0; i < MMV_ROWS; i++) {
+                const float v = warp_sum(acc[i]);
+                if (lane == 0) ys[slot][i] = v;
+                acc[i] = 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+    const int i = threadIdx.x;
+    if (i < MMV_ROWS && r0 + i < rows) {
+        float out = 0.0f;
+        for (int s = 0; s < top_k; s++) out += weights[(long)t * top_k + s] * ys[s][i];
+        x[(long)t * rows + r0 + i] += out;
+    }
+}
+
 // The columns of a tensor-core tile: the tile's pairs (activation row pair / act_div, output
 // row pair), gathered by index from the sorted list.
 struct tc_moe_map {
@@ -254,6 +547,31 @@ __device__ __forceinline__ void moe_mmq_tc(const unsigned char* __restrict__ w, 
                                     int rows, int nb) {                                          \
         pdl_enter();                                                                             \
         moe_mmq<TYPE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
+        NAME##_mmv(const unsigned char* __restrict__ w, long expert_bytes,                       \
+                   const q8a_t* __restrict__ a, int act_div, const int* __restrict__ sorted,     \
+                   const int4* __restrict__ tiles, const int* __restrict__ num_tiles,            \
+                   float* __restrict__ y, int rows, int nb) {                                    \
+        pdl_enter();                                                                             \
+        moe_mmv<TYPE, MOE_TILE>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows,  \
+                                nb);                                                             \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
+        NAME##_mmv1(const unsigned char* __restrict__ w, long expert_bytes,                      \
+                    const q8a_t* __restrict__ a, int act_div, const int* __restrict__ sorted,    \
+                    const int4* __restrict__ tiles, const int* __restrict__ num_tiles,           \
+                    float* __restrict__ y, int rows, int nb) {                                   \
+        pdl_enter();                                                                             \
+        moe_mmv<TYPE, 1>(w, expert_bytes, a, act_div, sorted, tiles, num_tiles, y, rows, nb);    \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMV_WARPS * 32)                                 \
+        NAME##_down(const unsigned char* __restrict__ w, long expert_bytes,                      \
+                    const q8a_t* __restrict__ a, const int* __restrict__ ids,                    \
+                    const float* __restrict__ weights, int top_k, float* __restrict__ x,         \
+                    int rows, int nb) {                                                          \
+        pdl_enter();                                                                             \
+        moe_down_mmv<TYPE>(w, expert_bytes, a, ids, weights, top_k, x, rows, nb);                \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                     \
         NAME##_tc(const unsigned char* __restrict__ w, long expert_bytes,                        \
