@@ -62,7 +62,11 @@ OPTIONS:
                      of W invocations (32, 64, 128, 256); default: multi,r2w128,r4w128,r8w256
   -h, --help         this text
 
-ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched.";
+ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched; QUIRE_WGPU_GEMV=multi|rRwW
+makes that design the engine's for one token (marked * in the table).
+
+Times are GPU timestamps at the boundaries of each timed pass where the adapter has them (the
+first line says which), divided by --reps.";
 
 struct Args {
     adapter: Option<String>,
