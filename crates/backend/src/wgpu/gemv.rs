@@ -143,7 +143,11 @@ pub fn gemv_pipeline(
 /// translation test: name, source, entry points.
 pub fn sources() -> Vec<(String, String, Vec<&'static str>)> {
     let mut v = Vec::new();
-    for g in Gemv::CANDIDATES.into_iter().chain([Gemv::ENGINE]) {
+    let mut designs = Gemv::CANDIDATES.to_vec();
+    if !designs.contains(&Gemv::ENGINE) {
+        designs.push(Gemv::ENGINE);
+    }
+    for g in designs {
         let Gemv::Slot { .. } = g else { continue };
         for t in WType::ALL {
             for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
