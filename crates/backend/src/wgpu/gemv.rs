@@ -163,3 +163,43 @@ pub fn sources() -> Vec<(String, String, Vec<&'static str>)> {
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_designs_parse_from_their_names_and_bad_ones_are_refused() {
+        for g in Gemv::CANDIDATES.into_iter().chain([Gemv::ENGINE]) {
+            assert_eq!(Gemv::parse(&g.name()), Ok(g));
+        }
+        assert_eq!(Gemv::parse("r1w32"), Ok(Gemv::Slot { rows: 1, wg: 32 }));
+        for bad in [
+            "", "r3w128", "r4w48", "r4", "w128", "r4w128x", "R4W128", "slot",
+        ] {
+            let e = Gemv::parse(bad).unwrap_err();
+            assert!(e.contains("rRwW"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn slot_grid_folds_past_its_limit_and_takes_a_token_per_z() {
+        let s = |rows: usize, n: usize| MmShape {
+            rows,
+            cols: 256,
+            n,
+            x_stride: 256,
+            y_stride: rows,
+            y_off: 0,
+            add: false,
+            row_words: 0,
+            row0: 0,
+        };
+        let g = Gemv::Slot { rows: 4, wg: 128 };
+        assert_eq!(g.groups(&s(4097, 1)), [1025, 1, 1]);
+        assert_eq!(
+            g.groups(&s(4 * SLOT_FOLD as usize + 1, 3)),
+            [SLOT_FOLD, 2, 3]
+        );
+    }
+}
