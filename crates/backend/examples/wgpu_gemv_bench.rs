@@ -3,9 +3,11 @@
 //!
 //! For each shape (rows × cols) and type it uploads copies of a matrix of random bytes (values do
 //! not change the time of a stream of loads), runs the GEMV for `--tokens` tokens `--warmup`
-//! times, then `--iters` times, and prints the median time per GEMV, the spread (min–max), GB/s
-//! of weights read and that as a % of the ceiling: a plain kernel that reads a large buffer with
-//! 16-byte loads. One timed run is one compute pass of `--reps` GEMVs back to back, as a decode
+//! times, then `--iters` times, and prints the median time per GEMV, the spread (10th and 90th
+//! percentiles), GB/s of weights read at the median and that as a % of the ceiling: the best of
+//! two plain reads of a large buffer with 16-byte loads — `quire roofline`'s kernel timed the way
+//! the GEMVs are (back to back in one pass), and timed per dispatch as `quire roofline` times it.
+//! One timed run is one compute pass of `--reps` GEMVs back to back, as a decode
 //! step runs them (so the GPU stays at its working clock and a pass's own start-up cost is
 //! spread), cycling over as many copies of the matrix as make `--rotate-mib` (so the weights
 //! come from memory, not from a cache that holds a small matrix: the H100's L2 is 50 MiB).
@@ -17,13 +19,18 @@
 //! ```
 //! Defaults are Llama-3-8B's decode shapes; on a CPU driver (lavapipe) pass small ones, e.g.
 //! `--shapes 256x512,37x1024 --iters 3`. `--no-subgroup` times the fallback without subgroup
-//! operations.
+//! operations. `--variant LIST` picks the GEMV designs (`quire_backend::wgpu::gemv::Gemv`), each
+//! timed in turn on the same buffers: `multi` (the multi-token kernel, which the engine runs for
+//! 2..8 tokens) and the one-token slot kernel as `rRwW` (R rows per workgroup of W invocations);
+//! the engine's one-token design is marked `*`, and `QUIRE_WGPU_GEMV=rRwW` makes another the
+//! engine's.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use quire_backend::wgpu::gemv::{gemv_pipeline, Gemv};
 use quire_backend::wgpu::gpu::{Gpu, Timestamps};
-use quire_backend::wgpu::kernels::{bind, Dispatch, Kernels, MmShape};
+use quire_backend::wgpu::kernels::{bind, Dispatch, Kernels, MmShape, READ_BW};
 use quire_backend::wgpu::probe::Probe;
 use quire_backend::wgpu::weights::DMatrix;
 use quire_backend::{HostTensor, TensorBytes};
@@ -49,9 +56,17 @@ OPTIONS:
                      so they read memory, not cache (default 256; 0: one copy)
   --ceiling-mib N    size of the read-bandwidth buffer (default 1024, capped at one binding)
   --no-subgroup      time the GEMV's fallback (workgroup-memory sums) instead of subgroupAdd
+  --variant LIST     GEMV designs, comma-separated, each timed on the same buffers: multi (the
+                     multi-token kernel: 16 rows per workgroup of 256, a subgroup per row pair)
+                     and rRwW, the one-token slot kernel with R rows (1, 2, 4, 8) per workgroup
+                     of W invocations (32, 64, 128, 256); default: multi,r2w128,r4w128,r8w256
   -h, --help         this text
 
-ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched.";
+ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched; QUIRE_WGPU_GEMV=multi|rRwW
+makes that design the engine's for one token (marked * in the table).
+
+Times are GPU timestamps at the boundaries of each timed pass where the adapter has them (the
+first line says which), divided by --reps.";
 
 struct Args {
     adapter: Option<String>,
@@ -64,6 +79,7 @@ struct Args {
     rotate_mib: usize,
     ceiling_mib: u64,
     no_subgroup: bool,
+    variants: Vec<Gemv>,
 }
 
 fn parse_type(s: &str) -> Result<GgmlType> {
@@ -94,6 +110,7 @@ fn parse_args() -> Result<Args> {
         rotate_mib: 256,
         ceiling_mib: 1024,
         no_subgroup: false,
+        variants: Gemv::CANDIDATES.to_vec(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -132,6 +149,12 @@ fn parse_args() -> Result<Args> {
             "--reps" => a.reps = num(&v)?,
             "--rotate-mib" => a.rotate_mib = num(&v)?,
             "--ceiling-mib" => a.ceiling_mib = num(&v)? as u64,
+            "--variant" => {
+                a.variants = v
+                    .split(',')
+                    .map(|g| Gemv::parse(g).map_err(anyhow::Error::msg))
+                    .collect::<Result<_>>()?
+            }
             _ => bail!("unknown option {flag} (see --help)"),
         }
     }
@@ -207,35 +230,12 @@ fn time(gpu: &Gpu, list: &[Dispatch], warmup: usize, iters: usize) -> Result<(Ve
     Ok((out, ts))
 }
 
-/// Median, min and max.
+/// Median, 10th and 90th percentiles (nearest rank).
 fn stats(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+    let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    (v[v.len() / 2], at(0.1), at(0.9))
 }
-
-const READ: &str = "
-@group(0) @binding(0) var<uniform> p: vec4<u32>;
-@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
-var<workgroup> acc: array<u32, 256>;
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>,
-        @builtin(num_workgroups) nw: vec3<u32>) {
-    var s = vec4<u32>(0u);
-    for (var i = wg.x * 256u + li; i < p.x; i += nw.x * 256u) {
-        s ^= src[i];
-    }
-    acc[li] = s.x ^ s.y ^ s.z ^ s.w;
-    workgroupBarrier();
-    if li == 0u {
-        var t = 0u;
-        for (var j = 0u; j < 256u; j++) {
-            t ^= acc[j];
-        }
-        dst[wg.x] = t;
-    }
-}
-";
 
 /// A buffer of `bytes` of pseudo-random bytes (xorshift; the values do not matter).
 fn random_bytes(bytes: usize, seed: u64) -> Vec<u8> {
@@ -251,16 +251,17 @@ fn random_bytes(bytes: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// GB/s of the read kernel over a buffer of up to `mib` MiB.
-fn ceiling(p: &mut Probe, mib: u64, a: &Args) -> Result<(f64, f64, f64, bool)> {
+/// The read ceiling in GB/s: the larger of `quire roofline`'s read kernel timed as the GEMVs
+/// are (back to back in one pass) and timed per dispatch (as `quire roofline` does), over a
+/// buffer of up to `mib` MiB.
+fn ceiling(p: &mut Probe, mib: u64, a: &Args) -> Result<f64> {
     let bytes = (mib << 20).min(p.gpu.max_binding() / 16 * 16);
-    let src = p.gpu.buffer(
-        "read ceiling",
-        bytes,
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-    )?;
-    // Zero-filled is fine: the time of a load does not depend on its value.
-    let groups = 16384u32;
+    let src = p
+        .gpu
+        .upload("read ceiling", &random_bytes(bytes as usize, 0x51))?;
+    let words = (bytes / 16) as u32;
+    let per_group = 4096u32;
+    let groups = words.div_ceil(per_group);
     let dst = p
         .gpu
         .buffer("read sink", groups as u64 * 4, wgpu::BufferUsages::STORAGE)?;
@@ -269,10 +270,10 @@ fn ceiling(p: &mut Probe, mib: u64, a: &Args) -> Result<(f64, f64, f64, bool)> {
         64,
         wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
     )?;
-    let words = [(bytes / 16) as u32, 0, 0, 0];
-    let pb: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let pw = [words, per_group, 0, 0];
+    let pb: Vec<u8> = pw.iter().flat_map(|w| w.to_le_bytes()).collect();
     p.gpu.queue.write_buffer(&pbuf, 0, &pb);
-    let pipe = p.gpu.pipeline("read ceiling", READ, "main")?;
+    let pipe = p.gpu.pipeline("read ceiling", READ_BW, "main")?;
     let bg = bind(&p.gpu, &pipe, (&pbuf, 0), &[(1, &src), (2, &dst)]);
     let read = Dispatch {
         name: "read",
@@ -282,23 +283,28 @@ fn ceiling(p: &mut Probe, mib: u64, a: &Args) -> Result<(f64, f64, f64, bool)> {
         bytes,
         flops: 0,
     };
-    // Back to back as the GEMVs run (the buffer is larger than any cache).
     let list = vec![read; a.reps];
-    let (mut t, ts) = time(&p.gpu, &list, a.warmup, a.iters)?;
+    let (mut t, _) = time(&p.gpu, &list, a.warmup, a.iters)?;
     for t in &mut t {
         *t /= a.reps as f64;
     }
-    let (med, lo, hi) = stats(&mut t);
+    let (med, p10, p90) = stats(&mut t);
     let gbs = |s: f64| bytes as f64 / s / 1e9;
     println!(
-        "read ceiling: {} MiB, {:.1} us median ({:.1}-{:.1}), {:.2} GB/s",
+        "read ceiling, back to back: {} MiB, {:.1} us median (p10 {:.1}, p90 {:.1}), {:.0} GB/s",
         bytes >> 20,
         med * 1e6,
-        lo * 1e6,
-        hi * 1e6,
+        p10 * 1e6,
+        p90 * 1e6,
         gbs(med)
     );
-    Ok((gbs(med), gbs(hi), gbs(lo), ts))
+    p.gpu.release(&src);
+    drop(src);
+    let (b, mut t, _) = p.read_bandwidth(bytes, a.iters)?;
+    let (med2, _, _) = stats(&mut t);
+    let per = b as f64 / med2 / 1e9;
+    println!("read ceiling, per dispatch (quire roofline): {per:.0} GB/s");
+    Ok(gbs(med).max(per))
 }
 
 fn main() -> Result<()> {
@@ -324,10 +330,27 @@ fn main() -> Result<()> {
             "wall clock around one submission (no TIMESTAMP_QUERY)"
         }
     );
-    let (ceil, _, _, _) = ceiling(&mut p, a.ceiling_mib, &a)?;
+    let ceil = ceiling(&mut p, a.ceiling_mib, &a)?;
+    println!("ceiling used: {ceil:.0} GB/s");
+    // The design the engine runs for this many tokens (marked `*`).
+    let engine = if a.tokens == 1 {
+        p.k.gemv1
+    } else {
+        Gemv::Multi
+    };
     println!(
-        "{:<6} {:>7} {:>6} {:>3} {:>10} {:>21} {:>9} {:>7} {:>6}",
-        "type", "rows", "cols", "n", "us", "min-max us", "GB/s", "% ceil", "copies"
+        "{:<8} {:<6} {:>7} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>6}",
+        "variant",
+        "type",
+        "rows",
+        "cols",
+        "n",
+        "med us",
+        "p10 us",
+        "p90 us",
+        "GB/s",
+        "% ceil",
+        "copies"
     );
     for &(rows, cols) in &a.shapes {
         for &t in &a.types {
@@ -361,73 +384,109 @@ fn main() -> Result<()> {
             let usage = wgpu::BufferUsages::STORAGE;
             let x = p.gpu.upload("x", &random_x(n * cols))?;
             let y = p.gpu.buffer("y", (n * rows * 4) as u64, usage)?;
-            // The dispatches of each copy (one per part), then `reps` GEMVs over the copies.
-            let mut per_copy = Vec::new();
-            let mut pbufs = Vec::new();
-            for m in &ms {
-                let mut ds = Vec::new();
-                for part in &m.parts {
-                    let s = MmShape {
-                        rows: part.rows,
-                        cols,
-                        n,
-                        x_stride: cols,
-                        y_stride: rows,
-                        y_off: part.y_off,
-                        add: false,
-                        row_words: part.ty.row_words(cols),
-                        row0: part.row0,
-                    };
-                    let pbuf = p.gpu.buffer(
-                        "params",
-                        64,
-                        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    )?;
-                    let pb: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
-                    p.gpu.queue.write_buffer(&pbuf, 0, &pb);
-                    let pipe = p.k.matmul(part.ty).clone();
-                    let bg = bind(
-                        &p.gpu,
-                        &pipe,
-                        (&pbuf, 0),
-                        &[(1, &part.buf), (2, &x), (3, &y)],
-                    );
-                    ds.push(Dispatch {
-                        name: "gemv",
-                        pipe,
-                        bind: bg,
-                        groups: s.matmul_groups(),
-                        bytes: 0,
-                        flops: 0,
-                    });
-                    pbufs.push(pbuf);
-                }
-                per_copy.push(ds);
+            for &kern in &a.variants {
+                let pipe = gemv_pipeline(&p.gpu, ms[0].parts[0].ty, kern, p.k.subgroup, false)?;
+                let case = Case {
+                    ms: &ms,
+                    rows,
+                    cols,
+                    n,
+                    x: &x,
+                    y: &y,
+                };
+                let (med, p10, p90) = time_gemv(&mut p.gpu, &a, &case, kern, &pipe)?;
+                let gbs = ms[0].bytes() as f64 / med / 1e9;
+                println!(
+                    "{:<8} {:<6} {rows:>7} {cols:>6} {n:>3} {:>10.1} {:>9.1} {:>9.1} {gbs:>9.1} {:>6.1}% {copies:>6}",
+                    format!(
+                        "{}{}",
+                        kern.name(),
+                        if kern == engine { "*" } else { "" }
+                    ),
+                    t.name(),
+                    med * 1e6,
+                    p10 * 1e6,
+                    p90 * 1e6,
+                    100.0 * gbs / ceil
+                );
             }
-            let list: Vec<Dispatch> = (0..a.reps)
-                .flat_map(|i| per_copy[i % copies].iter().cloned())
-                .collect();
-            let (mut ts, _) = time(&p.gpu, &list, a.warmup, a.iters)?;
-            for t in &mut ts {
-                *t /= a.reps as f64;
-            }
-            let (med, lo, hi) = stats(&mut ts);
-            let gbs = ms[0].bytes() as f64 / med / 1e9;
-            println!(
-                "{:<6} {rows:>7} {cols:>6} {n:>3} {:>10.1} {:>10.1}-{:<10.1} {gbs:>9.2} {:>6.1}% {copies:>6}",
-                t.name(),
-                med * 1e6,
-                lo * 1e6,
-                hi * 1e6,
-                100.0 * gbs / ceil
-            );
             let bufs = ms.iter().flat_map(|m| m.parts.iter().map(|p| &p.buf));
-            for b in bufs.chain([&x, &y]).chain(&pbufs) {
+            for b in bufs.chain([&x, &y]) {
                 p.gpu.release(b);
             }
         }
     }
     Ok(())
+}
+
+/// One shape's copies of the matrix and its activations and output.
+struct Case<'a> {
+    ms: &'a [DMatrix],
+    rows: usize,
+    cols: usize,
+    n: usize,
+    x: &'a wgpu::Buffer,
+    y: &'a wgpu::Buffer,
+}
+
+/// Times `reps` GEMVs of design `kern` (pipeline `pipe`) back to back over the copies; returns the
+/// median, 10th and 90th percentile seconds per GEMV.
+fn time_gemv(
+    gpu: &mut Gpu,
+    a: &Args,
+    c: &Case,
+    kern: Gemv,
+    pipe: &wgpu::ComputePipeline,
+) -> Result<(f64, f64, f64)> {
+    // The dispatches of each copy (one per part), then `reps` GEMVs over the copies.
+    let mut per_copy = Vec::new();
+    let mut pbufs = Vec::new();
+    for m in c.ms {
+        let mut ds = Vec::new();
+        for part in &m.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols: c.cols,
+                n: c.n,
+                x_stride: c.cols,
+                y_stride: c.rows,
+                y_off: part.y_off,
+                add: false,
+                row_words: part.ty.row_words(c.cols),
+                row0: part.row0,
+            };
+            let pbuf = gpu.buffer(
+                "params",
+                64,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            )?;
+            let pb: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
+            gpu.queue.write_buffer(&pbuf, 0, &pb);
+            let bg = bind(gpu, pipe, (&pbuf, 0), &[(1, &part.buf), (2, c.x), (3, c.y)]);
+            let groups = kern.groups(&s);
+            ds.push(Dispatch {
+                name: "gemv",
+                pipe: pipe.clone(),
+                bind: bg,
+                groups,
+                bytes: 0,
+                flops: 0,
+            });
+            pbufs.push(pbuf);
+        }
+        per_copy.push(ds);
+    }
+    let list: Vec<Dispatch> = (0..a.reps)
+        .flat_map(|i| per_copy[i % c.ms.len()].iter().cloned())
+        .collect();
+    let (mut ts, _) = time(gpu, &list, a.warmup, a.iters)?;
+    for t in &mut ts {
+        *t /= a.reps as f64;
+    }
+    for b in &pbufs {
+        gpu.release(b);
+    }
+    Ok(stats(&mut ts))
 }
 
 /// `len` activations in [-1, 1).

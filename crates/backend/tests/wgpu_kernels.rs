@@ -13,8 +13,10 @@
 use {
     half::f16,
     quire_backend::wgpu::gemm::GemmPath,
-    quire_backend::wgpu::kernels::{HeadShape, Kernels},
+    quire_backend::wgpu::gemv::{gemv_pipeline, Gemv, SLOT_FOLD},
+    quire_backend::wgpu::kernels::{bind, encode, Dispatch, HeadShape, Kernels, MmShape},
     quire_backend::wgpu::probe::{AttnInput, Probe},
+    quire_backend::wgpu::weights::DMatrix,
     quire_backend::HostTensor,
     quire_gguf::GgmlType,
     quire_testkit::metric::{self, rel_l2, RelL2},
@@ -434,6 +436,138 @@ quire_testkit::wgpu_test! {
                     );
                 }
             }
+        }
+    }
+}
+
+/// `x` · `w`ᵀ (`[n, rows]`) through GEMV design `g` with subgroup sums or without, reading `x`
+/// as stored or (`swiglu`: `x` is `[n, 2 cols]` [gate | up] rows) as silu(gate) · up; the output
+/// is poisoned with NaN first.
+#[cfg(feature = "wgpu")]
+fn run_gemv(
+    p: &mut Probe,
+    g: Gemv,
+    subgroup: bool,
+    w: &HostTensor,
+    x: &[f32],
+    n: usize,
+    swiglu: bool,
+) -> Vec<f32> {
+    let (cols, rows) = (w.row_len(), w.rows());
+    let m = DMatrix::stack(&mut p.gpu, &w.name, &[w], cols).unwrap();
+    let f32s = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let xb = p.gpu.upload("x", &f32s(x)).unwrap();
+    let yu =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    let y = p.gpu.buffer("y", (n * rows * 4) as u64, yu).unwrap();
+    p.gpu
+        .queue
+        .write_buffer(&y, 0, &f32s(&vec![f32::NAN; n * rows]));
+    let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+    let mut list = Vec::new();
+    for part in &m.parts {
+        let s = MmShape {
+            rows: part.rows,
+            cols,
+            n,
+            x_stride: if swiglu { 2 * cols } else { cols },
+            y_stride: rows,
+            y_off: part.y_off,
+            add: false,
+            row_words: part.ty.row_words(cols),
+            row0: part.row0,
+        };
+        let pbuf = p.gpu.buffer("params", 64, usage).unwrap();
+        let words: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
+        p.gpu.queue.write_buffer(&pbuf, 0, &words);
+        let pipe = gemv_pipeline(&p.gpu, part.ty, g, subgroup, swiglu).unwrap();
+        let bind = bind(
+            &p.gpu,
+            &pipe,
+            (&pbuf, 0),
+            &[(1, &part.buf), (2, &xb), (3, &y)],
+        );
+        list.push(Dispatch {
+            name: "gemv",
+            pipe,
+            bind,
+            groups: g.groups(&s),
+            bytes: 0,
+            flops: 0,
+        });
+    }
+    let mut enc = p.gpu.device.create_command_encoder(&Default::default());
+    encode(&mut enc, &list);
+    p.gpu.submit_wait(enc.finish()).unwrap();
+    let b = p.gpu.download(&y, (n * rows * 4) as u64).unwrap();
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+quire_testkit::wgpu_test! {
+    fn every_gemv_design_matches_the_dequantized_product() {
+        // Each design wgpu_gemv_bench offers (and the engine's), with subgroup sums and without,
+        // plain and with the SwiGLU in its input, every weight type: row counts that are not
+        // multiples of a workgroup's rows (1, 3, 17, 37), rows shorter than a workgroup's
+        // stride of slots and several strides long (k to 33 k columns), 1..8 tokens.
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(23);
+        let subs: &[bool] = if p.gpu.caps.subgroup.is_some() { &[true, false] } else { &[false] };
+        let mut designs = Gemv::CANDIDATES.to_vec();
+        designs.extend([Gemv::ENGINE, Gemv::Slot { rows: 1, wg: 32 }]);
+        for g in designs {
+            for &sub in subs {
+                for t in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+                    let k = t.block_size().max(8);
+                    let shapes = [(37, 3 * k, 1), (1, k, 1), (3, 33 * k, 2), (17, 7 * k, 8),
+                                  (18, 2 * k, 3)];
+                    for (i, &(rows, cols, n)) in shapes.iter().enumerate() {
+                        let swiglu = i % 2 == 1;
+                        let w = tensor(&mut rng, t, rows, cols);
+                        let xin = rnd(&mut rng, n * cols * (1 + swiglu as usize), 2.0);
+                        let act: Vec<f32> = if swiglu {
+                            (0..n * cols)
+                                .map(|i| {
+                                    let (ti, c) = (i / cols, i % cols);
+                                    let g = xin[ti * 2 * cols + c];
+                                    g / (1.0 + (-g).exp()) * xin[ti * 2 * cols + cols + c]
+                                })
+                                .collect()
+                        } else {
+                            xin.clone()
+                        };
+                        let got = run_gemv(&mut p, g, sub, &w, &xin, n, swiglu);
+                        let want = reference_product(&w, &act, n, false);
+                        let e = rel_l2(&got, &want);
+                        assert!(
+                            e < metric::DOT_F32,
+                            "{} {} {rows}x{cols} n={n} swiglu={swiglu} subgroup={sub}: rel L2 {e:e}",
+                            g.name(), t.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+quire_testkit::wgpu_test! {
+    fn slot_gemv_folds_its_grid_past_32768_row_blocks() {
+        // One row per workgroup, so 32,771 rows take a second row of the grid along y.
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(5);
+        let g = Gemv::Slot { rows: 1, wg: 32 };
+        let sub = p.gpu.caps.subgroup.is_some();
+        for t in [GgmlType::Q4_0, GgmlType::F16] {
+            let (rows, cols) = (SLOT_FOLD as usize + 3, t.block_size().max(8));
+            let w = tensor(&mut rng, t, rows, cols);
+            let x = rnd(&mut rng, cols, 1.0);
+            let got = run_gemv(&mut p, g, sub, &w, &x, 1, false);
+            let want = reference_product(&w, &x, 1, false);
+            let e = rel_l2(&got, &want);
+            assert!(e < metric::DOT_F32, "{} {rows}x{cols}: rel L2 {e:e}", t.name());
         }
     }
 }

@@ -163,13 +163,15 @@ impl WgpuExecutor {
                 l.wqkv.parts.len() + l.wo.parts.len() + ffn
             })
             .sum();
-        // Each matmul part has two bind groups, the per-row matmul's and the prompt GEMM's (an
-        // embedding part three: the lookup's too, when the output matrix is tied to it).
+        // Each matmul part has up to three bind groups, the one-token GEMV's, the multi-token
+        // GEMV's and the prompt GEMM's (pipelines of their own; the down projection's GEMVs
+        // read silu(gate) · up instead, or not, for the executor's life), counted with room to
+        // spare; an embedding part one more: the lookup's, when the output matrix is tied to it.
         let slots = 16
-            + 2 * parts
+            + 4 * parts
             + 8 * c.num_layers
-            + 3 * embed.parts.len()
-            + 2 * output.as_ref().map_or(0, |o| o.parts.len());
+            + 4 * embed.parts.len()
+            + 3 * output.as_ref().map_or(0, |o| o.parts.len());
         let binder = Binder::new(&mut gpu, slots)?;
         gpu.submit_wait(
             gpu.device

@@ -5,6 +5,7 @@
 //! has SUBGROUP and through workgroup memory otherwise (both variants are built from one
 //! source); every other kernel uses workgroup memory, so every adapter runs them all.
 
+use super::gemv::{gemv_pipeline, Gemv};
 use super::gpu::Gpu;
 use crate::BackendError;
 
@@ -96,7 +97,7 @@ pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
 /// The text of section `//! tag` of `src` (up to the next section or the end), and the text
 /// before the first section.
-fn section<'a>(src: &'a str, tag: &str) -> (&'a str, &'a str) {
+pub(super) fn section<'a>(src: &'a str, tag: &str) -> (&'a str, &'a str) {
     // Sections start at the beginning of a line.
     let prelude = &src[..src.find("\n//! ").map_or(src.len(), |e| e + 1)];
     let tag = format!("\n//! {tag}\n");
@@ -142,6 +143,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             ));
         }
     }
+    v.extend(super::gemv::sources());
     // The prompt GEMM's tiled fallback (its coop variant needs features this list's checks do
     // not grant: gemm::coop_sources).
     for t in WType::ALL {
@@ -195,6 +197,12 @@ pub struct Kernels {
     matmul: Vec<wgpu::ComputePipeline>,
     /// The GEMV reading silu(gate) · up of [gate | up] rows (the decode down projection).
     matmul_swiglu: Vec<wgpu::ComputePipeline>,
+    /// The one-token GEMV (`gemv1`), plain and reading silu(gate) · up; empty when it is the
+    /// multi-token kernel.
+    gemv1_pipes: Vec<wgpu::ComputePipeline>,
+    gemv1_swiglu: Vec<wgpu::ComputePipeline>,
+    /// The GEMV design for one token.
+    pub gemv1: Gemv,
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
@@ -230,7 +238,13 @@ impl Kernels {
         let mut matmul = Vec::new();
         let mut matmul_swiglu = Vec::new();
         let mut embed = Vec::new();
+        let gemv1 = Gemv::from_env()?;
+        let (mut gemv1_pipes, mut gemv1_swiglu) = (Vec::new(), Vec::new());
         for t in WType::ALL {
+            if gemv1 != Gemv::Multi {
+                gemv1_pipes.push(gemv_pipeline(gpu, t, gemv1, subgroup, false)?);
+                gemv1_swiglu.push(gemv_pipeline(gpu, t, gemv1, subgroup, true)?);
+            }
             let src = matmul_source(t, subgroup, false);
             let name = format!("matmul_{}", t.name());
             matmul.push(gpu.pipeline(&name, &src, "gemv")?);
@@ -242,6 +256,9 @@ impl Kernels {
         Ok(Kernels {
             matmul,
             matmul_swiglu,
+            gemv1_pipes,
+            gemv1_swiglu,
+            gemv1,
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
@@ -277,6 +294,26 @@ impl Kernels {
 
     pub fn embed(&self, t: WType) -> &wgpu::ComputePipeline {
         &self.embed[t.index()]
+    }
+
+    /// The GEMV for shape `s` (at most [`MM_TOKENS`] tokens) of type `t`, reading silu(gate) ·
+    /// up if `swiglu`, and its grid: [`Kernels::gemv1`] for one token, the multi-token kernel
+    /// for more.
+    pub fn gemv(&self, t: WType, s: &MmShape, swiglu: bool) -> (&wgpu::ComputePipeline, [u32; 3]) {
+        if s.n == 1 && self.gemv1 != Gemv::Multi {
+            let pipes = if swiglu {
+                &self.gemv1_swiglu
+            } else {
+                &self.gemv1_pipes
+            };
+            return (&pipes[t.index()], self.gemv1.groups(s));
+        }
+        let pipe = if swiglu {
+            self.matmul_swiglu(t)
+        } else {
+            self.matmul(t)
+        };
+        (pipe, s.matmul_groups())
     }
 }
 

@@ -18,6 +18,8 @@ mod executor;
 #[cfg(feature = "wgpu")]
 pub mod gemm;
 #[cfg(feature = "wgpu")]
+pub mod gemv;
+#[cfg(feature = "wgpu")]
 pub mod gpu;
 #[cfg(feature = "wgpu")]
 pub mod kernels;

@@ -25,6 +25,9 @@ pub enum Key {
     Matmul(u32, u8),
     /// The GEMV that reads silu(gate) · up (its own pipeline, so its own bind group).
     MatmulSwiglu(u32),
+    /// The one-token GEMV of a part, plain and reading silu(gate) · up (pipelines of their own).
+    Gemv1(u32, u8),
+    Gemv1Swiglu(u32),
     /// The prompt GEMM of a weight part: a bind group of its own, since each pipeline's layout
     /// is derived from its shader and a group made for one does not fit another.
     Gemm(u32, u8),
@@ -221,7 +224,13 @@ pub fn mm_kernel<'k>(
             return (pipe, path.groups(s), true);
         }
     }
-    (k.matmul(t), s.matmul_groups(), false)
+    let (pipe, groups) = k.gemv(t, s, false);
+    (pipe, groups, false)
+}
+
+/// Whether shape `s` runs the one-token GEMV (its pipelines' bind groups are their own).
+fn one_token_gemv(k: &Kernels, s: &MmShape) -> bool {
+    s.n == 1 && k.gemv1 != super::gemv::Gemv::Multi
 }
 
 /// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
@@ -354,12 +363,19 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let (mut pipe, groups, gemm) = mm_kernel(self.k, part.ty, &s);
+            let (mut pipe, mut groups, gemm) = mm_kernel(self.k, part.ty, &s);
+            let one = one_token_gemv(self.k, &s);
             let key = if gemm {
                 Key::Gemm(part.id, tag)
             } else if swiglu {
-                pipe = self.k.matmul_swiglu(part.ty);
-                Key::MatmulSwiglu(part.id)
+                (pipe, groups) = self.k.gemv(part.ty, &s, true);
+                if one {
+                    Key::Gemv1Swiglu(part.id)
+                } else {
+                    Key::MatmulSwiglu(part.id)
+                }
+            } else if one {
+                Key::Gemv1(part.id, tag)
             } else {
                 Key::Matmul(part.id, tag)
             };

@@ -240,3 +240,126 @@ fn xv(i: u32) -> vec4<f32> {
     let g = x[i];
     return g / (1.0 + exp(-g)) * x[i + p.cols / 4u];
 }
+
+//! SLOT
+// The one-token GEMV. The host prepends `const SR` (rows of a workgroup: 1, 2, 4 or 8) and
+// `const SWG` (its invocations, a power of two from 32 to 256), and appends one of the two
+// reductions below (`//! SLOT_SUBGROUP` or `//! SLOT_SHARED`).
+//
+// Why this shape: with one token every weight is read once and used once, so what bounds the
+// kernel is how many loads are in flight and how much work goes with each, not arithmetic. Each
+// workgroup takes SR rows and all its invocations stride over those rows' slots together
+// (types.wgsl: eight values whose activations lie at consecutive 16-byte pieces across
+// invocations, so a subgroup's activation loads touch few cache lines). An invocation loads a
+// slot's activations once and uses them for its SR rows, whose SR weight loads are independent,
+// so they are in flight together. Small SR makes more workgroups (4,096 rows at SR 4: 1,024, of
+// 128 invocations each, fill 132 SMs several times over); large SR shares each activation load
+// over more rows. Tokens go along z (the engine takes this kernel for one token; more tokens
+// read the weights once in the kernel above). Past 32,768 row blocks the grid folds into y.
+
+const FOLD: u32 = 32768u;
+
+// Rows r0..r0+SR clamped to the part (rows past the end repeat the last; their sums are dropped).
+fn slot_row(r0: u32, i: u32) -> u32 {
+    return min(r0 + i, p.rows - 1u);
+}
+
+// This invocation's partial sums of rows r0 + i (component i % 4 of [i / 4]) over slots li,
+// li + SWG, … for the token whose activations start at vec4 `xb`.
+fn slot_dots(r0: u32, li: u32, xb: u32) -> array<vec4<f32>, 2> {
+    let slots = p.cols / 8u;
+    var a = Z4;
+    var b = Z4;
+    for (var q = li; q < slots; q += SWG) {
+        let c = scol(q);
+        let xa = xv(xb + c.x / 4u);
+        let xc = xv(xb + c.y / 4u);
+        a.x += sdot(slot_row(r0, 0u), q, xa, xc);
+        if SR > 1u {
+            a.y += sdot(slot_row(r0, 1u), q, xa, xc);
+        }
+        if SR > 2u {
+            a.z += sdot(slot_row(r0, 2u), q, xa, xc);
+            a.w += sdot(slot_row(r0, 3u), q, xa, xc);
+        }
+        if SR > 4u {
+            b.x += sdot(slot_row(r0, 4u), q, xa, xc);
+            b.y += sdot(slot_row(r0, 5u), q, xa, xc);
+            b.z += sdot(slot_row(r0, 6u), q, xa, xc);
+            b.w += sdot(slot_row(r0, 7u), q, xa, xc);
+        }
+    }
+    return array<vec4<f32>, 2>(a, b);
+}
+
+// Writes (or adds) row r0 + i's finished sum for token t.
+fn slot_store(r0: u32, i: u32, t: u32, v: f32) {
+    let row = r0 + i;
+    if i < SR && row < p.rows {
+        let o = t * p.y_stride + p.y_off + row;
+        if p.add != 0u {
+            y[o] += v;
+        } else {
+            y[o] = v;
+        }
+    }
+}
+
+//! SLOT_SUBGROUP
+// subgroupAdd sums each subgroup; its first invocation leaves the sums in workgroup memory and
+// the first SR invocations add the subgroups' (at most 32: subgroups of at least 8).
+var<workgroup> sg_sums: array<array<vec4<f32>, 2>, 32>;
+
+@compute @workgroup_size(SWG)
+fn gemv_slot(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+) {
+    let r0 = (wg.x + wg.y * FOLD) * SR;
+    if r0 >= p.rows {
+        return;
+    }
+    let a = slot_dots(r0, li, wg.z * (p.x_stride / 4u));
+    let s0 = subgroupAdd(a[0]);
+    var s1 = Z4;
+    if SR > 4u {
+        s1 = subgroupAdd(a[1]);
+    }
+    if lane == 0u {
+        sg_sums[sg] = array<vec4<f32>, 2>(s0, s1);
+    }
+    workgroupBarrier();
+    if li < SR {
+        var v = 0.0;
+        for (var j = 0u; j < nsg; j++) {
+            v += sg_sums[j][li / 4u][li % 4u];
+        }
+        slot_store(r0, li, wg.z, v);
+    }
+}
+//! SLOT_SHARED
+// A tree in workgroup memory sums the invocations.
+var<workgroup> red: array<array<vec4<f32>, 2>, SWG>;
+
+@compute @workgroup_size(SWG)
+fn gemv_slot(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let r0 = (wg.x + wg.y * FOLD) * SR;
+    if r0 >= p.rows {
+        return;
+    }
+    red[li] = slot_dots(r0, li, wg.z * (p.x_stride / 4u));
+    workgroupBarrier();
+    for (var off = SWG / 2u; off > 0u; off >>= 1u) {
+        if li < off {
+            red[li][0] += red[li + off][0];
+            red[li][1] += red[li + off][1];
+        }
+        workgroupBarrier();
+    }
+    if li < SR {
+        slot_store(r0, li, wg.z, red[0][li / 4u][li % 4u]);
+    }
+}

@@ -18,6 +18,17 @@
 // Consecutive units of a row are consecutive vec4s of its quantized data, so the invocations of a
 // subgroup reading units lane, lane + 1, … make one coalesced load.
 //
+// The one-token GEMV (matmul.wgsl's SLOT kernel) reads rows a *slot* at a time instead: eight
+// values, whose columns are two groups of four, `scol(q)` (x and y: first columns), chosen so that
+// invocations taking slots q, q + 1, … read consecutive 16-byte pieces of the activations (one
+// cache line serves eight invocations; a 32-value unit per invocation reads lines 128 bytes
+// apart, 32 lines per load instruction of a subgroup). `fn sdot(row, q, xa, xb) -> f32` is slot
+// q of `row` dotted with the activations xa (columns scol(q).x..+3) and xb (scol(q).y..+3). The
+// slot's quantized bits are one word (4-bit types; two for Q8_0, four for F16); its block's
+// scales come from loads that every invocation of a subgroup makes at the same address. Values
+// are dequantized (minimum included) before the dot, as `dq` does: taking the minimum out as
+// min * sum(x) saves a few operations but cancels, and costs f32 accuracy the tests measure.
+//
 // Dequantization works on whole words: nibbles and high bits are masked and joined four bytes at
 // a time, and each byte b becomes a float without an integer-to-float conversion (a slow
 // instruction on GPUs): the bits 0x4B000000 | b are the f32 2^23 + b, so one subtraction gives
@@ -82,6 +93,28 @@ fn scale_min_k4(h: vec4<u32>, j: u32) -> vec2<f32> {
 
 const Z4: vec4<f32> = vec4<f32>(0.0);
 
+// Word `i` of `w` as one 4-byte load.
+fn w1(i: u32) -> u32 {
+    return w[i >> 2u][i & 3u];
+}
+
+// Q4_K/Q5_K: the 6-bit scales of sub-blocks 2c and 2c + 1 (x, y) and their mins (z, w), from
+// the scale words a, b, e (bytes 0..3, 4..7, 8..11) of a block's header, as floats. Both
+// sub-blocks' bytes sit in the same half of each word, so they are decoded together.
+fn kscales(a: u32, b: u32, e: u32, c: u32) -> vec4<f32> {
+    let s = 16u * (c & 1u);
+    let sa = (a >> s) & 0xFFFFu;
+    let sb = (b >> s) & 0xFFFFu;
+    var v = (sa & 0x3F3Fu) | ((sb & 0x3F3Fu) << 16u);
+    if c >= 2u {
+        let se = (e >> s) & 0xFFFFu;
+        let sc = (se & 0x0F0Fu) | ((sa >> 2u) & 0x3030u);
+        let m = ((se >> 4u) & 0x0F0Fu) | ((sb >> 2u) & 0x3030u);
+        v = sc | (m << 16u);
+    }
+    return bytesf(v, MAGIC);
+}
+
 //! F16
 // Row-major f16 pairs (low half first): unit u is columns 8u..8u+7.
 const UV: u32 = 2u;
@@ -95,6 +128,14 @@ fn dq(row: u32, u: u32) -> Dq {
 }
 fn ucol(u: u32, k: u32) -> u32 {
     return 8u * u + 4u * k;
+}
+fn scol(q: u32) -> vec2<u32> {
+    return vec2<u32>(8u * q, 8u * q + 4u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let v = w[row * (p.cols / 8u) + q];
+    return dot(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), xa)
+        + dot(vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)), xb);
 }
 //! Q8_0
 // Blocks of 32 signed bytes (two units), scales after them. Unit u: half u % 2 of block u / 2,
@@ -115,6 +156,16 @@ fn dq(row: u32, u: u32) -> Dq {
 }
 fn ucol(u: u32, k: u32) -> u32 {
     return 16u * u + 4u * k;
+}
+// Slot q: words 2q and 2q + 1 of the row's bytes, columns 8q..8q+7.
+fn scol(q: u32) -> vec2<u32> {
+    return vec2<u32>(8u * q, 8u * q + 4u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let i = row * (p.cols / 4u) + 2u * q;
+    let d = half_at(scale_base(), i / 8u);
+    let o = MAGIC + 128.0;
+    return d * (dot(bytesf(w1(i) ^ 0x80808080u, o), xa) + dot(bytesf(w1(i + 1u) ^ 0x80808080u, o), xb));
 }
 //! Q4_0
 // Blocks of 32 as sixteen bytes (one unit), scales after them: byte i holds element i in its low
@@ -139,6 +190,18 @@ fn dq(row: u32, u: u32) -> Dq {
 fn ucol(u: u32, k: u32) -> u32 {
     return 32u * u + 4u * k;
 }
+// Slot q: word q % 4 of block q / 4, its low nibbles (columns 32b + 4j..) and high ones (+ 16).
+fn scol(q: u32) -> vec2<u32> {
+    let c = 32u * (q / 4u) + 4u * (q % 4u);
+    return vec2<u32>(c, c + 16u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let i = row * (p.cols / 8u) + q;
+    let v = w1(i);
+    let d = half_at(scale_base(), i / 4u);
+    let o = MAGIC + 8.0;
+    return d * (dot(bytesf(v & 0x0F0F0F0Fu, o), xa) + dot(bytesf((v >> 4u) & 0x0F0F0F0Fu, o), xb));
+}
 //! Q4_1
 // As Q4_0, with a word (d, m) per block after the blocks; value q * d + m.
 const UV: u32 = 8u;
@@ -162,6 +225,20 @@ fn dq(row: u32, u: u32) -> Dq {
 }
 fn ucol(u: u32, k: u32) -> u32 {
     return 32u * u + 4u * k;
+}
+// Slot q: as Q4_0's; value q * d + m.
+fn scol(q: u32) -> vec2<u32> {
+    let c = 32u * (q / 4u) + 4u * (q % 4u);
+    return vec2<u32>(c, c + 16u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let i = row * (p.cols / 8u) + q;
+    let v = w1(i);
+    let dm = unpack2x16float(w1(scale_base() + i / 4u));
+    let d = vec4<f32>(dm.x);
+    let m = vec4<f32>(dm.y);
+    return dot(fma(bytesf(v & 0x0F0F0F0Fu, MAGIC), d, m), xa)
+        + dot(fma(bytesf((v >> 4u) & 0x0F0F0F0Fu, MAGIC), d, m), xb);
 }
 //! Q4_K
 // 256-column blocks of nine vec4s as stored: (d, dmin, 12 bytes of 6-bit scales and mins), then
@@ -194,6 +271,24 @@ fn dq(row: u32, u: u32) -> Dq {
 fn ucol(u: u32, k: u32) -> u32 {
     let v = u % 8u;
     return 256u * (u / 8u) + 64u * (v / 2u) + 16u * (v % 2u) + 4u * (k % 4u) + 32u * (k / 4u);
+}
+// Slot q: nibble word i = q % 32 of block q / 32 (byte 32c + o, c = i / 8, o = 4 (i % 8)): low
+// nibbles are columns 64c + o.. of sub-block 2c, high ones 64c + 32 + o.. of sub-block 2c + 1.
+fn scol(q: u32) -> vec2<u32> {
+    let i = q % 32u;
+    let c = 256u * (q / 32u) + 64u * (i / 8u) + 4u * (i % 8u);
+    return vec2<u32>(c, c + 32u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let blk = (row * (p.cols / 256u) + q / 32u) * 9u;
+    let i = q % 32u;
+    let h = w[blk];
+    let v = w1(4u * blk + 4u + i);
+    let dd = unpack2x16float(h.x);
+    let sm = kscales(h.y, h.z, h.w, i / 8u);
+    let lo = fma(bytesf(v & 0x0F0F0F0Fu, MAGIC), vec4<f32>(dd.x * sm.x), vec4<f32>(-dd.y * sm.z));
+    let hi = fma(bytesf((v >> 4u) & 0x0F0F0F0Fu, MAGIC), vec4<f32>(dd.x * sm.y), vec4<f32>(-dd.y * sm.w));
+    return dot(lo, xa) + dot(hi, xb);
 }
 //! Q5_K
 // 256-column blocks of eleven vec4s as stored: the Q4_K header, 32 bytes of fifth bits, then the
@@ -229,6 +324,29 @@ fn dq(row: u32, u: u32) -> Dq {
 fn ucol(u: u32, k: u32) -> u32 {
     let v = u % 8u;
     return 256u * (u / 8u) + 64u * (v / 2u) + 16u * (v % 2u) + 4u * (k % 4u) + 32u * (k / 4u);
+}
+// Slot q: as Q4_K's (nibble word i = q % 32, c = i / 8); the fifth bits of its bytes are bits 2c
+// and 2c + 1 of fifth-bit word i % 8.
+fn scol(q: u32) -> vec2<u32> {
+    let i = q % 32u;
+    let c = 256u * (q / 32u) + 64u * (i / 8u) + 4u * (i % 8u);
+    return vec2<u32>(c, c + 32u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let blk = (row * (p.cols / 256u) + q / 32u) * 11u;
+    let i = q % 32u;
+    let c = i / 8u;
+    let h = w[blk];
+    let v = w1(4u * blk + 12u + i);
+    let qh = w1(4u * blk + 4u + i % 8u);
+    let dd = unpack2x16float(h.x);
+    let sm = kscales(h.y, h.z, h.w, c);
+    let ones = 0x01010101u;
+    let l = (v & 0x0F0F0F0Fu) | (((qh >> (2u * c)) & ones) << 4u);
+    let u = ((v >> 4u) & 0x0F0F0F0Fu) | (((qh >> (2u * c + 1u)) & ones) << 4u);
+    let lo = fma(bytesf(l, MAGIC), vec4<f32>(dd.x * sm.x), vec4<f32>(-dd.y * sm.z));
+    let hi = fma(bytesf(u, MAGIC), vec4<f32>(dd.x * sm.y), vec4<f32>(-dd.y * sm.w));
+    return dot(lo, xa) + dot(hi, xb);
 }
 //! Q6_K
 // 256-column blocks of thirteen vec4s (GGUF's block without its f16 d: 128 bytes of low
@@ -270,4 +388,31 @@ fn ucol(u: u32, k: u32) -> u32 {
     let v = u % 8u;
     return 256u * (u / 8u) + 128u * (v / 4u) + 32u * ((v % 4u) / 2u) + 16u * (v % 2u)
         + 4u * (k % 4u) + 64u * (k / 4u);
+}
+// Slot q: nibble word i = q % 32 of block q / 32: half hf = i / 16, k1 = (i % 16) / 8, l = 4 (i % 8);
+// low nibbles are columns 128hf + 32k1 + l.. (k = k1), high ones 64 further (k = k1 + 2); their
+// high bit pairs are bits 2k.. of high-bit word 8hf + i % 8; scales 8hf + 2k + l / 16.
+fn scol(q: u32) -> vec2<u32> {
+    let i = q % 32u;
+    let c = 256u * (q / 32u) + 128u * (i / 16u) + 32u * ((i % 16u) / 8u) + 4u * (i % 8u);
+    return vec2<u32>(c, c + 64u);
+}
+fn sdot(row: u32, q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    let g = row * (p.cols / 256u) + q / 32u;
+    let base = g * 52u;
+    let i = q % 32u;
+    let hf = i / 16u;
+    let k1 = (i % 16u) / 8u;
+    let v = w1(base + i);
+    let qh = w1(base + 32u + 8u * hf + i % 8u);
+    let si = 8u * hf + 2u * k1 + (i % 8u) / 4u;
+    let sh = 24u - 8u * (si % 4u);
+    let scl = f32(bitcast<i32>(w1(base + 48u + si / 4u) << sh) >> 24u);
+    let sch = f32(bitcast<i32>(w1(base + 49u + si / 4u) << sh) >> 24u);
+    let d = half_at(scale_base(), g);
+    let twos = 0x03030303u;
+    let l = (v & 0x0F0F0F0Fu) | (((qh >> (2u * k1)) & twos) << 4u);
+    let u = ((v >> 4u) & 0x0F0F0F0Fu) | (((qh >> (2u * k1 + 4u)) & twos) << 4u);
+    let o = MAGIC + 32.0;
+    return d * (scl * dot(bytesf(l, o), xa) + sch * dot(bytesf(u, o), xb));
 }

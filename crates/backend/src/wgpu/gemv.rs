@@ -1,0 +1,205 @@
+//! The decode GEMV's designs. Decoding one token reads every weight once, so its matmuls are a
+//! stream of the weights and should run at the adapter's read bandwidth; on the H100 through
+//! Vulkan the multi-token kernel read 4-bit weights at 0.15-0.2 TB/s of the 3 TB/s measured, bound
+//! by what goes with each load (activation cache lines, dequantization) rather than by memory.
+//! The one-token slot kernel (matmul.wgsl's `//! SLOT`) is the alternative; its rows per
+//! workgroup and workgroup size are parameters, so wgpu_gemv_bench can time several shapes of it
+//! beside the multi-token kernel on one adapter, and `QUIRE_WGPU_GEMV` picks the engine's.
+
+use super::gpu::Gpu;
+use super::kernels::{matmul_source, section, type_source, MmShape, WType, MATMUL};
+use crate::BackendError;
+
+/// A decode GEMV design: the multi-token kernel (matmul.wgsl's `gemv`: 16 rows per workgroup of
+/// 256 invocations, a subgroup per pair of rows, each invocation a 16-byte unit of both, up to 8
+/// tokens per read of the weights), or the one-token slot kernel (`gemv_slot`: `rows` rows per
+/// workgroup of `wg` invocations that all stride over those rows' 8-value slots). The engine runs
+/// the multi-token kernel for 2..8 tokens and [`Gemv::ENGINE`] (or `QUIRE_WGPU_GEMV`) for one;
+/// wgpu_gemv_bench times any of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Gemv {
+    Multi,
+    Slot { rows: u32, wg: u32 },
+}
+
+impl Gemv {
+    /// The one-token kernel the engine uses unless `QUIRE_WGPU_GEMV` says otherwise.
+    pub const ENGINE: Gemv = Gemv::Slot { rows: 4, wg: 128 };
+    /// The designs wgpu_gemv_bench offers by default (and the tests check).
+    pub const CANDIDATES: [Gemv; 4] = [
+        Gemv::Multi,
+        Gemv::Slot { rows: 2, wg: 128 },
+        Gemv::Slot { rows: 4, wg: 128 },
+        Gemv::Slot { rows: 8, wg: 256 },
+    ];
+
+    /// `multi`, or `rRwW` (R rows of 1, 2, 4, 8 per workgroup of W = 32, 64, 128, 256
+    /// invocations), e.g. `r4w128`.
+    pub fn parse(s: &str) -> Result<Gemv, String> {
+        let bad = || {
+            format!(
+                "GEMV variant {s:?}: expected `multi` or rRwW with R in 1, 2, 4, 8 and W in \
+                 32, 64, 128, 256 (e.g. r4w128)"
+            )
+        };
+        if s == "multi" {
+            return Ok(Gemv::Multi);
+        }
+        let (r, w) = s
+            .strip_prefix('r')
+            .and_then(|t| t.split_once('w'))
+            .ok_or_else(bad)?;
+        let rows: u32 = r.parse().map_err(|_| bad())?;
+        let wg: u32 = w.parse().map_err(|_| bad())?;
+        if ![1, 2, 4, 8].contains(&rows) || ![32, 64, 128, 256].contains(&wg) {
+            return Err(bad());
+        }
+        Ok(Gemv::Slot { rows, wg })
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Gemv::Multi => "multi".into(),
+            Gemv::Slot { rows, wg } => format!("r{rows}w{wg}"),
+        }
+    }
+
+    /// The kernel's entry point.
+    pub fn entry(self) -> &'static str {
+        match self {
+            Gemv::Multi => "gemv",
+            Gemv::Slot { .. } => "gemv_slot",
+        }
+    }
+
+    /// The module for weights of type `t`, summing through subgroups or workgroup memory,
+    /// reading its activations as stored or (`swiglu`) as silu(gate) · up of [gate | up] rows.
+    pub fn source(self, t: WType, subgroup: bool, swiglu: bool) -> String {
+        match self {
+            Gemv::Multi => matmul_source(t, subgroup, swiglu),
+            Gemv::Slot { rows, wg } => {
+                let (core, slot) = section(MATMUL, "SLOT");
+                let (_, reduce) = section(
+                    MATMUL,
+                    if subgroup {
+                        "SLOT_SUBGROUP"
+                    } else {
+                        "SLOT_SHARED"
+                    },
+                );
+                let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
+                format!(
+                    "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{slot}\n{reduce}\n{xv}",
+                    type_source(t)
+                )
+            }
+        }
+    }
+
+    /// The grid for shape `s`: the multi-token kernel's, or a workgroup per `rows` rows (folded
+    /// into y past [`SLOT_FOLD`] workgroups) and a token per z.
+    pub fn groups(self, s: &MmShape) -> [u32; 3] {
+        match self {
+            Gemv::Multi => s.matmul_groups(),
+            Gemv::Slot { rows, .. } => {
+                let blocks = (s.rows as u32).div_ceil(rows).max(1);
+                [
+                    blocks.min(SLOT_FOLD),
+                    blocks.div_ceil(SLOT_FOLD),
+                    s.n as u32,
+                ]
+            }
+        }
+    }
+
+    /// The one-token design from `QUIRE_WGPU_GEMV` if set, else [`Gemv::ENGINE`].
+    pub fn from_env() -> Result<Gemv, BackendError> {
+        match std::env::var("QUIRE_WGPU_GEMV") {
+            Ok(v) => {
+                Gemv::parse(&v).map_err(|e| BackendError::Config(format!("QUIRE_WGPU_GEMV: {e}")))
+            }
+            Err(_) => Ok(Gemv::ENGINE),
+        }
+    }
+}
+
+/// Row blocks of the slot GEMV along x before its grid folds into y (matmul.wgsl's FOLD).
+pub const SLOT_FOLD: u32 = 32768;
+
+/// A pipeline of GEMV design `g` for weights of type `t` (see [`Gemv::source`]); the bench and
+/// the tests make the designs the engine does not use this way.
+pub fn gemv_pipeline(
+    gpu: &Gpu,
+    t: WType,
+    g: Gemv,
+    subgroup: bool,
+    swiglu: bool,
+) -> Result<wgpu::ComputePipeline, BackendError> {
+    let name = format!("gemv_{}_{}", g.name(), t.name());
+    gpu.pipeline(&name, &g.source(t, subgroup, swiglu), g.entry())
+}
+
+/// The one-token GEMV's modules (the engine's design and the bench's candidates) for the
+/// translation test: name, source, entry points.
+pub fn sources() -> Vec<(String, String, Vec<&'static str>)> {
+    let mut v = Vec::new();
+    let mut designs = Gemv::CANDIDATES.to_vec();
+    if !designs.contains(&Gemv::ENGINE) {
+        designs.push(Gemv::ENGINE);
+    }
+    for g in designs {
+        let Gemv::Slot { .. } = g else { continue };
+        for t in WType::ALL {
+            for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
+                for (swiglu, infix) in [(false, ""), (true, "swiglu_")] {
+                    v.push((
+                        format!("gemv_{infix}{}_{}{suffix}", g.name(), t.name()),
+                        g.source(t, sub, swiglu),
+                        vec!["gemv_slot"],
+                    ));
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_designs_parse_from_their_names_and_bad_ones_are_refused() {
+        for g in Gemv::CANDIDATES.into_iter().chain([Gemv::ENGINE]) {
+            assert_eq!(Gemv::parse(&g.name()), Ok(g));
+        }
+        assert_eq!(Gemv::parse("r1w32"), Ok(Gemv::Slot { rows: 1, wg: 32 }));
+        for bad in [
+            "", "r3w128", "r4w48", "r4", "w128", "r4w128x", "R4W128", "slot",
+        ] {
+            let e = Gemv::parse(bad).unwrap_err();
+            assert!(e.contains("rRwW"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn slot_grid_folds_past_its_limit_and_takes_a_token_per_z() {
+        let s = |rows: usize, n: usize| MmShape {
+            rows,
+            cols: 256,
+            n,
+            x_stride: 256,
+            y_stride: rows,
+            y_off: 0,
+            add: false,
+            row_words: 0,
+            row0: 0,
+        };
+        let g = Gemv::Slot { rows: 4, wg: 128 };
+        assert_eq!(g.groups(&s(4097, 1)), [1025, 1, 1]);
+        assert_eq!(
+            g.groups(&s(4 * SLOT_FOLD as usize + 1, 3)),
+            [SLOT_FOLD, 2, 3]
+        );
+    }
+}
