@@ -110,6 +110,8 @@ pub struct BenchArgs {
     /// draft model); `verify:K,..` times a verify step of K+1 tokens against a plain one
     #[arg(long, value_name = "ngram:K,..|draft:FILE,K,..|verify:K,..")]
     pub spec: Option<String>,
+    #[command(flatten)]
+    pub json: crate::json_bench::JsonBenchArgs,
     /// With --spec: n-gram lengths matched, MIN,MAX
     #[arg(long, value_name = "MIN,MAX", default_value = "1,3")]
     pub spec_ngram: String,
@@ -655,6 +657,9 @@ fn markdown(records: &[Map<String, Value>], stamp: &RunStamp, ceil_lines: &[Stri
 pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(spec) = &a.spec {
         return crate::spec_bench::run(&a, spec);
+    }
+    if let Some(schema) = &a.json.json_schema {
+        return crate::json_bench::run(&a, schema);
     }
     let format: Format = a.output.parse()?;
     if a.reps == 0 {

@@ -14,6 +14,7 @@ mod generate;
 #[cfg(feature = "cuda")]
 mod gpu_ceilings;
 mod info;
+mod json_bench;
 mod make_model;
 mod perplexity;
 mod presets;

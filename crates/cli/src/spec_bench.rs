@@ -218,7 +218,7 @@ pub fn run(a: &BenchArgs, spec: &str) -> Result<()> {
     Ok(())
 }
 
-fn model_args(a: &BenchArgs) -> ModelArgs {
+pub(crate) fn model_args(a: &BenchArgs) -> ModelArgs {
     ModelArgs {
         model: a.models.first().cloned(),
         backend: a.backend.clone(),
@@ -232,7 +232,7 @@ fn model_args(a: &BenchArgs) -> ModelArgs {
 }
 
 /// Engine options at their defaults, with the bench's block size and KV type.
-fn engine_args(a: &BenchArgs) -> Result<EngineArgs> {
+pub(crate) fn engine_args(a: &BenchArgs) -> Result<EngineArgs> {
     let mut e = Defaults::try_parse_from(["quire"])?.engine;
     e.block_size = a.block_size;
     e.kv_dtype = a.kv_dtype.clone();

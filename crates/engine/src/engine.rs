@@ -118,6 +118,14 @@ pub struct EngineStats {
     pub spec_draft_kv_blocks_used: usize,
     pub spec_draft_kv_blocks_total: usize,
     pub spec_draft_no_room: u64,
+    /// Structured outputs, where their time goes: steps that computed grammar masks; seconds
+    /// the mask thread spent computing them (beside the forward pass); seconds the engine thread
+    /// then waited for it (masks on the critical path); seconds the engine thread spent on those
+    /// steps' rows after the forward (masking the logits, sampling, advancing the grammars).
+    pub guided_steps: u64,
+    pub guided_mask_s: f64,
+    pub guided_wait_s: f64,
+    pub guided_host_s: f64,
 }
 
 pub struct Engine {
@@ -468,20 +476,28 @@ impl Engine {
                 HashMap::new(),
             )
         } else {
-            std::thread::scope(|scope| {
+            let (logits, masks, mask_s, wait_s) = std::thread::scope(|scope| {
                 let masker = scope.spawn(|| {
+                    let t0 = Instant::now();
                     let mut masks = HashMap::new();
                     for &(id, _) in &sampling {
                         if let Some(guide) = requests.get_mut(&id).and_then(|r| r.guide.as_mut()) {
                             masks.insert(id, guide.mask());
                         }
                     }
-                    masks
+                    (masks, t0.elapsed().as_secs_f64())
                 });
                 let logits = execute(self.exec.as_mut(), &self.buf, &tables);
-                (logits, masker.join().unwrap_or_default())
-            })
+                let t0 = Instant::now();
+                let (masks, mask_s) = masker.join().unwrap_or_default();
+                (logits, masks, mask_s, t0.elapsed().as_secs_f64())
+            });
+            self.stats.guided_steps += 1;
+            self.stats.guided_mask_s += mask_s;
+            self.stats.guided_wait_s += wait_s;
+            (logits, masks)
         };
+        let host_t0 = Instant::now();
         let logits = logits?;
         let mut picks = Vec::with_capacity(sampling.len());
         for &(id, row) in &sampling {
@@ -543,6 +559,9 @@ impl Engine {
                 }
             }
             picks.push((id, vec![pick]));
+        }
+        if guided {
+            self.stats.guided_host_s += host_t0.elapsed().as_secs_f64();
         }
         Ok(picks)
     }

@@ -36,6 +36,8 @@ pub struct Target {
     pub model: String,
     pub chat: bool,
     pub ignore_eos: bool,
+    /// Sent as `response_format` with every request (structured outputs).
+    pub response_format: Option<Value>,
 }
 
 /// An error and all its causes on one line ("client error (Connect): tcp connect error: ...").
@@ -173,6 +175,9 @@ pub fn request_body(t: &Target, prompt: &str, max_tokens: usize) -> Value {
     }
     if t.ignore_eos {
         b["ignore_eos"] = json!(true);
+    }
+    if let Some(rf) = &t.response_format {
+        b["response_format"] = rf.clone();
     }
     b
 }
@@ -405,10 +410,18 @@ mod tests {
             model: "m".into(),
             chat: true,
             ignore_eos: false,
+            response_format: None,
         };
         let b = request_body(&t, "hello", 5);
         assert_eq!(b["messages"][0]["content"], "hello");
         assert_eq!(b["stream_options"]["include_usage"], true);
         assert!(b.get("ignore_eos").is_none() && b.get("prompt").is_none());
+        assert!(b.get("response_format").is_none());
+        let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}});
+        let t = Target {
+            response_format: Some(rf.clone()),
+            ..t
+        };
+        assert_eq!(request_body(&t, "hello", 5)["response_format"], rf);
     }
 }

@@ -40,7 +40,8 @@ Examples:
   quire serve-bench --concurrency 16 --duration 60          # closed loop: 16 requests always in flight
   quire serve-bench --rate 10 --burstiness 0.5 --slo-ttft-ms 500 --slo-tpot-ms 50
   quire serve-bench --dataset prompts.jsonl --endpoint /v1/chat/completions
-  quire serve --step-log steps.jsonl &  quire serve-bench --step-log steps.jsonl";
+  quire serve --step-log steps.jsonl &  quire serve-bench --step-log steps.jsonl
+  quire serve-bench --concurrency 16 --rate inf --response-format rf.json   # structured outputs";
 
 #[derive(Args, Debug, Clone, Serialize)]
 #[command(after_long_help = EXAMPLES)]
@@ -144,6 +145,12 @@ pub struct ServeBenchArgs {
     /// Do not send "ignore_eos": true (then outputs may stop early at end-of-sequence).
     #[arg(long, help_heading = "Workload")]
     pub no_ignore_eos: bool,
+    /// A JSON file holding an OpenAI `response_format` object (e.g. `{"type": "json_schema",
+    /// "json_schema": {"name": "x", "schema": {...}}}` or `{"type": "json_object"}`), sent with
+    /// every request: run once with it and once without to measure what structured outputs cost.
+    /// The summary says which constraint was on.
+    #[arg(long, value_name = "FILE", help_heading = "Workload")]
+    pub response_format: Option<PathBuf>,
     /// Seed for the arrivals, lengths, prompt words and dataset order.
     #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Workload")]
     pub seed: u64,
@@ -199,6 +206,14 @@ impl ServeBenchArgs {
             (Some(r), _) => r,
             (None, Some(_)) => f64::INFINITY,
             (None, None) => 4.0,
+        }
+    }
+
+    /// The run's constraint as the summary states it.
+    fn constraint(&self) -> String {
+        match &self.response_format {
+            Some(p) => format!("response_format from {}", p.display()),
+            None => "none".into(),
         }
     }
 
@@ -268,14 +283,39 @@ impl ServeBenchArgs {
 pub fn run(a: ServeBenchArgs) -> Result<()> {
     a.validate()?;
     let dataset = a.dataset.as_deref().map(load_dataset).transpose()?;
+    let response_format = a
+        .response_format
+        .as_deref()
+        .map(load_response_format)
+        .transpose()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(run_async(a, dataset))
+    rt.block_on(run_async(a, dataset, response_format))
 }
 
-async fn run_async(a: ServeBenchArgs, dataset: Option<Vec<workload::DatasetEntry>>) -> Result<()> {
+/// The `response_format` object in `path`: JSON, an object with a string `type`.
+fn load_response_format(path: &std::path::Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --response-format {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("--response-format {}: not JSON", path.display()))?;
+    if !v.get("type").is_some_and(|t| t.is_string()) {
+        bail!(
+            "--response-format {}: expected an OpenAI response_format object with a \"type\" \
+             (\"json_object\" or \"json_schema\")",
+            path.display()
+        );
+    }
+    Ok(v)
+}
+
+async fn run_async(
+    a: ServeBenchArgs,
+    dataset: Option<Vec<workload::DatasetEntry>>,
+    response_format: Option<serde_json::Value>,
+) -> Result<()> {
     let base = a.url.trim_end_matches('/').to_string();
     let client = new_client(Duration::from_secs_f64(a.request_timeout.min(10.0)));
     let probe_timeout = Duration::from_secs_f64(a.request_timeout.min(15.0));
@@ -305,6 +345,7 @@ async fn run_async(a: ServeBenchArgs, dataset: Option<Vec<workload::DatasetEntry
         model: model.clone(),
         chat: a.endpoint.contains("chat"),
         ignore_eos: !a.no_ignore_eos,
+        response_format,
     };
     let workload = Workload::new(a.seed, a.input_len, a.output_len, a.range_ratio, dataset);
     let cfg = LoadConfig {
@@ -373,6 +414,27 @@ mod tests {
         assert!(parse(&["--url", "https://x:1"]).validate().is_err());
         assert!(parse(&["--range-ratio", "1"]).validate().is_err());
         assert!(parse(&["--endpoint", "v1/completions"]).validate().is_err());
+    }
+
+    #[test]
+    fn response_format_file_is_checked() {
+        let dir = std::env::temp_dir().join(format!("quire-sb-rf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, body: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
+            p
+        };
+        let ok = write("ok.json", r#"{"type": "json_object"}"#);
+        assert_eq!(load_response_format(&ok).unwrap()["type"], "json_object");
+        let err = |p: &std::path::Path| load_response_format(p).unwrap_err().to_string();
+        assert!(err(&write("bare.json", r#"{"schema": {}}"#)).contains("\"type\""));
+        assert!(err(&write("bad.json", "{")).contains("not JSON"));
+        assert!(err(&dir.join("missing.json")).contains("cannot read"));
+        let a = parse(&["--response-format", "rf.json"]);
+        assert_eq!(a.constraint(), "response_format from rf.json");
+        assert_eq!(parse(&[]).constraint(), "none");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

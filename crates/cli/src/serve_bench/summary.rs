@@ -243,6 +243,7 @@ pub fn finish(
         if a.no_ignore_eos { "" } else { ", ignore_eos" },
         a.seed
     );
+    let _ = writeln!(md, "Structured-output constraint: {}.\n", a.constraint());
     md.push_str(&markdown_table(&phases, &overall));
     let _ = writeln!(
         md,
@@ -300,6 +301,7 @@ pub fn finish(
             "burstiness": a.burstiness,
             "max_concurrency": a.concurrency,
             "num_prompts": res.issued,
+            "constraint": a.constraint(),
         });
         let m = j.as_object_mut().expect("an object");
         m.extend(overall.to_json());
