@@ -35,6 +35,9 @@ fn to_u32(b: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// One timed run: each dispatch's (start, end) in nanoseconds from the run's first start.
+pub type Spans = Vec<(f64, f64)>;
+
 /// The attention kernel's inputs for one step.
 pub struct AttnInput<'a> {
     pub shape: HeadShape,
@@ -550,7 +553,7 @@ impl Probe {
         &mut self,
         list: &[Dispatch],
         reps: usize,
-    ) -> Result<(Vec<Vec<(f64, f64)>>, bool), BackendError> {
+    ) -> Result<(Vec<Spans>, bool), BackendError> {
         let k = list.iter().filter(|d| d.runs()).count().max(1);
         let per = (super::gpu::MAX_TIMED / k).max(1);
         let Some(timer) = self.gpu.timer(per * k)? else {
