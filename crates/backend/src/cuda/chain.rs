@@ -160,7 +160,10 @@ mod tests {
     fn a_chain_stride_holds_the_step_and_keeps_int4_alignment() {
         for len in 0..5000 {
             let s = chain_stride(len);
-            assert!(s >= len && s.is_multiple_of(4) && s >= 64, "len {len} -> {s}");
+            assert!(
+                s >= len && s.is_multiple_of(4) && s >= 64,
+                "len {len} -> {s}"
+            );
             assert_eq!(s, chain_stride(s), "a stride is its own stride");
         }
         assert_eq!(chain_stride(65), 128);
