@@ -1,10 +1,9 @@
 //! The wgpu backend's own kernel variants, beyond what the per-executor op suite
 //! (`backend_ops.rs`) runs on every backend: the GEMV with subgroup sums and its workgroup-memory
 //! fallback for adapters without subgroups (every weight type, odd row counts, 1..8 tokens and
-//! more), the decode attention split over key ranges then merged (long, odd and windowed
-//! contexts on testkit's random paged batches: scattered block tables, NaN-poisoned unused
-//! slots; GQA 1 to 16, head dims 32 to 256, smaller tiles where workgroup memory is short;
-//! its scratch bound and workgroup-memory fit on the host), the tiled prompt
+//! more), the decode attention split over key ranges then merged, with its lane sums through
+//! subgroups and through workgroup memory (long, odd and windowed contexts on testkit's
+//! random paged batches: scattered block tables, NaN-poisoned unused slots), the tiled prompt
 //! attention (odd chunk lengths on cached prefixes, windows, GQA 1 to 4, both row-sum forms)
 //! and its query tiles, and timed runs.
 //! Plain CPU references, the testkit's metric; outputs are poisoned with NaN before each run. Needs an adapter (lavapipe will do):
@@ -280,98 +279,37 @@ quire_testkit::wgpu_test! {
         let mut rng = StdRng::seed_from_u64(7);
         // Decode rows only (the split kernels): contexts of several tiles, odd lengths, rows
         // far shorter than the longest (their later ranges are empty), one-key rows.
-        let h = |q_heads, kv_heads, head_dim| HeadShape { q_heads, kv_heads, head_dim };
-        let cases: [AttnCase; 6] = [
-            // GQA 3, head dim 64: 24 output units, 5 key subsets each (8 invocations idle).
-            (h(6, 2, 64), 16, None, vec![(700, 1), (0, 1), (129, 1), (255, 1)]),
-            // The seed shape's heads, block 32, head dim 128: 4 chunks of K and V per invocation.
-            (h(16, 8, 128), 32, None, vec![(1023, 1), (517, 1), (31, 1)]),
+        let cases: [AttnCase; 5] = [
+            // GQA 3 (reductions over 32 lanes of the 42 a head could have), block 16.
+            (HeadShape { q_heads: 6, kv_heads: 2, head_dim: 64 }, 16, None,
+             vec![(700, 1), (0, 1), (129, 1), (255, 1)]),
+            // The seed shape's heads, block 32, head dim 128 (one key lane per V pair … two).
+            (HeadShape { q_heads: 16, kv_heads: 8, head_dim: 128 }, 32, None,
+             vec![(1023, 1), (517, 1), (31, 1)]),
             // Sliding window 300 over 900 keys: the NaN keys before it are never read.
-            (h(8, 2, 32), 16, Some(300), vec![(900, 1), (130, 1)]),
-            // GQA 16 (the largest group), head dim 96: 192 units, a 256-invocation workgroup,
-            // the tile's 384 chunks in 2 loads per invocation (the second one partly idle).
-            (h(16, 1, 96), 64, None, vec![(333, 1), (2, 1)]),
-            // Head dim 256: tiles of 16 keys where workgroup memory is 32 KiB.
-            (h(2, 2, 256), 128, None, vec![(1500, 1)]),
-            // GQA 8 (one key subset) on blocks of 24 keys (not a power of two).
-            (h(8, 1, 128), 24, None, vec![(400, 1), (77, 1)]),
+            (HeadShape { q_heads: 8, kv_heads: 2, head_dim: 32 }, 16, Some(300),
+             vec![(900, 1), (130, 1)]),
+            // GQA 16 (the largest group), head dim 96: 48 pairs, two key lanes.
+            (HeadShape { q_heads: 16, kv_heads: 1, head_dim: 96 }, 64, None,
+             vec![(333, 1), (2, 1)]),
+            // Head dim 256: one key lane, 128 pairs.
+            (HeadShape { q_heads: 2, kv_heads: 2, head_dim: 256 }, 128, None,
+             vec![(1500, 1)]),
         ];
-        for case in &cases {
-            let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
-            let d = p.k.attn_split.kernel(&case.0);
-            assert!(d.shared_bytes() <= p.k.attn_split.shared, "{d:?}");
-            eprintln!("{:?}: {plan:?}, {}", case.0, d.describe());
-        }
-        // The first case splits its longest row over several ranges.
-        let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
-        assert!(plan.splits > 1, "{plan:?}");
-        // The seed shape again with 8 KiB of workgroup memory: tiles of 8 keys, four per
-        // 32-key unit of the split, one chunk of K and V per invocation.
-        p.k.attn_split.shared = 8192;
-        let d = p.k.attn_split.kernel(&cases[1].0);
-        assert_eq!((d.tile, d.loads_per_invocation()), (8, 1), "{d:?}");
-        check_attention(&mut p, &mut rng, &cases[1]).unwrap();
-    }
-}
-
-#[cfg(feature = "wgpu")]
-#[test]
-fn split_scratch_bound_covers_every_plan() {
-    use quire_backend::wgpu::kernels::SplitPlan;
-    // The executor sizes its scratch once by the bound; every plan of up to that many rows,
-    // short or long, must fit in it.
-    for (q_heads, kv_heads) in [(16, 8), (32, 8), (6, 2), (16, 1), (2, 2)] {
-        let s = HeadShape {
-            q_heads,
-            kv_heads,
-            head_dim: 64,
-        };
-        for rows in [1, 2, 3, 7, 16, 33, 128, 500] {
-            let (pb, mb) = SplitPlan::scratch_bound(&s, rows);
-            for n in 1..=rows {
-                for keys in [1, 31, 32, 100, 1024, 4097, 40000, 300000] {
-                    let plan = SplitPlan::new(&s, n, keys);
-                    assert!(
-                        plan.splits * plan.split_keys >= keys,
-                        "{plan:?} covers {keys}"
-                    );
-                    let (pw, mw) = plan.scratch_words(&s, n);
-                    assert!(pw <= pb && mw <= mb, "{s:?} n={n} keys={keys}: {plan:?}");
-                }
+        // The kernel as the adapter runs it (lane sums through subgroups where it has them),
+        // then with the workgroup-memory sums of adapters without subgroups.
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for case in &cases {
+                let plan = check_attention(&mut p, &mut rng, case).expect("decode rows split");
+                let d = p.k.attn_split.kernel(&case.0);
+                assert_eq!(d.subgroup, subgroup, "{d:?}");
+                eprintln!("{:?}: {plan:?}, {}", case.0, d.describe());
             }
-        }
-    }
-}
-
-#[cfg(feature = "wgpu")]
-#[test]
-fn split_kernel_fits_the_workgroup_memory_it_is_given() {
-    use quire_backend::wgpu::kernels::DecodeKernel;
-    for (group, head_dim) in [
-        (1, 64),
-        (2, 128),
-        (3, 32),
-        (4, 128),
-        (8, 256),
-        (16, 128),
-        (7, 96),
-    ] {
-        for shared in [16384, 32768, 49152] {
-            let d = DecodeKernel::new(group, head_dim, shared);
-            assert!(d.shared_bytes() <= shared, "{d:?} in {shared}");
-            assert!(
-                d.workgroup >= group * head_dim / 8 && d.workgroup <= 256,
-                "{d:?}"
-            );
-            // Every load block of the source was repeated and none is left.
-            let src = d.source();
-            let marks = src.lines().any(|l| matches!(l.trim(), "//{{" | "//}}"));
-            assert!(
-                !marks && !src.contains("k_I_") && !src.contains("e_I_"),
-                "{d:?}"
-            );
-            let copies = src.matches(" = li + ").count();
-            assert_eq!(copies, d.loads_per_invocation(), "{d:?}");
+            // The first case splits its longest row over several ranges.
+            let plan = check_attention(&mut p, &mut rng, &cases[0]).unwrap();
+            assert!(plan.splits > 1, "{plan:?}");
         }
     }
 }

@@ -2,10 +2,8 @@
 //! same random scattered-block batches as the CPU and CUDA paths (quire-testkit's generator:
 //! shuffled block ids, unused slots NaN), parity against the dense f64 reference, and every
 //! dispatch timed by GPU timestamps (wall clock where the adapter has none, said in the output).
-//! Decode mode runs the split decode kernels as the engine runs them: the table gives split +
-//! merge together (from the split's start to the merge's end), then each dispatch on its own
-//! (GPU timestamps around it, so the split row is the kernel the memory roof is about; GB/s
-//! counts the K/V bytes as the profile does), prefill mode the tiled prompt kernel (a causal chunk of --query-len
+//! Decode mode runs the split decode kernels (split + merge, timed together as one dispatch, as
+//! the engine runs them), prefill mode the tiled prompt kernel (a causal chunk of --query-len
 //! tokens per sequence; TFLOP/s counts the causal work, 4 · keys · q_heads · head_dim per
 //! token). "dense" is the same kernels over each sequence's blocks laid out contiguously.
 //! The 8B prompt shape: `quire attn-bench --backend wgpu --mode prefill --query-len 512
@@ -91,8 +89,6 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         })
         .collect();
     let mut times: Vec<(&str, Vec<f64>)> = vec![];
-    // Per dispatch: (row name, bytes, FLOPs, ms per run).
-    let mut each: Vec<(String, u64, u64, Vec<f64>)> = vec![];
     let mut parity = vec![];
     let (mut bytes, mut flops, mut kernel, mut splits, mut gpu_timed) =
         (0, 0, String::new(), 1, false);
@@ -124,18 +120,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
             tables: &tables,
         };
         let run = probe.attention_run(&input)?;
-        let (spans, gpu) = probe.time_spans(&run.list, a.repeats)?;
-        let ns: Vec<f64> = spans
-            .iter()
-            .map(|r| r.last().map_or(0.0, |l| l.1) - r.first().map_or(0.0, |f| f.0))
-            .collect();
-        // Each dispatch on its own where the GPU timed them (split and merge of decode).
-        if gpu && run.list.len() > 1 {
-            for (i, d) in run.list.iter().enumerate() {
-                let ms = spans.iter().map(|r| (r[i].1 - r[i].0) / 1e6).collect();
-                each.push((format!("{name} {}", d.name), d.bytes, d.flops, ms));
-            }
-        }
+        let (ns, gpu) = probe.time(&run.list, a.repeats)?;
         let out = probe.attention_read(&run)?.out;
         let (mut num, mut den, mut bad) = (0f64, 0f64, 0usize);
         for (&o, &r) in out.iter().zip(&reference) {
@@ -225,35 +210,23 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         "p10 µs",
         "p90 µs",
         "first µs",
-        "GB/s",
+        "TB/s",
         "TFLOP/s",
     ];
     let mut t = Table::new(&cols, &cols[1..]);
     let mut med = vec![];
-    let mut row = |name: String, bytes: u64, flops: u64, ms: &[f64]| {
-        // The first three runs warm caches and clocks.
+    for (name, ms) in &times {
         let s = Summary::of(if ms.len() > 3 { &ms[3..] } else { ms });
+        med.push(s.median);
         t.push(vec![
-            name,
+            name.to_string(),
             format!("{:.1}", s.median * 1e3),
             format!("{:.1}", s.p10 * 1e3),
             format!("{:.1}", s.p90 * 1e3),
             format!("{:.1}", ms[0] * 1e3),
-            format!("{:.0}", bytes as f64 / (s.median * 1e6)),
+            format!("{:.3}", bytes as f64 / (s.median * 1e9)),
             format!("{:.2}", flops as f64 / (s.median * 1e9)),
         ]);
-        s.median
-    };
-    for (name, ms) in &times {
-        let label = if each.is_empty() {
-            name.to_string()
-        } else {
-            format!("{name} (split+merge)")
-        };
-        med.push(row(label, bytes, flops, ms));
-    }
-    for (name, b, f, ms) in &each {
-        row(name.clone(), *b, *f, ms);
     }
     print!("{}", t.markdown());
     println!(

@@ -272,9 +272,13 @@ impl WgpuExecutor {
                 self.gpu.release(&p);
                 self.gpu.release(&m);
             }
-            // Room for any split of twice these rows, so growing stays rare.
+            // Room for the whole split of twice these rows, so growing stays rare.
             let rows = (2 * n).max(16);
-            let (pw, mw) = kernels::SplitPlan::scratch_bound(&self.shape, rows);
+            let most = kernels::SplitPlan {
+                splits: kernels::MAX_SPLITS,
+                split_keys: 0,
+            };
+            let (pw, mw) = most.scratch_words(&self.shape, rows);
             let usage = wgpu::BufferUsages::STORAGE;
             let p = self
                 .gpu

@@ -169,22 +169,17 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
     ] {
         v.push((name.to_string(), src.to_string(), vec!["main"]));
     }
-    // The split decode kernel as the seed shape (GQA 2, head dim 128), GQA 4, GQA 16 (256
-    // invocations), head dim 256 with 16 KiB of workgroup memory (smaller tiles) and head dim
-    // 32 (several key subsets per output dim). It needs no subgroup operations.
-    for (group, head_dim, shared) in [
-        (2, 128, 32768),
-        (4, 128, 32768),
-        (16, 128, 32768),
-        (2, 256, 16384),
-        (3, 32, 32768),
-    ] {
-        let d = DecodeKernel::new(group, head_dim, shared);
-        v.push((
-            format!("attn_decode_g{group}_d{head_dim}_t{}", d.tile),
-            d.source(),
-            vec!["split", "merge"],
-        ));
+    // The split decode kernel as the seed shape (GQA 2, head dim 128), GQA 4 and GQA 16 at
+    // head dim 256 instantiate it, through subgroups and without.
+    for (group, head_dim) in [(2, 128), (4, 128), (16, 256)] {
+        for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
+            let d = DecodeKernel::new(if sub { Some(32) } else { None }, group, head_dim);
+            v.push((
+                format!("attn_decode_g{group}_d{head_dim}{suffix}"),
+                d.source(),
+                vec!["split", "merge"],
+            ));
+        }
     }
     v
 }
@@ -274,12 +269,12 @@ impl Kernels {
             )?,
             attention_subgroup: subgroup && attn_subgroup_fits(gpu),
             attn_split: DecodeSplit {
-                shared: gpu.limits.max_compute_workgroup_storage_size as usize,
+                subgroup: gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo),
                 pipes: Default::default(),
             },
             attn_merge: gpu.pipeline(
                 "attn_decode",
-                &DecodeKernel::new(1, 8, 16384).source(),
+                &DecodeKernel::new(None, 1, 8).source(),
                 "merge",
             )?,
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
@@ -547,143 +542,69 @@ pub fn attn_groups(s: &HeadShape, tiles: usize) -> [u32; 3] {
     [s.kv_heads as u32, tiles as u32, 1]
 }
 
-/// The unit of the split decode kernel's key ranges (a multiple of every tile the kernel takes),
-/// and the most key ranges one row is split into.
-pub const SPLIT_TILE: usize = 32;
-pub const MAX_SPLITS: usize = 64;
-/// Workgroups the split decode kernel aims for: about eight per multiprocessor of a large GPU
-/// (132 on an H100), all resident at once, each with a tile of K/V loads in flight.
-const SPLIT_TARGET_GROUPS: usize = 1024;
-/// Invocations of a split workgroup, unless a head group's output dims need more.
-const SPLIT_WG: usize = 128;
+/// The unit of the split decode kernel's key ranges, and the most key ranges one row is split
+/// into.
+pub const SPLIT_TILE: usize = 128;
+pub const MAX_SPLITS: usize = 32;
+/// Workgroups the split decode kernel aims for (enough to fill a large GPU several times over).
+const SPLIT_TARGET_GROUPS: usize = 2048;
 
 /// One instance of the split decode kernel (attn_decode.wgsl): the query heads per KV head, the
-/// head dim, the keys of one tile and the workgroup size.
+/// lanes that share a key and the 16-byte chunks each lane reads of a K or V row, and whether
+/// the lanes sum through subgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeKernel {
     pub group: usize,
-    pub head_dim: usize,
-    pub tile: usize,
-    pub workgroup: usize,
+    pub lanes: usize,
+    pub chunks_per_lane: usize,
+    pub subgroup: bool,
 }
 
 impl DecodeKernel {
     /// The instance for `group` query heads per KV head of `head_dim` (a multiple of 8) on a
-    /// device with `shared` bytes of workgroup memory: tiles of 32 keys, fewer where the tile,
-    /// the group's queries and its scores would not fit; 128 invocations, or one per 8 output
-    /// dims of the group where those are more.
-    pub fn new(group: usize, head_dim: usize, shared: usize) -> DecodeKernel {
-        let units = group * (head_dim / 8).max(1);
-        let workgroup = if units <= SPLIT_WG {
-            SPLIT_WG
-        } else {
-            units.next_multiple_of(64)
-        };
-        let mut d = DecodeKernel {
+    /// device whose smallest subgroup is `subgroup` (`None`: no subgroup operations, or a
+    /// subgroup size the layout cannot use). Lanes per key: 16 (a 256-byte f16 row of head dim
+    /// 128 in one sweep of 16-byte loads), fewer where subgroups are smaller, so that a key's
+    /// lanes lie in one subgroup. Subgroups of fewer than 8 (at most 16 key groups, whose
+    /// partials the kernel merges in workgroup memory) take the workgroup-memory sums.
+    pub fn new(subgroup: Option<u32>, group: usize, head_dim: usize) -> DecodeKernel {
+        let sg = subgroup.filter(|&s| s.is_power_of_two() && (8..=128).contains(&s));
+        let lanes = sg.map_or(16, |s| s.min(16) as usize);
+        DecodeKernel {
             group,
-            head_dim,
-            tile: 32,
-            workgroup,
-        };
-        while d.tile > 4 && d.shared_bytes() > shared {
-            d.tile /= 2;
+            lanes,
+            chunks_per_lane: (head_dim / 8).div_ceil(lanes).max(1),
+            subgroup: sg.is_some(),
         }
-        d
-    }
-
-    fn chunks(&self) -> usize {
-        (self.head_dim / 8).max(1)
-    }
-
-    /// Key subsets per output unit (invocations left over by the group's output dims).
-    fn subsets(&self) -> usize {
-        (self.workgroup / (self.group * self.chunks())).max(1)
-    }
-
-    /// 16-byte chunks of K (and as many of V) each invocation keeps in flight.
-    pub fn loads_per_invocation(&self) -> usize {
-        (self.tile * self.chunks()).div_ceil(self.workgroup)
-    }
-
-    /// The shader's workgroup memory words: the K/V tile (16-byte words, also holding the
-    /// subsets' sums at the end), the queries (16-byte words), the scores and the subsets' sums.
-    fn words(&self) -> [usize; 4] {
-        let mut kv = 2 * self.tile * (self.chunks() + 1);
-        if self.subsets() > 1 {
-            kv = kv.max(2 * self.workgroup);
-        }
-        let q = (self.group * self.head_dim).div_ceil(4).max(1);
-        [
-            kv,
-            q,
-            self.group * self.tile,
-            (self.subsets() * self.group).max(1),
-        ]
-    }
-
-    /// Bytes of workgroup memory the kernel declares.
-    pub fn shared_bytes(&self) -> usize {
-        let [kv, q, sc, ls] = self.words();
-        16 * (kv + q) + 4 * (sc + ls) + 8
     }
 
     /// How it runs, in words (for benchmark output).
     pub fn describe(&self) -> String {
         format!(
-            "tiles of {} keys through workgroup memory ({} KiB), {} invocations, {} K + {} V \
-             16-byte loads in flight each; GQA {}; {} key subsets per output dim",
-            self.tile,
-            self.shared_bytes().div_ceil(1024),
-            self.workgroup,
-            self.loads_per_invocation(),
-            self.loads_per_invocation(),
+            "{} lanes x {} 16-byte chunks per key row; GQA {}; lane sums through {}",
+            self.lanes,
+            self.chunks_per_lane,
             self.group,
-            self.subsets(),
+            if self.subgroup {
+                "subgroup shuffles"
+            } else {
+                "workgroup memory"
+            }
         )
     }
 
-    /// The WGSL module: the kernel with its sizes filled in and its per-load blocks repeated.
+    /// The WGSL module: the kernel with its sizes filled in and its lane sums.
     pub fn source(&self) -> String {
-        let [kv, q, sc, ls] = self.words();
-        let body = ATTN_DECODE
+        let (prelude, sums) = section(
+            ATTN_DECODE,
+            if self.subgroup { "SUBGROUP" } else { "SHARED" },
+        );
+        let body = prelude
             .replace("GROUPu", &format!("{}u", self.group))
-            .replace("HEADDIMu", &format!("{}u", self.head_dim))
-            .replace("TILEu", &format!("{}u", self.tile))
-            .replace("WGSIZE", &self.workgroup.to_string())
-            .replace("SUBSETSu", &format!("{}u", self.subsets()))
-            .replace("KVWORDSu", &format!("{kv}u"))
-            .replace("QWORDSu", &format!("{q}u"))
-            .replace("SCWORDSu", &format!("{sc}u"))
-            .replace("LSWORDSu", &format!("{ls}u"));
-        repeat_blocks(&body, self.loads_per_invocation())
+            .replace("LANESu", &format!("{}u", self.lanes))
+            .replace("CPLu", &format!("{}u", self.chunks_per_lane));
+        format!("{body}\n{sums}")
     }
-}
-
-/// `src` with each block between a `//{{` line and a `//}}` line written `n` times, `_I_`
-/// replaced by the copy's number.
-fn repeat_blocks(src: &str, n: usize) -> String {
-    let mut out = String::with_capacity(src.len() * 2);
-    let mut block: Option<String> = None;
-    for line in src.lines() {
-        match (line.trim(), &mut block) {
-            ("//{{", None) => block = Some(String::new()),
-            ("//}}", Some(b)) => {
-                for i in 0..n {
-                    out += &b.replace("_I_", &i.to_string());
-                }
-                block = None;
-            }
-            (_, Some(b)) => {
-                *b += line;
-                b.push('\n');
-            }
-            (_, None) => {
-                out += line;
-                out.push('\n');
-            }
-        }
-    }
-    out
 }
 
 /// Whether the split decode kernel takes heads of `s` (16-byte chunks of K and V rows); other
@@ -695,15 +616,15 @@ pub fn split_fits(s: &HeadShape) -> bool {
 /// The split decode kernel's pipelines, one per head geometry, made on first use (a model has
 /// one: its first decode step makes it) and kept.
 pub struct DecodeSplit {
-    /// The device's workgroup memory, in bytes.
-    pub shared: usize,
+    /// The smallest subgroup size where the kernel sums through subgroups.
+    pub subgroup: Option<u32>,
     pipes: std::sync::Mutex<std::collections::HashMap<DecodeKernel, wgpu::ComputePipeline>>,
 }
 
 impl DecodeSplit {
     /// The instance for heads of `s`.
     pub fn kernel(&self, s: &HeadShape) -> DecodeKernel {
-        DecodeKernel::new(s.q_heads / s.kv_heads, s.head_dim, self.shared)
+        DecodeKernel::new(self.subgroup, s.q_heads / s.kv_heads, s.head_dim)
     }
 
     /// The pipeline for heads of `s`.
@@ -714,8 +635,8 @@ impl DecodeSplit {
             return Ok(p.clone());
         }
         let name = format!(
-            "attn_decode_g{}_d{}_t{}_w{}",
-            d.group, d.head_dim, d.tile, d.workgroup
+            "attn_decode_g{}_l{}_c{}",
+            d.group, d.lanes, d.chunks_per_lane
         );
         let pipe = gpu.pipeline(&name, &d.source(), "split")?;
         pipes.insert(d, pipe.clone());
@@ -747,14 +668,6 @@ impl SplitPlan {
     /// f32 words of the partial V sums, and of the (max, sum) pairs, for `rows` rows.
     pub fn scratch_words(&self, s: &HeadShape, rows: usize) -> (usize, usize) {
         let parts = rows * s.q_heads * self.splits;
-        (parts * s.head_dim, parts * 2)
-    }
-
-    /// The most [`SplitPlan::scratch_words`] of any plan for up to `rows` rows: a plan's
-    /// splits are at most ⌈target / (rows · kv_heads)⌉, so rows × splits stays under
-    /// rows + ⌈target / kv_heads⌉ however long the rows.
-    pub fn scratch_bound(s: &HeadShape, rows: usize) -> (usize, usize) {
-        let parts = (rows + SPLIT_TARGET_GROUPS.div_ceil(s.kv_heads.max(1))) * s.q_heads;
         (parts * s.head_dim, parts * 2)
     }
 }

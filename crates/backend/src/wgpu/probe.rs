@@ -35,9 +35,6 @@ fn to_u32(b: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// One timed run: each dispatch's (start, end) in nanoseconds from the run's first start.
-pub type Spans = Vec<(f64, f64)>;
-
 /// The attention kernel's inputs for one step.
 pub struct AttnInput<'a> {
     pub shape: HeadShape,
@@ -540,20 +537,6 @@ impl Probe {
         list: &[Dispatch],
         reps: usize,
     ) -> Result<(Vec<f64>, bool), BackendError> {
-        let (runs, gpu) = self.time_spans(list, reps)?;
-        let total =
-            |r: &Vec<(f64, f64)>| r.last().map_or(0.0, |l| l.1) - r.first().map_or(0.0, |f| f.0);
-        Ok((runs.iter().map(total).collect(), gpu))
-    }
-
-    /// Runs `list` `reps` times and returns, per run, each dispatch's (start, end) in
-    /// nanoseconds from the run's first start, by GPU timestamps where the device has them (the
-    /// bool says so); without them one span per run, the wall clock around its submission.
-    pub fn time_spans(
-        &mut self,
-        list: &[Dispatch],
-        reps: usize,
-    ) -> Result<(Vec<Spans>, bool), BackendError> {
         let k = list.iter().filter(|d| d.runs()).count().max(1);
         let per = (super::gpu::MAX_TIMED / k).max(1);
         let Some(timer) = self.gpu.timer(per * k)? else {
@@ -563,7 +546,7 @@ impl Probe {
                 let mut enc = self.gpu.device.create_command_encoder(&Default::default());
                 kernels::encode(&mut enc, list);
                 self.gpu.submit_wait(enc.finish())?;
-                out.push(vec![(0.0, t.elapsed().as_nanos() as f64)]);
+                out.push(t.elapsed().as_nanos() as f64);
             }
             return Ok((out, false));
         };
@@ -576,10 +559,7 @@ impl Probe {
             timer.resolve(&mut enc, order.len());
             self.gpu.submit_wait(enc.finish())?;
             let spans = timer.read_spans(&self.gpu, order.len())?;
-            out.extend(spans.chunks_exact(k).map(|c| {
-                let t0 = c[0].0;
-                c.iter().map(|&(a, b)| (a - t0, b - t0)).collect::<Vec<_>>()
-            }));
+            out.extend(spans.chunks_exact(k).map(|c| c[k - 1].1 - c[0].0));
         }
         Ok((out, true))
     }

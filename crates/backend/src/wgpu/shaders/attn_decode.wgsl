@@ -7,23 +7,22 @@
 // write); the row's own key is read from the QKV rows, rounded to f16 as the cache stores it,
 // since the workgroup writing it may not have run yet.
 //
-// Layout: the range is walked in tiles of T keys. The whole workgroup copies a tile's K and V
-// rows (f16, 16-byte chunks, consecutive invocations on consecutive chunks of a row) into
-// workgroup memory, and while it computes on that tile its next tile's loads are already in
-// flight in registers: each invocation keeps LPT chunks of K and of V outstanding, so a
-// workgroup has a whole tile (T × head_dim × 4 bytes) in flight, not one key. On the tile:
-// invocations take (key, head) pairs and score them from workgroup memory (rows padded by 16
-// bytes so neighbouring keys fall in different banks; the head's Q, pre-scaled, is read by
-// every invocation of the pair's head at once); then each invocation owns 8 output dims of one
-// head (and every S-th key of the tile when the heads' dims leave invocations over), takes the
-// tile's maximum of its head, rescales its sums and adds its keys' exp(score - max) · V. Three
-// barriers per tile; no subgroup operations, so one kernel serves every adapter. At the end
-// the S key subsets of each dim are summed in workgroup memory.
+// Layout (the design of the CUDA decode kernel, without its asynchronous copies): a key is
+// taken by a group of L lanes, each reading 16-byte chunks (8 halves) of the K and V rows, so a
+// group reads a whole f16 row in one coalesced sweep; the workgroup's KG = 128 / L groups take
+// keys KG apart. Each lane scores its dims against every query head of the KV group (grouped-
+// query attention reads each key once; Q pre-scaled in registers), the group's partial scores
+// are summed across its lanes (`lane_sums`: subgroup shuffles, or workgroup memory where the
+// adapter has no subgroups), and each group keeps its own online softmax per head in f32 and its
+// lanes' dims of the V sums, so the key loop has no workgroup barrier on the subgroup path. At
+// the end the groups' partials are merged in workgroup memory into the range's partial. A group
+// loads its next key while it computes the current one.
 //
-// The host fills in the sizes (G query heads per KV head, HD head dim, T keys per tile, the
-// workgroup size and the derived counts) and repeats each `//{{ … //}}` block LPT times with
-// `_I_` the copy's number (the prefetched chunks stay in named registers, never in an indexed
-// array). Needs head_dim a multiple of 8 (the host checks).
+// The host fills in G (query heads per KV head), L (lanes per key: 16, or the subgroup size if
+// smaller, so a key's lanes lie in one subgroup) and CPL (chunks per lane: head_dim / 8 / L
+// rounded up), and appends one `lane_sums`. The subgroup form assumes invocations fill
+// subgroups in order of local index (every driver does for one-dimensional workgroups; the
+// parity tests run it). Needs head_dim a multiple of 8 (the host checks).
 
 struct P {
     n: u32,
@@ -53,90 +52,123 @@ struct P {
 @group(0) @binding(7) var<storage, read_write> ml: array<f32>;
 @group(0) @binding(8) var<storage, read_write> out: array<f32>;
 
+const WG: u32 = 128u;
 const G: u32 = GROUPu;
-const HD: u32 = HEADDIMu;
-const T: u32 = TILEu;
-const WG: u32 = WGSIZEu;
-const NC: u32 = HD / 8u;  // 16-byte chunks per K or V row
-const RS: u32 = NC + 1u;  // a tile row's stride in workgroup memory, padded
-const U: u32 = G * NC;    // (head, chunk) units of the output
-const S: u32 = SUBSETSu;  // key subsets per unit: max(1, WG / U)
+const L: u32 = LANESu;
+const CPL: u32 = CPLu;
+const KG: u32 = WG / L;
 const NEG: f32 = -3.0e38;
 const NEW: u32 = 0x80000000u;
 
-// The tile's K rows [T][RS], then its V rows; after the last tile, the subsets' sums.
-var<workgroup> kv: array<vec4<u32>, KVWORDSu>;
-// The scaled queries [G][HD / 4]; the tile's scores [G][T]; each subset's sums [S][G].
-var<workgroup> qs: array<vec4<f32>, QWORDSu>;
-var<workgroup> sc: array<f32, SCWORDSu>;
-var<workgroup> lsum: array<f32, LSWORDSu>;
+// The merged V sums [G, head_dim]; each key group's (max, sum) per head [KG, G].
+var<workgroup> vsum: array<f32, 2048>;
+var<workgroup> gmax: array<f32, 256>;
+var<workgroup> gsum: array<f32, 256>;
 var<workgroup> krange: vec2<u32>;
 
-// What locates a key of this workgroup's row.
+// Chunk `c` (8 dims) of KV head `kvh` of the key at `l` (a cache slot, or NEW | its batch row),
+// K or V, as f32.
+fn chunk(is_k: bool, l: u32, kvh: u32, c: u32) -> array<vec4<f32>, 2> {
+    if (l & NEW) != 0u {
+        let r = (l & ~NEW) * p.stride + select(p.v_off, p.k_off, is_k) + kvh * p.head_dim + 8u * c;
+        var v: array<vec4<f32>, 2>;
+        for (var i = 0u; i < 2u; i++) {
+            let a = vec4<f32>(qkv[r + 4u * i], qkv[r + 4u * i + 1u], qkv[r + 4u * i + 2u], qkv[r + 4u * i + 3u]);
+            // Rounded to f16 as the cache holds it.
+            v[i] = vec4<f32>(
+                unpack2x16float(pack2x16float(a.xy)),
+                unpack2x16float(pack2x16float(a.zw)),
+            );
+        }
+        return v;
+    }
+    let o = (l * p.kv_heads + kvh) * (p.head_dim / 8u) + c;
+    var u: vec4<u32>;
+    if is_k {
+        u = kc[o];
+    } else {
+        u = vc[o];
+    }
+    return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(u.x), unpack2x16float(u.y)),
+        vec4<f32>(unpack2x16float(u.z), unpack2x16float(u.w)),
+    );
+}
+
+// What locates a key of this workgroup's row, and this lane's place in its key group.
 struct Row {
     first_new: u32, // the row's first new position (keys from here are in the QKV rows)
     new_row: u32,   // the batch row of that position
     toff: u32,      // the row's block table in `tables`
     kvh: u32,
+    lane: u32,
 }
 
-// Key `j`'s cache slot, or NEW | its batch row.
-fn key_at(j: u32, r: Row) -> u32 {
-    if j >= r.first_new {
-        return NEW | (r.new_row + j - r.first_new);
-    }
-    let bs = p.block_size;
-    if (bs & (bs - 1u)) == 0u {
-        return tables[r.toff + (j >> firstTrailingBit(bs))] * bs + (j & (bs - 1u));
-    }
-    return tables[r.toff + j / bs] * bs + j % bs;
+// This lane's chunks of key `j`'s K and V rows, or zeros past `end`.
+struct Key {
+    k: array<vec4<f32>, 2 * CPL>,
+    v: array<vec4<f32>, 2 * CPL>,
 }
 
-// Chunk `c` (8 dims, packed f16) of KV head `kvh` of the key at `at` (from `key_at`), K or V.
-fn chunk(is_k: bool, at: u32, kvh: u32, c: u32) -> vec4<u32> {
-    if (at & NEW) != 0u {
-        let r = (at & ~NEW) * p.stride + select(p.v_off, p.k_off, is_k) + kvh * HD + 8u * c;
-        // Rounded to f16 as the cache holds it.
-        return vec4<u32>(
-            pack2x16float(vec2<f32>(qkv[r], qkv[r + 1u])),
-            pack2x16float(vec2<f32>(qkv[r + 2u], qkv[r + 3u])),
-            pack2x16float(vec2<f32>(qkv[r + 4u], qkv[r + 5u])),
-            pack2x16float(vec2<f32>(qkv[r + 6u], qkv[r + 7u])),
-        );
+fn load_key(j: u32, end: u32, r: Row) -> Key {
+    var key: Key;
+    if j < end {
+        var at: u32;
+        if j >= r.first_new {
+            at = NEW | (r.new_row + j - r.first_new);
+        } else {
+            at = tables[r.toff + j / p.block_size] * p.block_size + j % p.block_size;
+        }
+        for (var c = 0u; c < CPL; c++) {
+            let ci = r.lane + L * c;
+            if ci < p.head_dim / 8u {
+                let k = chunk(true, at, r.kvh, ci);
+                let v = chunk(false, at, r.kvh, ci);
+                key.k[2u * c] = k[0];
+                key.k[2u * c + 1u] = k[1];
+                key.v[2u * c] = v[0];
+                key.v[2u * c + 1u] = v[1];
+            }
+        }
     }
-    let o = (at * p.kv_heads + kvh) * NC + c;
-    if is_k {
-        return kc[o];
-    }
-    return vc[o];
-}
-
-fn lo(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
-
-fn hi(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+    return key;
 }
 
 // The fused KV write: chunk `c` of this row's K and V head into its slot.
 fn write_chunk(t: u32, slot: u32, kvh: u32, c: u32) {
-    let o = (slot * p.kv_heads + kvh) * NC + c;
-    kc[o] = chunk(true, NEW | t, kvh, c);
-    vc[o] = chunk(false, NEW | t, kvh, c);
+    let r = t * p.stride + kvh * p.head_dim + 8u * c;
+    let o = (slot * p.kv_heads + kvh) * (p.head_dim / 8u) + c;
+    var w: array<vec4<u32>, 2>;
+    for (var i = 0u; i < 2u; i++) {
+        let b = r + select(p.v_off, p.k_off, i == 0u);
+        w[i] = vec4<u32>(
+            pack2x16float(vec2<f32>(qkv[b], qkv[b + 1u])),
+            pack2x16float(vec2<f32>(qkv[b + 2u], qkv[b + 3u])),
+            pack2x16float(vec2<f32>(qkv[b + 4u], qkv[b + 5u])),
+            pack2x16float(vec2<f32>(qkv[b + 6u], qkv[b + 7u])),
+        );
+    }
+    kc[o] = w[0];
+    vc[o] = w[1];
 }
 
-@compute @workgroup_size(WGSIZE)
+@compute @workgroup_size(128)
 fn split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let kvh = wg.x;
     let t = wg.y;
     let sp = wg.z;
+    let hd = p.head_dim;
+    let nd = hd / 8u; // chunks per row
     let pos = tok[t * 8u];
     let slot = tok[t * 8u + 1u];
-    let row = Row(tok[t * 8u + 2u], tok[t * 8u + 3u], tok[t * 8u + 4u], kvh);
+    let first_new = tok[t * 8u + 2u];
+    let new_row = tok[t * 8u + 3u];
+    let toff = tok[t * 8u + 4u];
+    let kg = li / L;
+    let lane = li % L;
 
     if sp == 0u {
-        for (var c = li; c < NC; c += WG) {
+        for (var c = li; c < nd; c += WG) {
             write_chunk(t, slot, kvh, c);
         }
     }
@@ -145,131 +177,117 @@ fn split(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
         if p.window != 0u && pos + 1u > p.window {
             first = pos + 1u - p.window;
         }
-        let first_key = min(first + sp * p.split_keys, pos + 1u);
-        krange = vec2<u32>(first_key, min(first_key + p.split_keys, pos + 1u));
+        let k0 = min(first + sp * p.split_keys, pos + 1u);
+        krange = vec2<u32>(k0, min(k0 + p.split_keys, pos + 1u));
     }
-    for (var e = li; e < G * HD / 4u; e += WG) {
-        let b = t * p.stride + kvh * G * HD + 4u * e;
-        qs[e] = vec4<f32>(qkv[b], qkv[b + 1u], qkv[b + 2u], qkv[b + 3u]) * p.scale;
+    // This lane's dims of each head's query, scaled.
+    var q: array<array<vec4<f32>, 2 * CPL>, G>;
+    for (var h = 0u; h < G; h++) {
+        for (var c = 0u; c < CPL; c++) {
+            let ci = lane + L * c;
+            if ci < nd {
+                let r = t * p.stride + (kvh * G + h) * hd + 8u * ci;
+                for (var i = 0u; i < 2u; i++) {
+                    let b = r + 4u * i;
+                    q[h][2u * c + i] = vec4<f32>(qkv[b], qkv[b + 1u], qkv[b + 2u], qkv[b + 3u]) * p.scale;
+                }
+            }
+        }
     }
-    // (Also the barrier that publishes `qs`.)
     let kr = workgroupUniformLoad(&krange);
-
-    // This invocation's output unit: head h, chunk c, every S-th key from s.
-    let owns = li < U * S;
-    let u = li % U;
-    let s = li / U;
-    let h = u / NC;
-    let c = u % NC;
-    var m = NEG;
-    var l = 0.0;
-    var acc0 = vec4<f32>();
-    var acc1 = vec4<f32>();
-
-    // The chunks this invocation copies: chunk e of the tile (key e / NC, chunk e % NC).
-    //{{
-    let e_I_ = li + _I_u * WG;
-    let o_I_ = (e_I_ / NC) * RS + e_I_ % NC;
-    var k_I_ = vec4<u32>();
-    var v_I_ = vec4<u32>();
-    if e_I_ < T * NC && kr.x + e_I_ / NC < kr.y {
-        let at = key_at(kr.x + e_I_ / NC, row);
-        k_I_ = chunk(true, at, kvh, e_I_ % NC);
-        v_I_ = chunk(false, at, kvh, e_I_ % NC);
+    var m: array<f32, G>;
+    var l: array<f32, G>;
+    var acc: array<array<vec4<f32>, 2 * CPL>, G>;
+    for (var h = 0u; h < G; h++) {
+        m[h] = NEG;
     }
-    //}}
-    // The trip count is the same for every invocation, so the barriers are in uniform flow.
-    for (var j0 = kr.x; j0 < kr.y; j0 += T) {
-        //{{
-        if e_I_ < T * NC {
-            kv[o_I_] = k_I_;
-            kv[T * RS + o_I_] = v_I_;
-        }
-        //}}
-        workgroupBarrier();
-        // The next tile's loads, in flight while this one is computed.
-        //{{
-        k_I_ = vec4<u32>();
-        v_I_ = vec4<u32>();
-        if e_I_ < T * NC && j0 + T + e_I_ / NC < kr.y {
-            let at = key_at(j0 + T + e_I_ / NC, row);
-            k_I_ = chunk(true, at, kvh, e_I_ % NC);
-            v_I_ = chunk(false, at, kvh, e_I_ % NC);
-        }
-        //}}
-        // Scores of (key, head) pairs; keys past the range score NEG.
-        for (var pi = li; pi < T * G; pi += WG) {
-            let kk = pi % T;
-            let hq = pi / T;
-            var d0 = 0.0;
-            var d1 = 0.0;
-            for (var cc = 0u; cc < NC; cc++) {
-                let kw = kv[kk * RS + cc];
-                let qo = (hq * NC + cc) * 2u;
-                d0 += dot(qs[qo], lo(kw));
-                d1 += dot(qs[qo + 1u], hi(kw));
+    let row = Row(first_new, new_row, toff, kvh, lane);
+    // The trip count is the same for every invocation (keys past the range are masked), so
+    // the lane sums may synchronise. Each iteration loads the group's next key while it
+    // computes this one (two keys' chunks in flight per lane).
+    var cur = load_key(kr.x + kg, kr.y, row);
+    for (var j0 = kr.x; j0 < kr.y; j0 += KG) {
+        let live = j0 + kg < kr.y;
+        let next = load_key(j0 + KG + kg, kr.y, row);
+        var s: array<f32, G>;
+        for (var h = 0u; h < G; h++) {
+            var d = 0.0;
+            for (var c = 0u; c < 2u * CPL; c++) {
+                d += dot(q[h][c], cur.k[c]);
             }
-            sc[hq * T + kk] = select(NEG, d0 + d1, j0 + kk < kr.y);
+            s[h] = d;
         }
-        workgroupBarrier();
-        if owns {
-            var mt = NEG;
-            for (var kk = 0u; kk < T; kk++) {
-                mt = max(mt, sc[h * T + kk]);
+        lane_sums(&s, li);
+        if live {
+            for (var h = 0u; h < G; h++) {
+                let mn = max(m[h], s[h]);
+                let corr = exp(m[h] - mn);
+                let pr = exp(s[h] - mn);
+                l[h] = l[h] * corr + pr;
+                m[h] = mn;
+                for (var c = 0u; c < 2u * CPL; c++) {
+                    acc[h][c] = acc[h][c] * corr + pr * cur.v[c];
+                }
             }
-            let mn = max(m, mt);
-            let corr = exp(m - mn);
-            m = mn;
-            var a0 = acc0 * corr;
-            var a1 = acc1 * corr;
-            var ls = 0.0;
-            for (var kk = s; kk < T; kk += S) {
-                let pr = exp(sc[h * T + kk] - mn);
-                let vw = kv[T * RS + kk * RS + c];
-                a0 += pr * lo(vw);
-                a1 += pr * hi(vw);
-                ls += pr;
+        }
+        cur = next;
+    }
+    // Merge the key groups: the range's maximum per head, each group's V sums rescaled to it
+    // and added group by group (a group's lanes own distinct dims).
+    if lane == 0u {
+        for (var h = 0u; h < G; h++) {
+            gmax[kg * G + h] = m[h];
+            gsum[kg * G + h] = l[h];
+        }
+    }
+    for (var e = li; e < G * hd; e += WG) {
+        vsum[e] = 0.0;
+    }
+    workgroupBarrier();
+    var f: array<f32, G>;
+    for (var h = 0u; h < G; h++) {
+        var mm = NEG;
+        for (var k = 0u; k < KG; k++) {
+            mm = max(mm, gmax[k * G + h]);
+        }
+        f[h] = exp(m[h] - mm);
+    }
+    for (var k = 0u; k < KG; k++) {
+        if k == kg {
+            for (var h = 0u; h < G; h++) {
+                for (var c = 0u; c < CPL; c++) {
+                    let ci = lane + L * c;
+                    if ci < nd {
+                        for (var i = 0u; i < 2u; i++) {
+                            let a = acc[h][2u * c + i] * f[h];
+                            let o = h * hd + 8u * ci + 4u * i;
+                            vsum[o] += a.x;
+                            vsum[o + 1u] += a.y;
+                            vsum[o + 2u] += a.z;
+                            vsum[o + 3u] += a.w;
+                        }
+                    }
+                }
             }
-            acc0 = a0;
-            acc1 = a1;
-            l = l * corr + ls;
         }
         workgroupBarrier();
     }
-    // The key subsets of each unit share the maximum (every invocation of a head took the same
-    // tiles' maxima): their sums add as they are.
-    if S > 1u {
-        if owns {
-            kv[2u * li] = bitcast<vec4<u32>>(acc0);
-            kv[2u * li + 1u] = bitcast<vec4<u32>>(acc1);
-            if c == 0u {
-                lsum[s * G + h] = l;
-            }
-        }
-        workgroupBarrier();
-        if li < U {
-            for (var o = 1u; o < S; o++) {
-                acc0 += bitcast<vec4<f32>>(kv[2u * (o * U + li)]);
-                acc1 += bitcast<vec4<f32>>(kv[2u * (o * U + li) + 1u]);
-                l += lsum[o * G + h];
-            }
-        }
+    let base = (t * p.q_heads + kvh * G) * p.splits + sp;
+    for (var e = li; e < G * hd; e += WG) {
+        let h = e / hd;
+        part[(base + h * p.splits) * hd + e % hd] = vsum[e];
     }
-    if li < U {
-        let base = (t * p.q_heads + kvh * G + h) * p.splits + sp;
-        let o = base * HD + 8u * c;
-        part[o] = acc0.x;
-        part[o + 1u] = acc0.y;
-        part[o + 2u] = acc0.z;
-        part[o + 3u] = acc0.w;
-        part[o + 4u] = acc1.x;
-        part[o + 5u] = acc1.y;
-        part[o + 6u] = acc1.z;
-        part[o + 7u] = acc1.w;
-        if c == 0u {
-            ml[base * 2u] = m;
-            ml[base * 2u + 1u] = l;
+    if li < G {
+        var mm = NEG;
+        for (var k = 0u; k < KG; k++) {
+            mm = max(mm, gmax[k * G + li]);
         }
+        var ls = 0.0;
+        for (var k = 0u; k < KG; k++) {
+            ls += gsum[k * G + li] * exp(gmax[k * G + li] - mm);
+        }
+        ml[(base + li * p.splits) * 2u] = mm;
+        ml[(base + li * p.splits) * 2u + 1u] = ls;
     }
 }
 
@@ -297,4 +315,42 @@ fn merge(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: ve
         }
         out[t * p.out_stride + qh * hd + d] = a * inv;
     }
+}
+
+//! SUBGROUP
+// Each head's partial score summed over the L lanes of a key: a butterfly of shuffles within
+// the key's lanes (all in one subgroup).
+fn lane_sums(s: ptr<function, array<f32, G>>, li: u32) {
+    for (var h = 0u; h < G; h++) {
+        var x = (*s)[h];
+        for (var o = L / 2u; o > 0u; o >>= 1u) {
+            x += subgroupShuffleXor(x, o);
+        }
+        (*s)[h] = x;
+    }
+}
+
+//! SHARED
+// The same sums through workgroup memory, for adapters without subgroups: a tree over each
+// key's L lanes.
+var<workgroup> red: array<f32, 2048>; // [G][WG]
+
+fn lane_sums(s: ptr<function, array<f32, G>>, li: u32) {
+    let lane = li % L;
+    for (var h = 0u; h < G; h++) {
+        red[h * WG + li] = (*s)[h];
+    }
+    workgroupBarrier();
+    for (var o = L / 2u; o > 0u; o >>= 1u) {
+        if lane < o {
+            for (var h = 0u; h < G; h++) {
+                red[h * WG + li] += red[h * WG + li + o];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var h = 0u; h < G; h++) {
+        (*s)[h] = red[h * WG + li - lane];
+    }
+    workgroupBarrier();
 }
