@@ -22,8 +22,7 @@
 //! operations. `--variant LIST` picks the GEMV designs (`quire_backend::wgpu::gemv::Gemv`), each
 //! timed in turn on the same buffers: `multi` (the multi-token kernel, which the engine runs for
 //! 2..8 tokens) and the one-token slot kernel as `rRwW` (R rows per workgroup of W invocations);
-//! the engine's one-token design is marked `*`, and `QUIRE_WGPU_GEMV=rRwW` makes another the
-//! engine's.
+//! the engine's design for each type (`Gemv::engine`) is marked `*`.
 
 use std::time::Instant;
 
@@ -62,8 +61,8 @@ OPTIONS:
                      of W invocations (32, 64, 128, 256); default: multi,r2w128,r4w128,r8w256
   -h, --help         this text
 
-ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched; QUIRE_WGPU_GEMV=multi|rRwW
-makes that design the engine's for one token (marked * in the table).
+ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched. The engine's design for
+each type and token count is marked * in the table.
 
 Times are GPU timestamps at the boundaries of each timed pass where the adapter has them (the
 first line says which), divided by --reps.";
@@ -332,11 +331,10 @@ fn main() -> Result<()> {
     );
     let ceil = ceiling(&mut p, a.ceiling_mib, &a)?;
     println!("ceiling used: {ceil:.0} GB/s");
-    // The design the engine runs for this many tokens (marked `*`).
-    let engine = if a.tokens == 1 {
-        p.k.gemv1
-    } else {
-        Gemv::Multi
+    // The design the engine runs for this many tokens of type `t` (marked `*`).
+    let engine = |m: &DMatrix| match (a.tokens, m.parts.first()) {
+        (1, Some(part)) => Gemv::engine(part.ty),
+        _ => Gemv::Multi,
     };
     println!(
         "{:<8} {:<6} {:>7} {:>6} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>6}",
@@ -401,7 +399,7 @@ fn main() -> Result<()> {
                     format!(
                         "{}{}",
                         kern.name(),
-                        if kern == engine { "*" } else { "" }
+                        if kern == engine(&ms[0]) { "*" } else { "" }
                     ),
                     t.name(),
                     med * 1e6,

@@ -515,7 +515,7 @@ quire_testkit::wgpu_test! {
         let mut rng = StdRng::seed_from_u64(23);
         let subs: &[bool] = if p.gpu.caps.subgroup.is_some() { &[true, false] } else { &[false] };
         let mut designs = Gemv::CANDIDATES.to_vec();
-        designs.extend([Gemv::ENGINE, Gemv::Slot { rows: 1, wg: 32 }]);
+        designs.extend([Gemv::SLOT, Gemv::Slot { rows: 1, wg: 32 }]);
         for g in designs {
             for &sub in subs {
                 for t in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,

@@ -46,6 +46,13 @@ pub const TC_TILE: usize = 64;
 const TC_ROWS: usize = 64;
 const TC_THREADS: u32 = 256;
 
+/// The most tokens whose expert matmuls take the GEMV-shaped kernels ([`MoePath::Gemv`]); from
+/// there to [`TC_MIN_TOKENS`] the dp4a tiles. `cuda_moe_bench --reps 50` on an H100 (one
+/// 30B-A3B block, median µs, Gemv / Dp4a): Q4_0 1 token 31.8 / 40.4, 4 tokens 85.5 / 92.5, 8
+/// tokens 142.5 / 150.8, 16 tokens 259.6 / 264.1; Q4_K 1 token 34.8 / 44.0, 4 tokens 94.8 /
+/// 97.9, 8 tokens 162.5 / 155.7, 16 tokens 297.3 / 278.6. Q4_K turns at 8, so 4 is the bound.
+pub const GEMV_MAX_TOKENS: usize = 4;
+
 /// The fewest tokens whose expert matmuls run on the tensor cores (quantized experts, sm_80+).
 /// At `n` tokens an expert gets about `n · k / experts` pairs (n / 16 for 30B-A3B): below ~8 the
 /// dp4a tiles already read each expert once and the tensor-core tile would be mostly empty; above,
@@ -373,7 +380,7 @@ impl MoeRun<'_> {
     pub fn path_for(&self, layer: &MoeLayer, n: usize) -> MoePath {
         if n >= TC_MIN_TOKENS && self.tc_ok(layer) {
             MoePath::TensorCore
-        } else if self.gemv_ok(layer) {
+        } else if n <= GEMV_MAX_TOKENS && self.gemv_ok(layer) {
             MoePath::Gemv
         } else {
             MoePath::Dp4a

@@ -4,7 +4,7 @@
 //! by what goes with each load (activation cache lines, dequantization) rather than by memory.
 //! The one-token slot kernel (matmul.wgsl's `//! SLOT`) is the alternative; its rows per
 //! workgroup and workgroup size are parameters, so wgpu_gemv_bench can time several shapes of it
-//! beside the multi-token kernel on one adapter, and `QUIRE_WGPU_GEMV` picks the engine's.
+//! beside the multi-token kernel on one adapter; [`Gemv::engine`] is the engine's choice by type.
 
 use super::gpu::Gpu;
 use super::kernels::{matmul_source, section, type_source, MmShape, WType, MATMUL};
@@ -14,7 +14,7 @@ use crate::BackendError;
 /// 256 invocations, a subgroup per pair of rows, each invocation a 16-byte unit of both, up to 8
 /// tokens per read of the weights), or the one-token slot kernel (`gemv_slot`: `rows` rows per
 /// workgroup of `wg` invocations that all stride over those rows' 8-value slots). The engine runs
-/// the multi-token kernel for 2..8 tokens and [`Gemv::ENGINE`] (or `QUIRE_WGPU_GEMV`) for one;
+/// the multi-token kernel for 2..8 tokens and [`Gemv::engine`] of the weight type for one;
 /// wgpu_gemv_bench times any of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Gemv {
@@ -23,8 +23,20 @@ pub enum Gemv {
 }
 
 impl Gemv {
-    /// The one-token kernel the engine uses unless `QUIRE_WGPU_GEMV` says otherwise.
-    pub const ENGINE: Gemv = Gemv::Slot { rows: 4, wg: 128 };
+    /// The slot design the engine runs where it runs one (see [`Gemv::engine`]).
+    pub const SLOT: Gemv = Gemv::Slot { rows: 4, wg: 256 };
+
+    /// The one-token design the engine runs for weights of type `t`. Measured with
+    /// wgpu_gemv_bench on an H100 through Vulkan over Llama-3-8B's decode shapes (PERF.md, "wgpu
+    /// one-token GEMV by type"): the slot kernel (4 rows per 256 invocations) was ahead for F16
+    /// and Q4_K on every shape and for Q4_0 on all but 4096 x 4096; the multi-token kernel was
+    /// ahead or level for Q6_K and Q8_0. Q4_1 and Q5_K follow Q4_0 and Q4_K (not measured).
+    pub fn engine(t: WType) -> Gemv {
+        match t {
+            WType::F16 | WType::Q4_0 | WType::Q4_1 | WType::Q4_K | WType::Q5_K => Gemv::SLOT,
+            WType::Q8_0 | WType::Q6_K => Gemv::Multi,
+        }
+    }
     /// The designs wgpu_gemv_bench offers by default (and the tests check).
     pub const CANDIDATES: [Gemv; 4] = [
         Gemv::Multi,
@@ -111,16 +123,6 @@ impl Gemv {
             }
         }
     }
-
-    /// The one-token design from `QUIRE_WGPU_GEMV` if set, else [`Gemv::ENGINE`].
-    pub fn from_env() -> Result<Gemv, BackendError> {
-        match std::env::var("QUIRE_WGPU_GEMV") {
-            Ok(v) => {
-                Gemv::parse(&v).map_err(|e| BackendError::Config(format!("QUIRE_WGPU_GEMV: {e}")))
-            }
-            Err(_) => Ok(Gemv::ENGINE),
-        }
-    }
 }
 
 /// Row blocks of the slot GEMV along x before its grid folds into y (matmul.wgsl's FOLD).
@@ -144,8 +146,8 @@ pub fn gemv_pipeline(
 pub fn sources() -> Vec<(String, String, Vec<&'static str>)> {
     let mut v = Vec::new();
     let mut designs = Gemv::CANDIDATES.to_vec();
-    if !designs.contains(&Gemv::ENGINE) {
-        designs.push(Gemv::ENGINE);
+    if !designs.contains(&Gemv::SLOT) {
+        designs.push(Gemv::SLOT);
     }
     for g in designs {
         let Gemv::Slot { .. } = g else { continue };
@@ -170,7 +172,7 @@ mod tests {
 
     #[test]
     fn gemv_designs_parse_from_their_names_and_bad_ones_are_refused() {
-        for g in Gemv::CANDIDATES.into_iter().chain([Gemv::ENGINE]) {
+        for g in Gemv::CANDIDATES.into_iter().chain([Gemv::SLOT]) {
             assert_eq!(Gemv::parse(&g.name()), Ok(g));
         }
         assert_eq!(Gemv::parse("r1w32"), Ok(Gemv::Slot { rows: 1, wg: 32 }));

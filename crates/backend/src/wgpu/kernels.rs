@@ -197,12 +197,10 @@ pub struct Kernels {
     matmul: Vec<wgpu::ComputePipeline>,
     /// The GEMV reading silu(gate) · up of [gate | up] rows (the decode down projection).
     matmul_swiglu: Vec<wgpu::ComputePipeline>,
-    /// The one-token GEMV (`gemv1`), plain and reading silu(gate) · up; empty when it is the
-    /// multi-token kernel.
-    gemv1_pipes: Vec<wgpu::ComputePipeline>,
-    gemv1_swiglu: Vec<wgpu::ComputePipeline>,
-    /// The GEMV design for one token.
-    pub gemv1: Gemv,
+    /// By type, the one-token GEMV ([`Gemv::engine`]), plain and reading silu(gate) · up; `None`
+    /// where that is the multi-token kernel.
+    gemv1_pipes: Vec<Option<wgpu::ComputePipeline>>,
+    gemv1_swiglu: Vec<Option<wgpu::ComputePipeline>>,
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
@@ -238,13 +236,18 @@ impl Kernels {
         let mut matmul = Vec::new();
         let mut matmul_swiglu = Vec::new();
         let mut embed = Vec::new();
-        let gemv1 = Gemv::from_env()?;
         let (mut gemv1_pipes, mut gemv1_swiglu) = (Vec::new(), Vec::new());
         for t in WType::ALL {
-            if gemv1 != Gemv::Multi {
-                gemv1_pipes.push(gemv_pipeline(gpu, t, gemv1, subgroup, false)?);
-                gemv1_swiglu.push(gemv_pipeline(gpu, t, gemv1, subgroup, true)?);
-            }
+            let g = Gemv::engine(t);
+            let one = g != Gemv::Multi;
+            gemv1_pipes.push(
+                one.then(|| gemv_pipeline(gpu, t, g, subgroup, false))
+                    .transpose()?,
+            );
+            gemv1_swiglu.push(
+                one.then(|| gemv_pipeline(gpu, t, g, subgroup, true))
+                    .transpose()?,
+            );
             let src = matmul_source(t, subgroup, false);
             let name = format!("matmul_{}", t.name());
             matmul.push(gpu.pipeline(&name, &src, "gemv")?);
@@ -258,7 +261,6 @@ impl Kernels {
             matmul_swiglu,
             gemv1_pipes,
             gemv1_swiglu,
-            gemv1,
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
@@ -297,16 +299,16 @@ impl Kernels {
     }
 
     /// The GEMV for shape `s` (at most [`MM_TOKENS`] tokens) of type `t`, reading silu(gate) ·
-    /// up if `swiglu`, and its grid: [`Kernels::gemv1`] for one token, the multi-token kernel
-    /// for more.
+    /// up if `swiglu`, and its grid: [`Gemv::engine`] of `t` for one token, the multi-token
+    /// kernel for more.
     pub fn gemv(&self, t: WType, s: &MmShape, swiglu: bool) -> (&wgpu::ComputePipeline, [u32; 3]) {
-        if s.n == 1 && self.gemv1 != Gemv::Multi {
-            let pipes = if swiglu {
-                &self.gemv1_swiglu
-            } else {
-                &self.gemv1_pipes
-            };
-            return (&pipes[t.index()], self.gemv1.groups(s));
+        let pipes = if swiglu {
+            &self.gemv1_swiglu
+        } else {
+            &self.gemv1_pipes
+        };
+        if let (1, Some(pipe)) = (s.n, &pipes[t.index()]) {
+            return (pipe, Gemv::engine(t).groups(s));
         }
         let pipe = if swiglu {
             self.matmul_swiglu(t)

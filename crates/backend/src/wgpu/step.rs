@@ -229,8 +229,8 @@ pub fn mm_kernel<'k>(
 }
 
 /// Whether shape `s` runs the one-token GEMV (its pipelines' bind groups are their own).
-fn one_token_gemv(k: &Kernels, s: &MmShape) -> bool {
-    s.n == 1 && k.gemv1 != super::gemv::Gemv::Multi
+fn one_token_gemv(t: WType, s: &MmShape) -> bool {
+    s.n == 1 && super::gemv::Gemv::engine(t) != super::gemv::Gemv::Multi
 }
 
 /// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
@@ -364,7 +364,7 @@ impl<'a> Step<'a> {
                 row0: part.row0,
             };
             let (mut pipe, mut groups, gemm) = mm_kernel(self.k, part.ty, &s);
-            let one = one_token_gemv(self.k, &s);
+            let one = one_token_gemv(part.ty, &s);
             let key = if gemm {
                 Key::Gemm(part.id, tag)
             } else if swiglu {
