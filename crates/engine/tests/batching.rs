@@ -6,17 +6,16 @@
 //! `executor_test!`): exactly on the CPU oracle; on others greedy paths may part only at the
 //! oracle's near-ties (`common::check_greedy`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use quire_backend::{BackendError, Executor, ForwardBatch, KvCacheSpec, OpStat, SampleParams};
-use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
+use quire_core::{FinishReason, SamplingParams, TokenId};
 use quire_engine::{Engine, EngineConfig};
 use quire_testkit::{executor_test, Backend};
 
 mod common;
-use common::check_greedy;
+use common::{check_greedy, drain};
 
 fn load() -> quire_model::LoadedModel {
     quire_model::load_gguf(&quire_core::default_model::model_for_tests())
@@ -55,26 +54,6 @@ fn prompts(m: &quire_model::LoadedModel) -> Vec<Vec<TokenId>> {
 }
 
 type Outcome = (Vec<u32>, FinishReason);
-
-/// Steps until every request finished; returns each request's tokens and finish reason.
-fn drain(e: &mut Engine) -> HashMap<SeqId, Outcome> {
-    let mut toks: HashMap<SeqId, Vec<u32>> = HashMap::new();
-    let mut done = HashMap::new();
-    let mut steps = 0;
-    while e.has_unfinished() {
-        steps += 1;
-        assert!(steps < 100_000, "engine does not make progress");
-        for o in e.step().unwrap() {
-            toks.entry(o.id)
-                .or_default()
-                .extend(o.tokens.iter().map(|t| t.token.0));
-            if let Some(r) = o.finish_reason {
-                done.insert(o.id, (toks.remove(&o.id).unwrap_or_default(), r));
-            }
-        }
-    }
-    done
-}
 
 fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams {

@@ -17,15 +17,13 @@
 //! replay a draft's steps correctly. The wgpu form runs on lavapipe in CI, so it takes a few
 //! short prompts.
 
-use std::collections::HashMap;
-
 use quire_backend::KvCacheSpec;
 use quire_core::{FinishReason, SamplingParams, SeqId, TokenId};
 use quire_engine::{Engine, EngineConfig, EngineStats, SpecConfig};
 use quire_testkit::{executor_test, Backend};
 
 mod common;
-use common::check_greedy;
+use common::{check_greedy, drain};
 
 fn load() -> quire_model::LoadedModel {
     quire_model::load_gguf(&quire_core::default_model::model_for_tests())
@@ -101,21 +99,7 @@ fn run(mut e: Engine, prompts: &[Vec<TokenId>], n: usize) -> (Vec<Outcome>, Engi
             e.add_request(p.clone(), params).unwrap()
         })
         .collect();
-    let mut toks: HashMap<SeqId, Vec<u32>> = HashMap::new();
-    let mut done: HashMap<SeqId, Outcome> = HashMap::new();
-    let mut steps = 0;
-    while e.has_unfinished() {
-        steps += 1;
-        assert!(steps < 100_000, "engine does not make progress");
-        for o in e.step().unwrap() {
-            toks.entry(o.id)
-                .or_default()
-                .extend(o.tokens.iter().map(|t| t.token.0));
-            if let Some(r) = o.finish_reason {
-                done.insert(o.id, (toks.remove(&o.id).unwrap_or_default(), r));
-            }
-        }
-    }
+    let mut done = drain(&mut e);
     let outcomes = ids.iter().map(|id| done.remove(id).unwrap()).collect();
     (outcomes, e.stats())
 }

@@ -3,7 +3,10 @@
 
 #![allow(dead_code)]
 
-use quire_core::FinishReason;
+use std::collections::HashMap;
+
+use quire_core::{FinishReason, SeqId};
+use quire_engine::Engine;
 use serde_json::Value;
 
 /// The lines of tests/data/smollm2-135m-q4_1.greedy.jsonl (prompts, greedy completions, top-3
@@ -179,4 +182,24 @@ pub fn check_greedy(
         ));
     }
     Ok(())
+}
+
+/// Steps until every request finished; returns each request's tokens and finish reason.
+pub fn drain(e: &mut Engine) -> HashMap<SeqId, (Vec<u32>, FinishReason)> {
+    let mut toks: HashMap<SeqId, Vec<u32>> = HashMap::new();
+    let mut done = HashMap::new();
+    let mut steps = 0;
+    while e.has_unfinished() {
+        steps += 1;
+        assert!(steps < 100_000, "engine does not make progress");
+        for o in e.step().unwrap() {
+            toks.entry(o.id)
+                .or_default()
+                .extend(o.tokens.iter().map(|t| t.token.0));
+            if let Some(r) = o.finish_reason {
+                done.insert(o.id, (toks.remove(&o.id).unwrap_or_default(), r));
+            }
+        }
+    }
+    done
 }
