@@ -50,9 +50,11 @@ impl CudaExecutor {
         let c = &self.cfg;
         // Every step's metadata, one after another at a fixed stride. The graph bakes the stride
         // into its addresses, so it is part of the graph's key; a power of two (at least 64
-        // words, so 16-byte aligned) keeps one graph for block tables that grow a little.
-        let mut steps_meta = Vec::with_capacity(steps);
+        // words, so 16-byte aligned) keeps one graph for block tables that grow a little. The
+        // block tables do not change along a chain, so every step's metadata has step 0's length.
+        let mut all = Vec::new();
         let mut layout = None;
+        let mut stride = 0;
         // Tokens of later steps are written by the graph; zeros stand in for them here.
         let mut cur = chain::Stepped::new(batch);
         let zeros = vec![0u32; n];
@@ -61,15 +63,14 @@ impl CudaExecutor {
                 cur.advance(bs, &zeros);
             }
             let l = pack_meta_padded(&cur.batch(), b, self.kv.num_blocks, bs, &mut self.meta_host);
-            layout.get_or_insert(l);
-            steps_meta.push(self.meta_host.clone());
+            if k == 0 {
+                stride = chain_stride(self.meta_host.len());
+                layout = Some(l);
+                all.resize(steps * stride, 0);
+            }
+            all[k * stride..k * stride + self.meta_host.len()].copy_from_slice(&self.meta_host);
         }
         let layout = layout.expect("steps >= 1");
-        let stride = chain_stride(steps_meta.iter().map(Vec::len).max().unwrap_or(0));
-        let mut all = vec![0i32; steps * stride];
-        for (k, m) in steps_meta.iter().enumerate() {
-            all[k * stride..k * stride + m.len()].copy_from_slice(m);
-        }
         let last_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1) + steps - 1;
         let ctx = self.graph_ctx(last_ctx);
         let plan = self.k.attention.plan(self.gpu.sms, b, ctx, true);
