@@ -34,7 +34,7 @@ llamacpp)
     cd /root/lc/llama.cpp
     cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release > /root/lc/cmake.log 2>&1
-    cmake --build build -j 16 --target llama-bench llama-batched-bench llama-quantize llama-server \
+    cmake --build build -j "$(nproc)" --target llama-bench llama-batched-bench llama-quantize llama-server \
         > /root/lc/build.log 2>&1 || { tail -30 /root/lc/build.log; exit 1; }
     git -C /root/lc/llama.cpp rev-parse --short HEAD 2>/dev/null || true
     ls "$LB"

@@ -4,6 +4,9 @@
 export LD_LIBRARY_PATH=/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0
+# NCCL for tensor-parallel groups: PyTorch's nvidia-nccl wheel ships libnccl.so.2.
+nccl_lib=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "nccl", "lib"))' 2>/dev/null || true)
+[ -n "$nccl_lib" ] && [ -d "$nccl_lib" ] && export LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH
 W=${QUIRE_DEV_DIR:-/root/quire-dev}
 OUT=${OUT:-/tmp/out}
 LB=/root/lc/llama.cpp/build/bin

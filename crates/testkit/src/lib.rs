@@ -35,7 +35,9 @@
 //! test binaries are compiled: cargo rebuilds this crate and the test crates when it changes),
 //! and `--features cuda`, e.g.
 //! `QUIRE_REQUIRE_GPU=1 cargo test --release -p quire-backend -p quire-engine --features cuda`.
-//! `-- --include-ignored` also runs the slow tests ignored for time.
+//! `-- --include-ignored` also runs the slow tests ignored for time. On a machine with several
+//! GPUs, `QUIRE_TEST_TENSOR_PARALLEL=2` runs every CUDA executor of the suites as a
+//! tensor-parallel group of 2 GPUs.
 
 pub mod metric;
 pub mod paged;
@@ -113,11 +115,26 @@ impl Backend {
             block_size: kv.block_size,
             ..opts
         };
-        self.ok(CudaExecutor::new(w, opts))
+        match test_tensor_parallel_size() {
+            n if n > 1 => self.ok(quire_backend::cuda::tp_group(w, opts, n)),
+            _ => self.ok(CudaExecutor::new(w, opts)),
+        }
     }
 
     fn ok(self, r: Result<Box<dyn Executor>, quire_backend::BackendError>) -> Box<dyn Executor> {
         r.unwrap_or_else(|e| missing(self, &e))
+    }
+}
+
+/// `QUIRE_TEST_TENSOR_PARALLEL=N` (N > 1) makes every CUDA executor of the suites a group of N
+/// GPUs (`--tensor-parallel-size N`), so that a whole suite (e.g. `batching`) runs sharded on a
+/// multi-GPU machine; unset or 1, one GPU. A value that is not a number fails the test.
+fn test_tensor_parallel_size() -> usize {
+    match std::env::var("QUIRE_TEST_TENSOR_PARALLEL") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            panic!("QUIRE_TEST_TENSOR_PARALLEL={v:?}: want a number of GPUs")
+        }),
+        Err(_) => 1,
     }
 }
 
