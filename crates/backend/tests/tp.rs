@@ -14,8 +14,8 @@ use std::sync::Arc;
 use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
 use quire_backend::tp::{self, HostReduce, Shard, TpExecutor};
 use quire_backend::{
-    BackendError, Executor, FfnWeights, ForwardBatch, HostTensor, KvCacheSpec, LayerWeights,
-    ModelWeights, MoeWeights, SeqBatch,
+    argmax, sample_row, BackendError, Executor, FfnWeights, ForwardBatch, HostTensor, KvCacheSpec,
+    LayerWeights, ModelWeights, MoeWeights, SampleParams, SeqBatch,
 };
 use quire_core::{Architecture, BlockId, ModelConfig, MoeConfig, RopeStyle};
 use quire_gguf::GgmlType;
@@ -60,6 +60,19 @@ fn config(moe: bool) -> ModelConfig {
             norm_topk_prob: true,
         }),
     }
+}
+
+/// A model that 2 and 3 ranks both split (12 heads, 6 KV heads), with a vocabulary neither
+/// divides: the ranks' shares of the vocab-parallel output differ in length (194/195 and
+/// 129/130/130 rows).
+fn config_odd_vocab(moe: bool) -> ModelConfig {
+    let mut c = config(moe);
+    (c.num_heads, c.num_kv_heads) = (12, 6);
+    (c.intermediate_size, c.vocab_size) = (1536, 389);
+    if let Some(m) = &mut c.moe {
+        m.expert_intermediate_size = 768;
+    }
+    c
 }
 
 fn vector(rng: &mut StdRng, n: usize, around: f32) -> HostTensor {
@@ -161,6 +174,11 @@ impl Script {
 
     /// Runs steps `(start, len)` per sequence: returns every row's logits.
     fn step(&self, ex: &mut dyn Executor, spans: &[(usize, usize)]) -> Vec<f32> {
+        self.with_batch(spans, |b| ex.forward(b).expect("forward").to_vec())
+    }
+
+    /// Calls `f` with the batch of steps `(start, len)` per sequence, logits for every row.
+    fn with_batch<R>(&self, spans: &[(usize, usize)], f: impl FnOnce(&ForwardBatch) -> R) -> R {
         let (mut ids, mut pos, mut slots, mut seqs) = (vec![], vec![], vec![], vec![]);
         for (s, &(start, len)) in spans.iter().enumerate() {
             seqs.push(SeqBatch {
@@ -176,14 +194,13 @@ impl Script {
             }
         }
         let rows: Vec<u32> = (0..ids.len() as u32).collect();
-        let b = ForwardBatch {
+        f(&ForwardBatch {
             token_ids: &ids,
             positions: &pos,
             slot_mapping: &slots,
             seqs: &seqs,
             logits_indices: &rows,
-        };
-        ex.forward(&b).expect("forward").to_vec()
+        })
     }
 
     fn run(&self, ex: &mut dyn Executor) -> Vec<Vec<f32>> {
@@ -303,6 +320,100 @@ fn sharded_dense_models_match_the_whole_model() {
 fn sharded_mixture_of_experts_matches_the_whole_model() {
     for (t, n) in [(GgmlType::F32, 2), (GgmlType::Q8_0, 2), (GgmlType::Q8_0, 4)] {
         check(&model(&config(true), t, 11), "MoE", n);
+    }
+}
+
+/// The output projection split by vocabulary rows (each CPU rank computes its share of the logits,
+/// then the ranks all-gather them): the full logits match one executor's, with shares of unequal
+/// length (2 and 3 ranks over 389 entries) and with the output tied to the embedding.
+#[test]
+fn vocab_parallel_output_with_uneven_shares_matches_the_whole_model() {
+    for (moe, t) in [
+        (false, GgmlType::F32),
+        (false, GgmlType::Q8_0),
+        (true, GgmlType::Q8_0),
+    ] {
+        let w = model(&config_odd_vocab(moe), t, 13);
+        let what = if moe {
+            "MoE, vocab 389"
+        } else {
+            "dense, vocab 389"
+        };
+        for n in [2, 3] {
+            check(&w, what, n);
+        }
+    }
+    let mut tied = model(&config_odd_vocab(false), GgmlType::F16, 17);
+    tied.output = None;
+    tied.config.tie_word_embeddings = true;
+    check(&tied, "tied output, vocab 389", 3);
+}
+
+/// Greedy and sampled calls on a group pick from the gathered logits: the same tokens as the
+/// group's own logits give, the same as one executor's where its best two logits are apart by
+/// more than rounding, and the same bits from a second group.
+#[test]
+fn vocab_parallel_greedy_and_sampled_tokens_match() {
+    let w = model(&config_odd_vocab(false), GgmlType::F32, 19);
+    let v = w.config.vocab_size;
+    let script = Script::new(4, &[13, 6, 30], v);
+    let prompt = [(0, 13), (0, 6), (0, 30)];
+    let decode = [(13, 1), (6, 1), (30, 1)];
+    let params = |rows: usize| -> Vec<SampleParams> {
+        (0..rows)
+            .map(|i| SampleParams {
+                temperature: [0.0, 0.7, 1.3][i % 3],
+                top_k: [0, 40, 0][i % 3],
+                top_p: [1.0, 0.9, 1.0][i % 3],
+                min_p: [0.0, 0.0, 0.02][i % 3],
+                u: (i as f64 * 0.618_033_988_7).fract(),
+            })
+            .collect()
+    };
+    type Tokens = (Vec<f32>, Vec<u32>, Vec<u32>);
+    // Every call repeats the step on the same slots, writing the same K and V.
+    let calls = |ex: &mut dyn Executor, spans: &[(usize, usize)]| -> Tokens {
+        script.with_batch(spans, |b| {
+            let logits = ex.forward(b).unwrap().to_vec();
+            let greedy = ex.forward_greedy(b).unwrap();
+            let sampled = ex.forward_sample(b, &params(greedy.len())).unwrap();
+            (logits, greedy, sampled)
+        })
+    };
+    let mut one = CpuExecutor::new(&w, KV, opts()).unwrap();
+    for n in [2, 3] {
+        let mut group = tp::cpu_group(&w, KV, opts(), n).unwrap();
+        let mut again = tp::cpu_group(&w, KV, opts(), n).unwrap();
+        let (mut close_calls, mut rows) = (0, 0);
+        for spans in [&prompt[..], &decode[..]] {
+            let (logits, greedy, sampled) = calls(group.as_mut(), spans);
+            let (want_logits, want_greedy, _) = calls(&mut one, spans);
+            assert_eq!(
+                calls(again.as_mut(), spans),
+                (logits.clone(), greedy.clone(), sampled.clone())
+            );
+            let p = params(greedy.len());
+            for (i, row) in logits.chunks_exact(v).enumerate() {
+                assert_eq!(greedy[i], argmax(row), "{n} ranks, row {i}");
+                assert_eq!(sampled[i], sample_row(row, &p[i]), "{n} ranks, row {i}");
+                let want = &want_logits[i * v..(i + 1) * v];
+                // Within the bound a row's logits move by at most TP_BOUND × its norm each, so a
+                // gap of twice that cannot swap the best two.
+                let norm = want.iter().map(|x| x * x).sum::<f32>().sqrt();
+                let mut top = want.to_vec();
+                top.sort_by(|a, b| b.total_cmp(a));
+                if f64::from(top[0] - top[1]) > 2.0 * TP_BOUND * f64::from(norm) {
+                    assert_eq!(greedy[i], want_greedy[i], "{n} ranks, row {i}");
+                } else {
+                    close_calls += 1;
+                }
+                rows += 1;
+            }
+        }
+        assert!(
+            4 * close_calls < rows,
+            "{close_calls} of {rows} rows too close to call"
+        );
     }
 }
 
