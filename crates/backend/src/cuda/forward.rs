@@ -64,6 +64,8 @@ struct Bufs {
     act: u64,
     q8: u64,
     logits: u64,
+    logits_part: u64,
+    logits_gathered: u64,
     part_acc: u64,
     part_ml: u64,
     wdq: u64,
@@ -95,6 +97,9 @@ struct Fwd<'a> {
     rope_args: Option<RopeArgs>,
     /// This rank's communicator, when the model is sharded (`crate::tp`).
     tp: Option<(&'a Comm, Shard)>,
+    /// Whether the output projection holds only this rank's vocabulary rows
+    /// (`CudaExecutor::vocab_split`).
+    vocab_split: bool,
 }
 
 impl CudaExecutor {
@@ -112,6 +117,8 @@ impl CudaExecutor {
             act: a.act.ptr,
             q8: a.q8.ptr,
             logits: s.logits.ptr,
+            logits_part: s.logits_part.ptr,
+            logits_gathered: s.logits_gathered.ptr,
             part_acc: s.part_acc.ptr,
             part_ml: s.part_ml.ptr,
             wdq: s.wdq.ptr,
@@ -133,6 +140,7 @@ impl CudaExecutor {
             fused: None,
             rope_args: None,
             tp: self.tp.as_ref().map(|(c, s)| (&**c, *s)),
+            vocab_split: self.vocab_split.is_some(),
         };
         f.prof.start(f.g)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
@@ -588,21 +596,33 @@ impl LayerOps for Fwd<'_> {
     }
 
     /// The output norm and projection of the rows listed in `logits_idx`, into `logits` (or, for
-    /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`).
+    /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`). A
+    /// vocab-parallel rank computes its vocabulary rows' logits, then `gather_logits` gives every
+    /// rank the full rows.
     fn output(&mut self, norm: &DBuf<f32>, out_w: &WMat) -> Result<(), BackendError> {
         let norm_w = norm.ptr;
         let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
         let (nl, hd) = (st.nl, c.hidden_size);
+        let split = self.tp.filter(|_| self.vocab_split);
+        // [nl, cols]: every logit, or this rank's span of them.
+        let (dst, cols) = match split {
+            Some((_, s)) => (b.logits_part, s.vocab_span(c.vocab_size).1),
+            None => (b.logits, c.vocab_size),
+        };
         if nl > 0 {
             let rows_idx = self.meta(st.layout.logits_idx);
             let normed = self.normed(norm_w, rows_idx);
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
                 if st.logits_host != 0 {
+                    debug_assert!(
+                        split.is_none(),
+                        "a vocab-parallel rank gathers on the device"
+                    );
                     // SAFETY: `logits_host` is the executor's mapped logits row (`vocab_size` f32); the rest as `Bufs` says.
                     unsafe { gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size) }?;
                 } else {
                     // SAFETY: the addresses are the step's, as `Bufs` says.
-                    unsafe { gv.run(g, wp, normed, b.logits, hd, c.vocab_size, 0.0) }?;
+                    unsafe { gv.run(g, wp, normed, dst, hd, cols, 0.0) }?;
                 }
             } else {
                 debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
@@ -613,12 +633,69 @@ impl LayerOps for Fwd<'_> {
                 unsafe { norm_for(g, k, q8w, b.x, rows, norm_w, inputs, nl, self.norm_shape()) }?;
                 let mm = self.mm(out_w, nl);
                 // SAFETY: the addresses are the step's, as `Bufs` says.
-                unsafe { mm.run(g, k, out_w, inputs, b.logits, hd, c.vocab_size, 0.0) }?;
+                unsafe { mm.run(g, k, out_w, inputs, dst, hd, cols, 0.0) }?;
             }
         }
-        let bytes = out_w.bytes_for(c.vocab_size, hd) + nl * c.vocab_size * 4;
+        let bytes = out_w.bytes_for(cols, hd) + nl * cols * 4;
         self.prof
-            .mark(g, "output", None, bytes, 2 * nl * hd * c.vocab_size)
+            .mark(g, "output", None, bytes, 2 * nl * hd * cols)?;
+        match split {
+            Some((comm, s)) if nl > 0 => self.gather_logits(comm, s),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Fwd<'_> {
+    /// A vocab-parallel rank's last op: every rank's `[nl, span]` logits (packed in
+    /// `logits_part`) gathered by NCCL into `logits_gathered`, `[rank][nl · stride]`, then each
+    /// rank's block copied to its columns of `logits`, `[nl, vocab]`. One row of a vocabulary the
+    /// ranks split evenly is gathered straight into `logits` (the layouts coincide). On the step's
+    /// stream, so a captured decode graph holds it too.
+    fn gather_logits(&mut self, comm: &Comm, s: Shard) -> Result<(), BackendError> {
+        let (g, b, nl, v) = (self.g, self.b, self.st.nl, self.c.vocab_size);
+        let stride = s.vocab_stride(v);
+        let stream = g.stream.cu_stream();
+        let direct = nl == 1 && v.is_multiple_of(s.size);
+        let recv = if direct { b.logits } else { b.logits_gathered };
+        // SAFETY: `logits_part` holds `nl × stride` f32 and `logits_gathered` `size × nl × stride`
+        // (grown with the logits by `CudaExecutor::grow`), `logits` `nl × vocab` (= size × stride
+        // when `direct`); the rest as `Bufs` says.
+        unsafe { comm.all_gather_f32(b.logits_part, recv, nl * stride, stream as *mut _) }?;
+        if !direct {
+            for r in 0..s.size {
+                let (first, count) = Shard { rank: r, ..s }.vocab_span(v);
+                if count == 0 {
+                    continue;
+                }
+                let copy = cudarc::driver::sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
+                    srcDevice: b.logits_gathered + (r * nl * stride * 4) as u64,
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: count * 4,
+                    dstXInBytes: first * 4,
+                    dstY: 0,
+                    dstMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
+                    dstDevice: b.logits,
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: v * 4,
+                    WidthInBytes: count * 4,
+                    Height: nl,
+                };
+                // SAFETY: rank r's block is `nl` rows of `count` f32 inside `logits_gathered`; its
+                // destination columns `first..first + count` of `nl` rows of `vocab` lie inside
+                // `logits`; both as above.
+                unsafe { cudarc::driver::sys::cuMemcpy2DAsync_v2(&copy, stream) }
+                    .result()
+                    .map_err(super::gpu::cuda_err("arranging the gathered logits"))?;
+            }
+        }
+        let bytes = (s.size * nl * stride + nl * v) * 4;
+        self.prof.mark(g, "all_gather", None, bytes, 0)
     }
 }
 

@@ -90,6 +90,9 @@ pub struct CudaExecutor {
     pub(super) meta_mapped: Option<MappedMeta>,
     /// The communicator and rank of a sharded model (`crate::tp`).
     pub(super) tp: Option<(Arc<Comm>, Shard)>,
+    /// `Some(shard)`: `output` holds only this rank's vocabulary rows (`Shard::vocab_span`), and
+    /// the ranks all-gather their logits (`Fwd::output`).
+    pub(super) vocab_split: Option<Shard>,
 }
 
 /// What a captured decode graph was captured for: a replay must match all of it.
@@ -142,14 +145,21 @@ impl CudaExecutor {
     }
 
     /// Rank `shard.rank` of a tensor-parallel group on device `opts.device`: `w` is that rank's
-    /// part of the model (`tp::shard_weights`), `comm` its communicator.
+    /// part of the model (`tp::shard_weights`), `comm` its communicator. The rank uploads only its
+    /// vocabulary rows of the output projection (vocab-parallel output).
     pub fn new_rank(
         w: &ModelWeights,
         opts: CudaOptions,
         comm: Arc<Comm>,
         shard: Shard,
     ) -> Result<Box<dyn Executor>, BackendError> {
-        let mut me = Self::create(w, opts)?;
+        if comm.size != shard.size || comm.rank != shard.rank {
+            return Err(BackendError::Config(format!(
+                "rank {} of {} on the communicator of rank {} of {}",
+                shard.rank, shard.size, comm.rank, comm.size
+            )));
+        }
+        let mut me = Self::create_part(w, opts, Some(shard))?;
         me.tp = Some((comm, shard));
         Ok(Box::new(me))
     }
@@ -241,7 +251,7 @@ impl CudaExecutor {
     /// Where a step with `nl` logits rows that go to the host writes them: `host_row`'s device
     /// address when it is one row by the output GEMV, else 0 (`s.logits`, copied afterwards).
     fn logits_dst(&self, nl: usize, to_host: bool) -> u64 {
-        if to_host && self.output_by_gemv(nl) {
+        if to_host && self.vocab_split.is_none() && self.output_by_gemv(nl) {
             self.host_row.1
         } else {
             0
