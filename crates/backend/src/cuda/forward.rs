@@ -36,7 +36,7 @@ pub(super) struct Step {
     pub pairs: usize,
     pub ctx_tokens: usize,
     /// Device address of page-locked host memory the logits row goes to (0: `s.logits`); only
-    /// set where `CudaExecutor::output_by_gemv` holds.
+    /// set where `CudaExecutor::output_by_gemv` holds, or for one row of a vocab-parallel rank.
     pub logits_host: u64,
     /// Device address of mapped host memory holding this step's metadata, which the embedding
     /// kernel copies (`meta_words` words) to `meta_base` first; 0: it was copied before.
@@ -613,11 +613,7 @@ impl LayerOps for Fwd<'_> {
             let rows_idx = self.meta(st.layout.logits_idx);
             let normed = self.normed(norm_w, rows_idx);
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
-                if st.logits_host != 0 {
-                    debug_assert!(
-                        split.is_none(),
-                        "a vocab-parallel rank gathers on the device"
-                    );
+                if st.logits_host != 0 && split.is_none() {
                     // SAFETY: `logits_host` is the executor's mapped logits row (`vocab_size` f32); the rest as `Bufs` says.
                     unsafe { gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size) }?;
                 } else {
@@ -625,7 +621,10 @@ impl LayerOps for Fwd<'_> {
                     unsafe { gv.run(g, wp, normed, dst, hd, cols, 0.0) }?;
                 }
             } else {
-                debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
+                debug_assert!(
+                    st.logits_host == 0 || split.is_some(),
+                    "host logits need the output GEMV"
+                );
                 let q8w = self.q8_in(out_w, nl);
                 let inputs = (b.h, b.q8);
                 let rows = KArg::P(rows_idx);
@@ -693,6 +692,18 @@ impl Fwd<'_> {
                     .result()
                     .map_err(super::gpu::cuda_err("arranging the gathered logits"))?;
             }
+        }
+        if self.st.logits_host != 0 {
+            // One row wanted on the host: copied into the page-locked row inside the step, as
+            // one GPU's output GEMV writes it there.
+            // SAFETY: `logits_host` is the device address of the executor's mapped row of
+            // `vocab` f32 (`CudaExecutor::logits_dst` sets it only for one row); `logits` holds
+            // that row.
+            unsafe {
+                cudarc::driver::sys::cuMemcpyAsync(self.st.logits_host, b.logits, v * 4, stream)
+            }
+            .result()
+            .map_err(super::gpu::cuda_err("copying the gathered logits row"))?;
         }
         let bytes = (s.size * nl * stride + nl * v) * 4;
         self.prof.mark(g, "all_gather", None, bytes, 0)

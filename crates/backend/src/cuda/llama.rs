@@ -200,6 +200,13 @@ impl Executor for CudaExecutor {
         Ok(self.logits_on_host())
     }
 
+    /// The step without the copy of its logits to the host (the sync still reports its errors).
+    fn forward_discard(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        self.run(batch, false)?;
+        self.gpu.sync()?;
+        self.prof.finish(&self.gpu)
+    }
+
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
         self.forward_greedy_inner(batch)?;
         Ok(self.host_ids.iter().map(|&t| t as u32).collect())
@@ -251,7 +258,12 @@ impl CudaExecutor {
     /// Where a step with `nl` logits rows that go to the host writes them: `host_row`'s device
     /// address when it is one row by the output GEMV, else 0 (`s.logits`, copied afterwards).
     fn logits_dst(&self, nl: usize, to_host: bool) -> u64 {
-        if to_host && self.vocab_split.is_none() && self.output_by_gemv(nl) {
+        // A vocab-parallel rank copies one gathered row there inside the step (`Fwd::output`).
+        let one_row = match self.vocab_split {
+            Some(_) => nl == 1,
+            None => self.output_by_gemv(nl),
+        };
+        if to_host && one_row {
             self.host_row.1
         } else {
             0
