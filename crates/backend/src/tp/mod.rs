@@ -5,10 +5,9 @@
 //! - `shard`: which part of every weight a rank holds (Q/K/V and gate/up split by output rows —
 //!   heads, KV heads, FFN columns — and the o and down projections by input columns), and the
 //!   model config each rank runs with. Embedding and norms are replicated. The output projection
-//!   is split by vocabulary rows on CPU ranks (`output_rows`: each rank reads only its share of
-//!   the largest matrix, then the ranks all-gather their logits so every rank holds the full
-//!   rows, and greedy, sampled and chained steps run as on one device); GPU ranks still hold it
-//!   whole.
+//!   is split by vocabulary rows (`output_rows`, taken by each backend's rank constructor): each
+//!   rank reads only its share of the largest matrix, then the ranks all-gather their logits, so
+//!   every rank holds the full rows and greedy, sampled and chained steps run as on one device.
 //! - `forward.rs` (the shared layer sequence) adds the ranks' partial o and down products with an
 //!   all-reduce of the residual stream after each; only the lead rank adds its residual, the
 //!   others contribute their partial product alone, so the sum counts the residual once.
