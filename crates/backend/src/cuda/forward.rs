@@ -19,6 +19,7 @@ use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
 use super::nccl::Comm;
 use super::profile::EventProfiler;
 use super::qmat::WMat;
+use super::tp::{gather_logits, GatherBufs};
 use crate::forward::{forward, Act, LayerOps, Next};
 use crate::tp::Shard;
 use crate::BackendError;
@@ -597,8 +598,8 @@ impl LayerOps for Fwd<'_> {
 
     /// The output norm and projection of the rows listed in `logits_idx`, into `logits` (or, for
     /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`). A
-    /// vocab-parallel rank computes its vocabulary rows' logits, then `gather_logits` gives every
-    /// rank the full rows.
+    /// vocab-parallel rank computes its vocabulary rows' logits into `logits_part`, then
+    /// `gather_logits` gives every rank the full rows.
     fn output(&mut self, norm: &DBuf<f32>, out_w: &WMat) -> Result<(), BackendError> {
         let norm_w = norm.ptr;
         let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
@@ -638,74 +639,22 @@ impl LayerOps for Fwd<'_> {
         let bytes = out_w.bytes_for(cols, hd) + nl * cols * 4;
         self.prof
             .mark(g, "output", None, bytes, 2 * nl * hd * cols)?;
-        match split {
-            Some((comm, s)) if nl > 0 => self.gather_logits(comm, s),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl Fwd<'_> {
-    /// A vocab-parallel rank's last op: every rank's `[nl, span]` logits (packed in
-    /// `logits_part`) gathered by NCCL into `logits_gathered`, `[rank][nl · stride]`, then each
-    /// rank's block copied to its columns of `logits`, `[nl, vocab]`. One row of a vocabulary the
-    /// ranks split evenly is gathered straight into `logits` (the layouts coincide). On the step's
-    /// stream, so a captured decode graph holds it too.
-    fn gather_logits(&mut self, comm: &Comm, s: Shard) -> Result<(), BackendError> {
-        let (g, b, nl, v) = (self.g, self.b, self.st.nl, self.c.vocab_size);
-        let stride = s.vocab_stride(v);
-        let stream = g.stream.cu_stream();
-        let direct = nl == 1 && v.is_multiple_of(s.size);
-        let recv = if direct { b.logits } else { b.logits_gathered };
+        let Some((comm, s)) = split.filter(|_| nl > 0) else {
+            return Ok(());
+        };
+        let bufs = GatherBufs {
+            part: b.logits_part,
+            gathered: b.logits_gathered,
+            logits: b.logits,
+            host_row: st.logits_host,
+        };
         // SAFETY: `logits_part` holds `nl × stride` f32 and `logits_gathered` `size × nl × stride`
-        // (grown with the logits by `CudaExecutor::grow`), `logits` `nl × vocab` (= size × stride
-        // when `direct`); the rest as `Bufs` says.
-        unsafe { comm.all_gather_f32(b.logits_part, recv, nl * stride, stream as *mut _) }?;
-        if !direct {
-            for r in 0..s.size {
-                let (first, count) = Shard { rank: r, ..s }.vocab_span(v);
-                if count == 0 {
-                    continue;
-                }
-                let copy = cudarc::driver::sys::CUDA_MEMCPY2D {
-                    srcXInBytes: 0,
-                    srcY: 0,
-                    srcMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    srcHost: std::ptr::null(),
-                    srcDevice: b.logits_gathered + (r * nl * stride * 4) as u64,
-                    srcArray: std::ptr::null_mut(),
-                    srcPitch: count * 4,
-                    dstXInBytes: first * 4,
-                    dstY: 0,
-                    dstMemoryType: cudarc::driver::sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-                    dstHost: std::ptr::null_mut(),
-                    dstDevice: b.logits,
-                    dstArray: std::ptr::null_mut(),
-                    dstPitch: v * 4,
-                    WidthInBytes: count * 4,
-                    Height: nl,
-                };
-                // SAFETY: rank r's block is `nl` rows of `count` f32 inside `logits_gathered`; its
-                // destination columns `first..first + count` of `nl` rows of `vocab` lie inside
-                // `logits`; both as above.
-                unsafe { cudarc::driver::sys::cuMemcpy2DAsync_v2(&copy, stream) }
-                    .result()
-                    .map_err(super::gpu::cuda_err("arranging the gathered logits"))?;
-            }
-        }
-        if self.st.logits_host != 0 {
-            // One row wanted on the host: copied into the page-locked row inside the step, as
-            // one GPU's output GEMV writes it there.
-            // SAFETY: `logits_host` is the device address of the executor's mapped row of
-            // `vocab` f32 (`CudaExecutor::logits_dst` sets it only for one row); `logits` holds
-            // that row.
-            unsafe {
-                cudarc::driver::sys::cuMemcpyAsync(self.st.logits_host, b.logits, v * 4, stream)
-            }
-            .result()
-            .map_err(super::gpu::cuda_err("copying the gathered logits row"))?;
-        }
-        let bytes = (s.size * nl * stride + nl * v) * 4;
+        // (grown with the logits by `CudaExecutor::grow` for a vocab-parallel rank),
+        // `logits_host` is 0 or the mapped row of `vocab` f32 with `nl == 1`
+        // (`CudaExecutor::logits_dst`); the rest as `Bufs` says.
+        unsafe { gather_logits(g, comm, s, nl, c.vocab_size, bufs) }?;
+        let stride = s.vocab_stride(c.vocab_size);
+        let bytes = (s.size * nl * stride + nl * c.vocab_size) * 4;
         self.prof.mark(g, "all_gather", None, bytes, 0)
     }
 }
