@@ -161,6 +161,12 @@ pub trait Executor: Send {
     /// Runs the batch, writing its new K/V into the cache; returns logits
     /// `[batch.logits_indices.len(), vocab_size]`.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError>;
+    /// Runs the batch like `forward` but drops its logits: a tensor-parallel rank other than the
+    /// lead, whose logits nobody reads. Backends that keep logits on a device override this so
+    /// they are not copied to the host.
+    fn forward_discard(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        self.forward(batch).map(|_| ())
+    }
     /// Runs the batch and returns the argmax token of each logits row (greedy decoding: the
     /// first of equal maxima). Backends that can pick on the device override this, so only
     /// token ids cross to the host.

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
 use quire_backend::tp::{self, HostReduce, Shard, TpExecutor};
 use quire_backend::{
-    BackendError, Executor, FfnWeights, ForwardBatch, HostTensor, KvCacheSpec, LayerWeights,
-    ModelWeights, MoeWeights, SeqBatch,
+    argmax, sample_row, BackendError, Executor, FfnWeights, ForwardBatch, HostTensor, KvCacheSpec,
+    LayerWeights, ModelWeights, MoeWeights, SampleParams, SeqBatch,
 };
 use quire_core::{Architecture, BlockId, ModelConfig, MoeConfig, RopeStyle};
 use quire_gguf::GgmlType;
@@ -60,6 +60,19 @@ fn config(moe: bool) -> ModelConfig {
             norm_topk_prob: true,
         }),
     }
+}
+
+/// A model that 2 and 3 ranks both split (12 heads, 6 KV heads), with a vocabulary neither
+/// divides: the ranks' shares of the vocab-parallel output differ in length (194/195 and
+/// 129/130/130 rows).
+fn config_odd_vocab(moe: bool) -> ModelConfig {
+    let mut c = config(moe);
+    (c.num_heads, c.num_kv_heads) = (12, 6);
+    (c.intermediate_size, c.vocab_size) = (1536, 389);
+    if let Some(m) = &mut c.moe {
+        m.expert_intermediate_size = 768;
+    }
+    c
 }
 
 fn vector(rng: &mut StdRng, n: usize, around: f32) -> HostTensor {
@@ -161,6 +174,11 @@ impl Script {
 
     /// Runs steps `(start, len)` per sequence: returns every row's logits.
     fn step(&self, ex: &mut dyn Executor, spans: &[(usize, usize)]) -> Vec<f32> {
+        self.with_batch(spans, |b| ex.forward(b).expect("forward").to_vec())
+    }
+
+    /// Calls `f` with the batch of steps `(start, len)` per sequence, logits for every row.
+    fn with_batch<R>(&self, spans: &[(usize, usize)], f: impl FnOnce(&ForwardBatch) -> R) -> R {
         let (mut ids, mut pos, mut slots, mut seqs) = (vec![], vec![], vec![], vec![]);
         for (s, &(start, len)) in spans.iter().enumerate() {
             seqs.push(SeqBatch {
@@ -176,14 +194,13 @@ impl Script {
             }
         }
         let rows: Vec<u32> = (0..ids.len() as u32).collect();
-        let b = ForwardBatch {
+        f(&ForwardBatch {
             token_ids: &ids,
             positions: &pos,
             slot_mapping: &slots,
             seqs: &seqs,
             logits_indices: &rows,
-        };
-        ex.forward(&b).expect("forward").to_vec()
+        })
     }
 
     fn run(&self, ex: &mut dyn Executor) -> Vec<Vec<f32>> {
@@ -304,6 +321,117 @@ fn sharded_mixture_of_experts_matches_the_whole_model() {
     for (t, n) in [(GgmlType::F32, 2), (GgmlType::Q8_0, 2), (GgmlType::Q8_0, 4)] {
         check(&model(&config(true), t, 11), "MoE", n);
     }
+}
+
+/// The output projection split by vocabulary rows (each CPU rank computes its share of the logits,
+/// then the ranks all-gather them): the full logits match one executor's, with shares of unequal
+/// length (2 and 3 ranks over 389 entries) and with the output tied to the embedding.
+#[test]
+fn vocab_parallel_output_with_uneven_shares_matches_the_whole_model() {
+    for (moe, t) in [
+        (false, GgmlType::F32),
+        (false, GgmlType::Q8_0),
+        (true, GgmlType::Q8_0),
+    ] {
+        let w = model(&config_odd_vocab(moe), t, 13);
+        let what = if moe {
+            "MoE, vocab 389"
+        } else {
+            "dense, vocab 389"
+        };
+        for n in [2, 3] {
+            check(&w, what, n);
+        }
+    }
+    let mut tied = model(&config_odd_vocab(false), GgmlType::F16, 17);
+    tied.output = None;
+    tied.config.tie_word_embeddings = true;
+    check(&tied, "tied output, vocab 389", 3);
+}
+
+/// Greedy and sampled calls on a group pick from the gathered logits: the same tokens as the
+/// group's own logits give, the same greedy tokens as one executor's wherever their logits are
+/// too close to swap the best two, and the same bits from a second group.
+#[test]
+fn vocab_parallel_greedy_and_sampled_tokens_match() {
+    let w = model(&config_odd_vocab(false), GgmlType::F32, 19);
+    for n in [2, 3] {
+        let one = Box::new(CpuExecutor::new(&w, KV, opts()).unwrap());
+        let group = || tp::cpu_group(&w, KV, opts(), n).unwrap();
+        tokens_match_the_logits(&w, one, &group, true);
+    }
+}
+
+/// The checks of `vocab_parallel_greedy_and_sampled_tokens_match` on two groups from `group`
+/// against `one` executor. `host_sampling`: the group samples as `sample_row` does (CPU ranks);
+/// otherwise (a device sampler) only its greedy rows are held to the argmax.
+fn tokens_match_the_logits(
+    w: &ModelWeights,
+    mut one: Box<dyn Executor>,
+    group: &dyn Fn() -> Box<dyn Executor>,
+    host_sampling: bool,
+) {
+    let v = w.config.vocab_size;
+    let script = Script::new(4, &[13, 6, 30], v);
+    let prompt = [(0, 13), (0, 6), (0, 30)];
+    let decode = [(13, 1), (6, 1), (30, 1)];
+    let params = |rows: usize| -> Vec<SampleParams> {
+        (0..rows)
+            .map(|i| SampleParams {
+                temperature: [0.0, 0.7, 1.3][i % 3],
+                top_k: [0, 40, 0][i % 3],
+                top_p: [1.0, 0.9, 1.0][i % 3],
+                min_p: [0.0, 0.0, 0.02][i % 3],
+                u: (i as f64 * 0.618_033_988_7).fract(),
+            })
+            .collect()
+    };
+    type Tokens = (Vec<f32>, Vec<u32>, Vec<u32>);
+    // Every call repeats the step on the same slots, writing the same K and V.
+    let calls = |ex: &mut dyn Executor, spans: &[(usize, usize)]| -> Tokens {
+        script.with_batch(spans, |b| {
+            let logits = ex.forward(b).unwrap().to_vec();
+            let greedy = ex.forward_greedy(b).unwrap();
+            let sampled = ex.forward_sample(b, &params(greedy.len())).unwrap();
+            (logits, greedy, sampled)
+        })
+    };
+    let (mut first, mut again) = (group(), group());
+    let (mut compared, mut rows) = (0, 0);
+    for spans in [&prompt[..], &decode[..]] {
+        let (logits, greedy, sampled) = calls(first.as_mut(), spans);
+        let (want_logits, want_greedy, _) = calls(one.as_mut(), spans);
+        assert!(
+            calls(again.as_mut(), spans) == (logits.clone(), greedy.clone(), sampled.clone()),
+            "two groups differ"
+        );
+        let p = params(greedy.len());
+        for (i, row) in logits.chunks_exact(v).enumerate() {
+            assert_eq!(greedy[i], argmax(row), "row {i}");
+            if host_sampling || p[i].temperature <= 0.0 {
+                assert_eq!(sampled[i], sample_row(row, &p[i]), "row {i}");
+            }
+            // Where the best two of one executor's row are further apart than twice the largest
+            // difference of the group's logits from them, the group's best is the same entry.
+            let want = &want_logits[i * v..(i + 1) * v];
+            let diff = row
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            let mut top = want.to_vec();
+            top.sort_by(|a, b| b.total_cmp(a));
+            if top[0] - top[1] > 2.0 * diff {
+                assert_eq!(greedy[i], want_greedy[i], "row {i}");
+                compared += 1;
+            }
+            rows += 1;
+        }
+    }
+    assert!(
+        2 * compared > rows,
+        "only {compared} of {rows} rows were far enough from a tie to compare"
+    );
 }
 
 #[test]
@@ -472,20 +600,42 @@ fn cuda_groups_match_one_gpu() {
         };
         let one = |w: &ModelWeights| CudaExecutor::new(w, o).unwrap();
         let group = |w: &ModelWeights, n| tp_group(w, o, n).unwrap();
+        // (MoE, weights, ranks, a vocabulary the ranks split unevenly: `config_odd_vocab`)
         let mut cases = vec![
-            (false, GgmlType::F16, 2),
-            (false, GgmlType::Q8_0, 2),
-            (false, GgmlType::Q4_K, 2),
-            (true, GgmlType::Q8_0, 2),
+            (false, GgmlType::F16, 2, false),
+            (false, GgmlType::Q8_0, 2, false),
+            (false, GgmlType::Q4_K, 2, false),
+            (true, GgmlType::Q8_0, 2, false),
+            (false, GgmlType::F16, 2, true),
+            (true, GgmlType::Q8_0, 2, true),
         ];
-        if gpus >= 4 {
-            cases.extend([(false, GgmlType::F16, 4), (false, GgmlType::Q8_0, 4)]);
+        if gpus >= 3 {
+            cases.push((false, GgmlType::F16, 3, true));
         }
-        for (moe, t, n) in cases {
-            let w = model(&config(moe), t, 21);
-            let what = if moe { "CUDA MoE" } else { "CUDA dense" };
+        if gpus >= 4 {
+            cases.extend([
+                (false, GgmlType::F16, 4, false),
+                (false, GgmlType::Q8_0, 4, false),
+            ]);
+        }
+        for (moe, t, n, odd) in cases {
+            let c = if odd {
+                config_odd_vocab(moe)
+            } else {
+                config(moe)
+            };
+            let w = model(&c, t, 21);
+            let what = match (moe, odd) {
+                (false, false) => "CUDA dense",
+                (true, false) => "CUDA MoE",
+                (false, true) => "CUDA dense, vocab 389",
+                (true, true) => "CUDA MoE, vocab 389",
+            };
             judge(&w, what, n, distances_with(&w, n, &one, &group));
         }
+        // Greedy and sampled tokens from the gathered logits, on prompt and (graph) decode steps.
+        let w = model(&config_odd_vocab(false), GgmlType::F16, 23);
+        tokens_match_the_logits(&w, one(&w), &|| group(&w, 2), false);
         // Bit for bit the same logits from two groups on the same batches (NCCL's sum order is
         // fixed for a fixed group and size).
         let w = model(&config(false), GgmlType::Q8_0, 5);

@@ -15,7 +15,7 @@ use super::step::{CpuStep, KvStore, Scratch};
 use super::team::{Parallel, Team};
 use super::CpuMath;
 use crate::forward::{self, forward};
-use crate::tp::{HostReduce, Shard};
+use crate::tp::{output_rows, HostReduce, Shard};
 use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
 use std::sync::Arc;
 
@@ -226,7 +226,8 @@ impl CpuExecutor {
     }
 
     /// Rank `shard.rank` of a tensor-parallel group: `w` must be that rank's part of the model
-    /// (`tp::shard_weights`), and every rank of the group shares `group`.
+    /// (`tp::shard_weights`), and every rank of the group shares `group`. The rank keeps only its
+    /// vocabulary rows of the output projection (`tp::output_rows`) and all-gathers the logits.
     pub fn new_rank(
         w: &ModelWeights,
         kv: KvCacheSpec,
@@ -243,6 +244,8 @@ impl CpuExecutor {
             )));
         }
         let mut me = Self::new(w, kv, opts)?;
+        let out = output_rows(w, shard)?;
+        me.output = QMatrix::from_tensor(&out, w.config.hidden_size, out.rows())?;
         me.tp = Some((group, shard));
         Ok(me)
     }

@@ -41,6 +41,10 @@ pub(super) struct Scratch {
     /// The SwiGLU output quantized for the down product.
     pub q8_act: Activations,
     pub logits: Vec<f32>,
+    /// A vocab-parallel rank's own logits columns, [n_logits, its vocabulary span], and every
+    /// rank's gathered, [rank][n_logits][span].
+    pub logits_part: Vec<f32>,
+    pub logits_gathered: Vec<f32>,
     pub rope_cs: Vec<(f32, f32)>, // [n, rope_dim / 2] (cos, sin) per token
     pub cs_tmp: Vec<(f32, f32)>,
     pub moe: MoeScratch,
@@ -322,6 +326,9 @@ impl LayerOps for CpuStep<'_> {
         Ok(())
     }
 
+    /// The logits of the wanted rows. A rank of a group holds only its vocabulary rows of `w`
+    /// (`Shard::vocab_span`): it computes those columns, then the ranks all-gather them, so
+    /// every rank ends with the full `[n_logits, vocab]` rows.
     fn output(&mut self, norm: &Vec<f32>, w: &QMatrix) -> Result<(), BackendError> {
         let (c, pool, s) = (self.c, self.pool, &mut *self.s);
         let hd = c.hidden_size;
@@ -333,13 +340,47 @@ impl LayerOps for CpuStep<'_> {
             let row = row as usize;
             s.last[i * hd..(i + 1) * hd].copy_from_slice(&s.x[row * hd..(row + 1) * hd]);
         }
-        s.logits.resize(nl * c.vocab_size, 0.0);
+        let split = self.tp.filter(|_| w.rows != c.vocab_size);
+        let out = if split.is_some() {
+            &mut s.logits_part
+        } else {
+            &mut s.logits
+        };
+        out.resize(nl * w.rows, 0.0);
         let (b, f) = mm_cost(w, nl);
         self.prof.time("output", None, b, f, || {
             ops::rms_norm(&s.last, norm, c.rms_norm_eps, &mut s.h[..nl * hd]);
             s.q8.prepare(pool, &s.h[..nl * hd], hd, w.dtype);
-            matmul_math(pool, self.math, w, &s.h[..nl * hd], &s.q8, &mut s.logits);
+            matmul_math(pool, self.math, w, &s.h[..nl * hd], &s.q8, out);
         });
+        let Some((group, shard)) = split else {
+            return Ok(());
+        };
+        let v = c.vocab_size;
+        let bytes = (nl * v * 4 * 2) as u64;
+        self.prof.time("all_gather", None, bytes, 0, || {
+            group.all_gather(shard.rank, &s.logits_part, &mut s.logits_gathered)
+        })?;
+        if s.logits_gathered.len() != nl * v {
+            return Err(BackendError::Config(format!(
+                "the group's gathered logits are {} values, not {nl} rows of {v}",
+                s.logits_gathered.len()
+            )));
+        }
+        // [rank][nl][span] → [nl][vocab]
+        s.logits.resize(nl * v, 0.0);
+        let mut src = &s.logits_gathered[..];
+        for r in 0..shard.size {
+            let (first, count) = Shard { rank: r, ..shard }.vocab_span(v);
+            let (part, rest) = src.split_at(nl * count);
+            if count == 0 {
+                continue;
+            }
+            for (dst, row) in s.logits.chunks_exact_mut(v).zip(part.chunks_exact(count)) {
+                dst[first..first + count].copy_from_slice(row);
+            }
+            src = rest;
+        }
         Ok(())
     }
 }

@@ -19,6 +19,7 @@ use super::moe::{MoeInputs, MoeLayer, MoeRun, MoeScratch};
 use super::nccl::Comm;
 use super::profile::EventProfiler;
 use super::qmat::WMat;
+use super::tp::{gather_logits, GatherBufs};
 use crate::forward::{forward, Act, LayerOps, Next};
 use crate::tp::Shard;
 use crate::BackendError;
@@ -36,7 +37,7 @@ pub(super) struct Step {
     pub pairs: usize,
     pub ctx_tokens: usize,
     /// Device address of page-locked host memory the logits row goes to (0: `s.logits`); only
-    /// set where `CudaExecutor::output_by_gemv` holds.
+    /// set where `CudaExecutor::output_by_gemv` holds, or for one row of a vocab-parallel rank.
     pub logits_host: u64,
     /// Device address of mapped host memory holding this step's metadata, which the embedding
     /// kernel copies (`meta_words` words) to `meta_base` first; 0: it was copied before.
@@ -64,6 +65,8 @@ struct Bufs {
     act: u64,
     q8: u64,
     logits: u64,
+    logits_part: u64,
+    logits_gathered: u64,
     part_acc: u64,
     part_ml: u64,
     wdq: u64,
@@ -95,6 +98,9 @@ struct Fwd<'a> {
     rope_args: Option<RopeArgs>,
     /// This rank's communicator, when the model is sharded (`crate::tp`).
     tp: Option<(&'a Comm, Shard)>,
+    /// Whether the output projection holds only this rank's vocabulary rows
+    /// (`CudaExecutor::vocab_split`).
+    vocab_split: bool,
 }
 
 impl CudaExecutor {
@@ -112,6 +118,8 @@ impl CudaExecutor {
             act: a.act.ptr,
             q8: a.q8.ptr,
             logits: s.logits.ptr,
+            logits_part: s.logits_part.ptr,
+            logits_gathered: s.logits_gathered.ptr,
             part_acc: s.part_acc.ptr,
             part_ml: s.part_ml.ptr,
             wdq: s.wdq.ptr,
@@ -133,6 +141,7 @@ impl CudaExecutor {
             fused: None,
             rope_args: None,
             tp: self.tp.as_ref().map(|(c, s)| (&**c, *s)),
+            vocab_split: self.vocab_split.is_some(),
         };
         f.prof.start(f.g)?;
         let out_w = self.output.as_ref().unwrap_or(&self.embed);
@@ -588,24 +597,35 @@ impl LayerOps for Fwd<'_> {
     }
 
     /// The output norm and projection of the rows listed in `logits_idx`, into `logits` (or, for
-    /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`).
+    /// one row by the GEMV, straight into page-locked host memory at `st.logits_host`). A
+    /// vocab-parallel rank computes its vocabulary rows' logits into `logits_part`, then
+    /// `gather_logits` gives every rank the full rows.
     fn output(&mut self, norm: &DBuf<f32>, out_w: &WMat) -> Result<(), BackendError> {
         let norm_w = norm.ptr;
         let (g, k, c, st, b) = (self.g, self.k, self.c, self.st, self.b);
         let (nl, hd) = (st.nl, c.hidden_size);
+        let split = self.tp.filter(|_| self.vocab_split);
+        // [nl, cols]: every logit, or this rank's span of them.
+        let (dst, cols) = match split {
+            Some((_, s)) => (b.logits_part, s.vocab_span(c.vocab_size).1),
+            None => (b.logits, c.vocab_size),
+        };
         if nl > 0 {
             let rows_idx = self.meta(st.layout.logits_idx);
             let normed = self.normed(norm_w, rows_idx);
             if let Some((gv, wp)) = one_token_gemv(k, out_w, nl, hd, &normed) {
-                if st.logits_host != 0 {
+                if st.logits_host != 0 && split.is_none() {
                     // SAFETY: `logits_host` is the executor's mapped logits row (`vocab_size` f32); the rest as `Bufs` says.
                     unsafe { gv.run_host(g, wp, normed, st.logits_host, hd, c.vocab_size) }?;
                 } else {
                     // SAFETY: the addresses are the step's, as `Bufs` says.
-                    unsafe { gv.run(g, wp, normed, b.logits, hd, c.vocab_size, 0.0) }?;
+                    unsafe { gv.run(g, wp, normed, dst, hd, cols, 0.0) }?;
                 }
             } else {
-                debug_assert_eq!(st.logits_host, 0, "host logits need the output GEMV");
+                debug_assert!(
+                    st.logits_host == 0 || split.is_some(),
+                    "host logits need the output GEMV"
+                );
                 let q8w = self.q8_in(out_w, nl);
                 let inputs = (b.h, b.q8);
                 let rows = KArg::P(rows_idx);
@@ -613,12 +633,29 @@ impl LayerOps for Fwd<'_> {
                 unsafe { norm_for(g, k, q8w, b.x, rows, norm_w, inputs, nl, self.norm_shape()) }?;
                 let mm = self.mm(out_w, nl);
                 // SAFETY: the addresses are the step's, as `Bufs` says.
-                unsafe { mm.run(g, k, out_w, inputs, b.logits, hd, c.vocab_size, 0.0) }?;
+                unsafe { mm.run(g, k, out_w, inputs, dst, hd, cols, 0.0) }?;
             }
         }
-        let bytes = out_w.bytes_for(c.vocab_size, hd) + nl * c.vocab_size * 4;
+        let bytes = out_w.bytes_for(cols, hd) + nl * cols * 4;
         self.prof
-            .mark(g, "output", None, bytes, 2 * nl * hd * c.vocab_size)
+            .mark(g, "output", None, bytes, 2 * nl * hd * cols)?;
+        let Some((comm, s)) = split.filter(|_| nl > 0) else {
+            return Ok(());
+        };
+        let bufs = GatherBufs {
+            part: b.logits_part,
+            gathered: b.logits_gathered,
+            logits: b.logits,
+            host_row: st.logits_host,
+        };
+        // SAFETY: `logits_part` holds `nl × stride` f32 and `logits_gathered` `size × nl × stride`
+        // (grown with the logits by `CudaExecutor::grow` for a vocab-parallel rank),
+        // `logits_host` is 0 or the mapped row of `vocab` f32 with `nl == 1`
+        // (`CudaExecutor::logits_dst`); the rest as `Bufs` says.
+        unsafe { gather_logits(g, comm, s, nl, c.vocab_size, bufs) }?;
+        let stride = s.vocab_stride(c.vocab_size);
+        let bytes = (s.size * nl * stride + nl * c.vocab_size) * 4;
+        self.prof.mark(g, "all_gather", None, bytes, 0)
     }
 }
 

@@ -90,6 +90,9 @@ pub struct CudaExecutor {
     pub(super) meta_mapped: Option<MappedMeta>,
     /// The communicator and rank of a sharded model (`crate::tp`).
     pub(super) tp: Option<(Arc<Comm>, Shard)>,
+    /// `Some(shard)`: `output` holds only this rank's vocabulary rows (`Shard::vocab_span`), and
+    /// the ranks all-gather their logits (`Fwd::output`).
+    pub(super) vocab_split: Option<Shard>,
 }
 
 /// What a captured decode graph was captured for: a replay must match all of it.
@@ -142,14 +145,21 @@ impl CudaExecutor {
     }
 
     /// Rank `shard.rank` of a tensor-parallel group on device `opts.device`: `w` is that rank's
-    /// part of the model (`tp::shard_weights`), `comm` its communicator.
+    /// part of the model (`tp::shard_weights`), `comm` its communicator. The rank uploads only its
+    /// vocabulary rows of the output projection (vocab-parallel output).
     pub fn new_rank(
         w: &ModelWeights,
         opts: CudaOptions,
         comm: Arc<Comm>,
         shard: Shard,
     ) -> Result<Box<dyn Executor>, BackendError> {
-        let mut me = Self::create(w, opts)?;
+        if comm.size != shard.size || comm.rank != shard.rank {
+            return Err(BackendError::Config(format!(
+                "rank {} of {} on the communicator of rank {} of {}",
+                shard.rank, shard.size, comm.rank, comm.size
+            )));
+        }
+        let mut me = Self::create_part(w, opts, Some(shard))?;
         me.tp = Some((comm, shard));
         Ok(Box::new(me))
     }
@@ -188,6 +198,13 @@ impl Executor for CudaExecutor {
     fn forward(&mut self, batch: &ForwardBatch) -> Result<&[f32], BackendError> {
         self.forward_inner(batch)?;
         Ok(self.logits_on_host())
+    }
+
+    /// The step without the copy of its logits to the host (the sync still reports its errors).
+    fn forward_discard(&mut self, batch: &ForwardBatch) -> Result<(), BackendError> {
+        self.run(batch, false)?;
+        self.gpu.sync()?;
+        self.prof.finish(&self.gpu)
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
@@ -241,7 +258,12 @@ impl CudaExecutor {
     /// Where a step with `nl` logits rows that go to the host writes them: `host_row`'s device
     /// address when it is one row by the output GEMV, else 0 (`s.logits`, copied afterwards).
     fn logits_dst(&self, nl: usize, to_host: bool) -> u64 {
-        if to_host && self.output_by_gemv(nl) {
+        // A vocab-parallel rank copies one gathered row there inside the step (`Fwd::output`).
+        let one_row = match self.vocab_split {
+            Some(_) => nl == 1,
+            None => self.output_by_gemv(nl),
+        };
+        if to_host && one_row {
             self.host_row.1
         } else {
             0

@@ -19,6 +19,7 @@ use super::sample::SampleKernel;
 use super::scratch::Scratch;
 use super::CudaOptions;
 use crate::forward::Ffn;
+use crate::tp::{output_rows, Shard};
 use crate::{BackendError, HostTensor, KvCacheSpec, ModelWeights};
 
 use super::profile::EventProfiler;
@@ -268,6 +269,16 @@ fn rope_table(
 
 impl CudaExecutor {
     pub fn create(w: &ModelWeights, opts: CudaOptions) -> Result<Self, BackendError> {
+        Self::create_part(w, opts, None)
+    }
+
+    /// `create`, with only `split`'s vocabulary rows of the output projection on the device when
+    /// `split` is given (a rank of a vocab-parallel group).
+    pub(super) fn create_part(
+        w: &ModelWeights,
+        opts: CudaOptions,
+        split: Option<Shard>,
+    ) -> Result<Self, BackendError> {
         let c = &w.config;
         let bs = opts.block_size;
         check_shapes(c, w, bs)?;
@@ -289,11 +300,17 @@ impl CudaExecutor {
         }
         let k = kernels(&gpu, c, &opts)?;
         let embed = upload_stacked(&gpu, &[&w.tok_embd], hd, &[c.vocab_size], keep_quant)?;
-        let output = w
-            .output
-            .as_ref()
-            .map(|t| upload_stacked(&gpu, &[t], hd, &[c.vocab_size], keep_quant))
-            .transpose()?;
+        let output = match split {
+            Some(s) => {
+                let t = output_rows(w, s)?;
+                Some(upload_stacked(&gpu, &[&t], hd, &[t.rows()], keep_quant)?)
+            }
+            None => w
+                .output
+                .as_ref()
+                .map(|t| upload_stacked(&gpu, &[t], hd, &[c.vocab_size], keep_quant))
+                .transpose()?,
+        };
         let layers = w
             .layers
             .iter()
@@ -351,6 +368,7 @@ impl CudaExecutor {
             graphs: HashMap::new(),
             meta_mapped,
             tp: None,
+            vocab_split: split,
             gpu,
         })
     }

@@ -2,7 +2,7 @@
 //! quire builds and runs without it (only `--tensor-parallel-size` above 1 on CUDA needs it). The
 //! few entry points quire calls are bound by hand: one communicator per GPU of this process
 //! (`ncclCommInitAll`, so no rank waits for another to start), an in-place f32 sum per all-reduce,
-//! and an abort that frees ranks stuck in a collective when one rank fails.
+//! an all-gather (the vocab-parallel output's logits), and an abort that frees ranks stuck in a collective when one rank fails.
 //!
 //! NVLink multicast (NVLS) stays off: `NCCL_NVLS_ENABLE=0` is set before NCCL starts unless the
 //! user set it (a process that uses multicast can take a host's shared GPUs out of service); so
@@ -31,6 +31,14 @@ struct Lib {
         *mut c_void,
         usize,
         c_int,
+        c_int,
+        NcclComm,
+        *mut c_void,
+    ) -> NcclResult,
+    all_gather: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
         c_int,
         NcclComm,
         *mut c_void,
@@ -82,6 +90,7 @@ fn bind(lib: libloading::Library) -> Result<Lib, libloading::Error> {
         Ok(Lib {
             init_all: *lib.get(b"ncclCommInitAll\0")?,
             all_reduce: *lib.get(b"ncclAllReduce\0")?,
+            all_gather: *lib.get(b"ncclAllGather\0")?,
             destroy: *lib.get(b"ncclCommDestroy\0")?,
             abort: *lib.get(b"ncclCommAbort\0")?,
             error_string: *lib.get(b"ncclGetErrorString\0")?,
@@ -172,6 +181,32 @@ impl Comm {
         // SAFETY: the caller's contract: `buf` holds `count` f32 on this device; in place.
         let r = unsafe { (l.all_reduce)(p, p, count, NCCL_FLOAT32, NCCL_SUM, self.comm, stream) };
         check(l, r, "all-reduce")
+    }
+
+    /// `recv` ← every rank's `send` (`count` f32 values each) one after another in rank order,
+    /// `[size][count]`, enqueued on `stream`.
+    ///
+    /// # Safety
+    /// `send` holds `count` f32 and `recv` room for `size × count` f32, device allocations of this
+    /// communicator's device that do not overlap, live until the stream has run the operation;
+    /// `stream` is a stream of that device.
+    pub unsafe fn all_gather_f32(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        stream: *mut c_void,
+    ) -> Result<(), BackendError> {
+        let l = lib()?;
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(BackendError::Cuda(
+                "NCCL all-gather on a stopped tensor-parallel group".into(),
+            ));
+        }
+        let (s, r) = (send as *const c_void, recv as *mut c_void);
+        // SAFETY: the caller's contract: `send` holds `count` f32, `recv` room for every rank's.
+        let r = unsafe { (l.all_gather)(s, r, count, NCCL_FLOAT32, self.comm, stream) };
+        check(l, r, "all-gather")
     }
 
     /// Stops the communicator's collectives in flight (a rank waiting in one returns with an

@@ -59,6 +59,10 @@ pub(super) struct Scratch {
     /// Larger steps, grown to the largest seen.
     pub(super) large: Acts,
     pub(super) logits: DBuf<f32>, // [n, vocab]
+    /// A vocab-parallel rank's own logits, `[n, its span]` packed in room for `[n, stride]`, and
+    /// every rank's gathered, `[ranks][n · stride]` (`Fwd::output`); empty on one GPU.
+    pub(super) logits_part: DBuf<f32>,
+    pub(super) logits_gathered: DBuf<f32>,
     pub(super) part_acc: DBuf<f32>,
     pub(super) part_ml: DBuf<f32>,
     pub(super) meta: DBuf<i32>,
@@ -96,6 +100,8 @@ impl Scratch {
             small: Acts::alloc(g, c, SMALL_ROWS)?,
             large: Acts::alloc(g, c, max_tokens.max(SMALL_ROWS + 1))?,
             logits: g.alloc(0)?,
+            logits_part: g.alloc(0)?,
+            logits_gathered: g.alloc(0)?,
             part_acc: g.alloc(0)?,
             part_ml: g.alloc(0)?,
             meta: g.alloc(0)?,
@@ -136,6 +142,7 @@ impl CudaExecutor {
     ) -> Result<bool, BackendError> {
         let c = &self.cfg;
         let g = &self.gpu;
+        let split = self.vocab_split;
         let s = &mut self.s;
         let mut moved = false;
         let a = if n <= SMALL_ROWS {
@@ -159,6 +166,16 @@ impl CudaExecutor {
             s.argmax_part = g.alloc(rows * super::sample::ARGMAX_MAX_CTAS * 2)?;
             s.argmax_counters = g.alloc(rows)?;
             moved = true;
+        }
+        if let Some(sh) = split {
+            let stride = sh.vocab_stride(c.vocab_size);
+            if too_small(&s.logits_part, nl * stride) {
+                let rows = nl.next_power_of_two();
+                s.logits_part = g.alloc(rows * stride)?;
+                s.logits_gathered = g.alloc(0)?;
+                s.logits_gathered = g.alloc(sh.size * rows * stride)?;
+                moved = true;
+            }
         }
         if too_small(&s.part_acc, part * c.head_dim) {
             s.part_acc = g.alloc(part.next_power_of_two() * c.head_dim)?;

@@ -228,13 +228,11 @@ fn rank_loop(
 
 fn run_call(ex: &mut dyn Executor, b: &ForwardBatch, call: &Call, lead: bool) -> Reply {
     let out = match call {
-        Call::Logits => ex.forward(b).map(|l| {
-            if lead {
-                Reply::Logits(LogitsView(l.as_ptr(), l.len()))
-            } else {
-                Reply::Done
-            }
-        }),
+        Call::Logits if lead => ex
+            .forward(b)
+            .map(|l| Reply::Logits(LogitsView(l.as_ptr(), l.len()))),
+        // Only the lead's logits are returned: the others skip the copy to the host.
+        Call::Logits => ex.forward_discard(b).map(|()| Reply::Done),
         Call::Greedy => ex.forward_greedy(b).map(Reply::Tokens),
         Call::Chain(steps) => ex.forward_greedy_chain(b, *steps).map(Reply::Tokens),
         Call::Sample(rows) => ex.forward_sample(b, rows).map(Reply::Tokens),

@@ -1,6 +1,6 @@
-//! The all-reduce of CPU ranks in one process: every rank hands in its rows, the last to arrive
-//! sums them in rank order (so every run, and every rank, gets the same bits) and wakes the
-//! others. A failed rank aborts the group, and every rank waiting in or arriving at an
+//! The all-reduce and all-gather of CPU ranks in one process: every rank hands in its rows, the
+//! last to arrive sums (or concatenates) them in rank order (so every run, and every rank, gets
+//! the same bits) and wakes the others. A failed rank aborts the group, and every rank waiting in or arriving at an
 //! all-reduce then gets an error instead of waiting forever.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -17,7 +17,8 @@ struct State {
     /// Each rank's rows of the all-reduce in progress.
     parts: Vec<Vec<f32>>,
     arrived: usize,
-    /// The last completed all-reduce's sum, and its number.
+    /// The last completed collective's result (a sum, or the parts one after another), and its
+    /// number.
     sum: Vec<f32>,
     round: u64,
     aborted: Option<String>,
@@ -50,26 +51,62 @@ impl HostReduce {
 
     /// `x` ← the sum over the group's ranks of their `x` (all the same length), in rank order.
     pub fn all_reduce(&self, rank: usize, x: &mut [f32]) -> Result<(), BackendError> {
+        let sum = |parts: &[Vec<f32>], out: &mut Vec<f32>| {
+            if parts.iter().any(|p| p.len() != parts[0].len()) {
+                return Err("ranks reduced rows of different lengths".to_string());
+            }
+            out.extend_from_slice(&parts[0]);
+            for p in &parts[1..] {
+                out.iter_mut().zip(p).for_each(|(s, v)| *s += v);
+            }
+            Ok(())
+        };
+        let st = self.collective(rank, x, sum)?;
+        x.copy_from_slice(&st.sum);
+        Ok(())
+    }
+
+    /// `out` ← every rank's `part` (lengths may differ), one after another in rank order.
+    pub fn all_gather(
+        &self,
+        rank: usize,
+        part: &[f32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), BackendError> {
+        let concat = |parts: &[Vec<f32>], out: &mut Vec<f32>| {
+            parts.iter().for_each(|p| out.extend_from_slice(p));
+            Ok(())
+        };
+        let st = self.collective(rank, part, concat)?;
+        out.clear();
+        out.extend_from_slice(&st.sum);
+        Ok(())
+    }
+
+    /// One round: hands in `part`; the last rank to arrive runs `combine` on every rank's part
+    /// (an error there aborts the group); every rank then reads the result in the returned
+    /// state's `sum`.
+    fn collective(
+        &self,
+        rank: usize,
+        part: &[f32],
+        combine: impl FnOnce(&[Vec<f32>], &mut Vec<f32>) -> Result<(), String>,
+    ) -> Result<MutexGuard<'_, State>, BackendError> {
         let mut st = self.lock();
         if let Some(why) = &st.aborted {
             return Err(aborted(why));
         }
         st.parts[rank].clear();
-        st.parts[rank].extend_from_slice(x);
+        st.parts[rank].extend_from_slice(part);
         st.arrived += 1;
         let round = st.round;
         if st.arrived == self.size {
-            if st.parts.iter().any(|p| p.len() != x.len()) {
-                let why = "ranks reduced rows of different lengths".to_string();
+            let State { parts, sum, .. } = &mut *st;
+            sum.clear();
+            if let Err(why) = combine(parts, sum) {
                 st.aborted = Some(why.clone());
                 self.ready.notify_all();
                 return Err(aborted(&why));
-            }
-            let State { parts, sum, .. } = &mut *st;
-            sum.clear();
-            sum.extend_from_slice(&parts[0]);
-            for p in &parts[1..] {
-                sum.iter_mut().zip(p).for_each(|(s, v)| *s += v);
             }
             st.arrived = 0;
             st.round += 1;
@@ -82,8 +119,7 @@ impl HostReduce {
                 return Err(aborted(st.aborted.as_deref().unwrap_or("")));
             }
         }
-        x.copy_from_slice(&st.sum);
-        Ok(())
+        Ok(st)
     }
 
     /// Stops the group: every rank waiting in an all-reduce, or arriving later, gets an error.
@@ -130,6 +166,30 @@ mod tests {
             }
             assert_eq!(outs[0][round][0], want0);
             assert_eq!(outs[0][round][1], 1e8 + 1e8 + 1e8);
+        }
+    }
+
+    #[test]
+    fn all_gather_concatenates_uneven_parts_in_rank_order() {
+        let g = Arc::new(HostReduce::new(3));
+        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    let g = g.clone();
+                    s.spawn(move || {
+                        let mut out = vec![f32::NAN; 2];
+                        for round in 0..20 {
+                            let part = vec![(10 * r + round) as f32; r + 1];
+                            g.all_gather(r, &part, &mut out).unwrap();
+                        }
+                        out
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for out in outs {
+            assert_eq!(out, [19.0, 29.0, 29.0, 39.0, 39.0, 39.0]);
         }
     }
 

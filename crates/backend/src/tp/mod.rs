@@ -4,14 +4,18 @@
 //!
 //! - `shard`: which part of every weight a rank holds (Q/K/V and gate/up split by output rows —
 //!   heads, KV heads, FFN columns — and the o and down projections by input columns), and the
-//!   model config each rank runs with. Embedding, norms and the output projection are replicated.
+//!   model config each rank runs with. Embedding and norms are replicated. The output projection
+//!   is split by vocabulary rows (`output_rows`, taken by each backend's rank constructor): each
+//!   rank reads only its share of the largest matrix, then the ranks all-gather their logits, so
+//!   every rank holds the full rows and greedy, sampled and chained steps run as on one device.
 //! - `forward.rs` (the shared layer sequence) adds the ranks' partial o and down products with an
 //!   all-reduce of the residual stream after each; only the lead rank adds its residual, the
 //!   others contribute their partial product alone, so the sum counts the residual once.
 //! - `group`: an [`Executor`](crate::Executor) over one rank executor per thread. The scheduler and
 //!   block tables run once; every rank gets the same batch and holds its share of every KV block;
 //!   the lead rank's result is the group's.
-//! - `host`: the in-memory all-reduce that CPU ranks use (deterministic: ranks summed in order).
+//! - `host`: the in-memory all-reduce and all-gather that CPU ranks use (deterministic: ranks
+//!   summed in order).
 
 pub mod group;
 pub mod host;
@@ -19,7 +23,7 @@ pub mod shard;
 
 pub use group::{Abort, TpExecutor};
 pub use host::HostReduce;
-pub use shard::{check_split, shard_config, shard_weights, Shard};
+pub use shard::{check_split, output_rows, shard_config, shard_weights, Shard};
 
 use std::sync::Arc;
 

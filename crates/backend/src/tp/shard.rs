@@ -31,6 +31,20 @@ impl Shard {
             (self.rank / (self.size / num_kv_heads), 1)
         }
     }
+
+    /// The rows of the output projection (vocabulary entries) this rank holds in a
+    /// vocab-parallel output: `[rank·V/N, (rank+1)·V/N)` as `(first, count)`. The counts differ
+    /// by at most one when `N` does not divide `V`; none is larger than [`Shard::vocab_stride`].
+    pub fn vocab_span(&self, vocab: usize) -> (usize, usize) {
+        let first = self.rank * vocab / self.size;
+        (first, (self.rank + 1) * vocab / self.size - first)
+    }
+
+    /// The longest rank's vocabulary span, `ceil(V / N)`: the per-rank stride of gathered logits
+    /// where every rank must send the same count (NCCL's all-gather).
+    pub fn vocab_stride(&self, vocab: usize) -> usize {
+        vocab.div_ceil(self.size)
+    }
 }
 
 fn bad(m: String) -> BackendError {
@@ -119,6 +133,13 @@ pub fn shard_weights(w: &ModelWeights, s: Shard) -> Result<ModelWeights, Backend
         output: w.output.clone(),
         rope_freqs: w.rope_freqs.clone(),
     })
+}
+
+/// Rank `s.rank`'s rows of the output projection (`Shard::vocab_span`): the `output` tensor's,
+/// or the embedding's when the two are tied (the embedding itself stays whole on every rank).
+pub fn output_rows(w: &ModelWeights, s: Shard) -> Result<HostTensor, BackendError> {
+    let t = w.output.as_ref().unwrap_or(&w.tok_embd);
+    rows(t, s.vocab_span(w.config.vocab_size))
 }
 
 fn ffn(f: &FfnWeights, local: &ModelConfig, s: Shard) -> Result<FfnWeights, BackendError> {
