@@ -7,13 +7,15 @@
 //! tokenizer's own byte strings (special tokens carry llguidance's 0xFF marker so no text grammar
 //! can produce them), and the model's end-of-generation tokens all count as the grammar's EOS.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
-use quire_core::{Constraint, TokenId};
+use quire_core::{Constraint, FinishReason, SeqId, TokenId};
 use quire_tokenizer::Tokenizer;
+use rayon::prelude::*;
 
 use crate::EngineError;
 
@@ -131,36 +133,32 @@ impl Grammars {
     /// Sets every logit the mask forbids to −∞ (tokens past the tokenizer's vocabulary, which a
     /// padded output layer may have, included); the grammar's EOS allows every stop token.
     /// Returns how many tokens stay allowed.
+    ///
+    /// `logits`: [vocab] (one row, vocab ≥ the mask's length or not).
     pub fn apply(&self, mask: &SimpleVob, logits: &mut [f32]) -> usize {
+        apply_mask(mask, self.also_allowed(mask), logits)
+    }
+
+    /// The token argmax picks from `logits` after [`Grammars::apply`], without writing the row:
+    /// see [`masked_argmax`].
+    ///
+    /// `logits`: [vocab] (one row).
+    pub fn argmax(&self, mask: &SimpleVob, logits: &[f32]) -> Option<u32> {
+        masked_argmax(mask, self.also_allowed(mask), logits)
+    }
+
+    /// The stop tokens when the grammar allows its EOS (every one of them ends generation),
+    /// else none.
+    fn also_allowed(&self, mask: &SimpleVob) -> &[TokenId] {
         let eos_ok = self
             .stop_tokens
             .first()
-            .is_some_and(|t| mask.is_allowed(t.0));
-        let kept: Vec<(usize, f32)> = if eos_ok {
-            self.stop_tokens
-                .iter()
-                .filter_map(|t| Some((t.as_usize(), *logits.get(t.as_usize())?)))
-                .collect()
+            .is_some_and(|t| t.as_usize() < mask.len() && mask.is_allowed(t.0));
+        if eos_ok {
+            &self.stop_tokens
         } else {
-            Vec::new()
-        };
-        let known = mask.len().min(logits.len());
-        let mut allowed = 0;
-        for (i, l) in logits[..known].iter_mut().enumerate() {
-            if mask.is_allowed(i as u32) {
-                allowed += 1;
-            } else {
-                *l = f32::NEG_INFINITY;
-            }
+            &[]
         }
-        logits[known..].fill(f32::NEG_INFINITY);
-        for (i, v) in kept {
-            if logits[i] == f32::NEG_INFINITY {
-                allowed += 1;
-            }
-            logits[i] = v;
-        }
-        allowed
     }
 
     pub fn is_stop_token(&self, t: TokenId) -> bool {
@@ -192,5 +190,246 @@ impl Guide {
 
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Moves the grammar past a sampled token: a stop token leaves it as it is, a token it
+    /// refuses ends the request (`end` becomes `Grammar`), a complete grammar ends it (`Stop`).
+    pub fn advance(&mut self, grammars: &Grammars, end: &mut Option<FinishReason>, t: TokenId) {
+        if grammars.is_stop_token(t) {
+            return;
+        }
+        if self.consume(t).is_err() {
+            *end = Some(FinishReason::Grammar);
+        } else if self.is_stopped() {
+            *end = Some(FinishReason::Stop);
+        }
+    }
+}
+
+/// A request's next-token mask, or why there is none.
+pub type MaskResult = Result<SimpleVob, String>;
+
+/// The next-token masks of several requests, computed at once on rayon's threads (each
+/// request's grammar is its own, so the result does not depend on the order or the threads).
+pub fn masks(guides: Vec<(SeqId, &mut Guide)>) -> HashMap<SeqId, MaskResult> {
+    guides
+        .into_par_iter()
+        .map(|(id, guide)| (id, guide.mask()))
+        .collect()
+}
+
+/// One guided greedy request's row of a step: its logits row, grammar, finish reason and mask.
+pub struct GreedyRow<'a> {
+    pub id: SeqId,
+    pub row: usize,
+    pub guide: &'a mut Guide,
+    pub end: &'a mut Option<FinishReason>,
+    pub mask: MaskResult,
+}
+
+/// Greedy picks under grammars, rows in parallel on rayon's threads: each row's argmax over its
+/// allowed logits, read in place ([`masked_argmax`]), and its grammar advanced past it. A row
+/// whose mask allows nothing (or failed) ends (`Grammar`) with `dead_end`.
+///
+/// `logits`: ([rows, vocab], vocab).
+pub fn greedy_picks(
+    rows: Vec<GreedyRow>,
+    grammars: &Grammars,
+    (logits, vocab): (&[f32], usize),
+    dead_end: TokenId,
+) -> HashMap<SeqId, TokenId> {
+    rows.into_par_iter()
+        .map(|r| {
+            let l = &logits[r.row * vocab..(r.row + 1) * vocab];
+            match r.mask.ok().and_then(|m| grammars.argmax(&m, l)) {
+                Some(t) => {
+                    r.guide.advance(grammars, r.end, TokenId(t));
+                    (r.id, TokenId(t))
+                }
+                None => {
+                    *r.end = Some(FinishReason::Grammar);
+                    (r.id, dead_end)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Sets every logit neither `mask` nor `extra` allows to −∞ (entries past the mask's length
+/// too) and returns how many stay. Works a 32-token mask word at a time: a word with no allowed
+/// token is one fill, a word with all allowed is skipped, so each logit is touched once. The
+/// count is zero exactly when nothing stays allowed (an extra token the mask allows too may
+/// count twice).
+///
+/// `logits`: [vocab] (one row).
+pub fn apply_mask(mask: &SimpleVob, extra: &[TokenId], logits: &mut [f32]) -> usize {
+    let kept: Vec<(usize, f32)> = extra
+        .iter()
+        .filter_map(|t| Some((t.as_usize(), *logits.get(t.as_usize())?)))
+        .collect();
+    let known = mask.len().min(logits.len());
+    let mut allowed = 0;
+    for (&word, chunk) in mask.as_slice().iter().zip(logits[..known].chunks_mut(32)) {
+        match word {
+            0 => chunk.fill(f32::NEG_INFINITY),
+            u32::MAX => allowed += chunk.len(),
+            w => {
+                for (bit, l) in chunk.iter_mut().enumerate() {
+                    if w >> bit & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    } else {
+                        allowed += 1;
+                    }
+                }
+            }
+        }
+    }
+    logits[known..].fill(f32::NEG_INFINITY);
+    for (i, v) in kept {
+        if logits[i] == f32::NEG_INFINITY {
+            allowed += 1;
+        }
+        logits[i] = v;
+    }
+    allowed
+}
+
+/// The largest logit among the tokens `mask` or `extra` allows — the first of equal maxima,
+/// NaN never winning over a number, as `argmax` picks from a row [`apply_mask`] masked — reading
+/// only allowed entries (whole words of disallowed tokens are skipped) and writing none. `None`
+/// when nothing is allowed. Unlike argmax over a masked row, the pick is an allowed token even
+/// when every allowed logit is −∞ or NaN.
+///
+/// `logits`: [vocab] (one row).
+pub fn masked_argmax(mask: &SimpleVob, extra: &[TokenId], logits: &[f32]) -> Option<u32> {
+    let known = mask.len().min(logits.len());
+    let mut best: Option<(usize, f32)> = None;
+    let mut offer = |i: usize, l: f32| {
+        let better = match best {
+            None => true,
+            Some((j, m)) => match (l.is_nan(), m.is_nan()) {
+                (false, true) => true,
+                (true, false) => false,
+                (true, true) => i < j,
+                (false, false) => l > m || (l == m && i < j),
+            },
+        };
+        if better {
+            best = Some((i, l));
+        }
+    };
+    for (k, (&word, chunk)) in mask
+        .as_slice()
+        .iter()
+        .zip(logits[..known].chunks(32))
+        .enumerate()
+    {
+        // Bits past a short last chunk are not this row's tokens.
+        let mut w = if chunk.len() < 32 {
+            word & ((1u32 << chunk.len()) - 1)
+        } else {
+            word
+        };
+        while w != 0 {
+            let bit = w.trailing_zeros() as usize;
+            offer(k * 32 + bit, chunk[bit]);
+            w &= w - 1;
+        }
+    }
+    for t in extra {
+        if let Some(&l) = logits.get(t.as_usize()) {
+            offer(t.as_usize(), l);
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The plain reference: a per-token mask check, then the backend's argmax over the row.
+    fn reference(mask: &SimpleVob, extra: &[TokenId], logits: &[f32]) -> (Vec<f32>, usize) {
+        let mut row = logits.to_vec();
+        let mut allowed = 0;
+        for (i, l) in row.iter_mut().enumerate() {
+            let ok = (i < mask.len() && mask.is_allowed(i as u32))
+                || extra.iter().any(|t| t.as_usize() == i);
+            if ok {
+                allowed += 1;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        (row, allowed)
+    }
+
+    /// A random mask over `n` tokens mixing empty, full and partial words.
+    fn random_mask(rng: &mut StdRng, n: usize) -> SimpleVob {
+        let mut m = SimpleVob::alloc(n);
+        for w in 0..n.div_ceil(32) {
+            let kind = rng.random_range(0..4);
+            for t in w * 32..((w + 1) * 32).min(n) {
+                let on = match kind {
+                    0 => false,
+                    1 => true,
+                    2 => rng.random_range(0..8) == 0,
+                    _ => rng.random::<bool>(),
+                };
+                if on {
+                    m.allow_token(t as u32);
+                }
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn word_wise_mask_and_argmax_match_the_per_token_reference() {
+        let mut rng = StdRng::seed_from_u64(26);
+        for case in 0..400 {
+            let n = rng.random_range(1..300);
+            // A padded output layer: logits may run past the mask.
+            let vocab = n + [0, 0, 1, 7, 33][case % 5];
+            let mask = random_mask(&mut rng, n);
+            let extra: Vec<TokenId> = (0..rng.random_range(0..3))
+                .map(|_| TokenId(rng.random_range(0..vocab as u32)))
+                .collect();
+            // Few distinct values, so ties are common; a few NaN and −∞ entries.
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| match rng.random_range(0..40) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    _ => rng.random_range(-4..4) as f32 * 0.5,
+                })
+                .collect();
+            let (want_row, want_n) = reference(&mask, &extra, &logits);
+            let mut row = logits.clone();
+            let got_n = apply_mask(&mask, &extra, &mut row);
+            // The count may count an extra token twice (as the engine always did); only
+            // whether it is zero matters to the engine.
+            assert_eq!(got_n == 0, want_n == 0, "case {case}: allowed count");
+            assert!(
+                row.iter()
+                    .zip(&want_row)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "case {case}: masked row differs"
+            );
+            let got = masked_argmax(&mask, &extra, &logits);
+            if want_n == 0 {
+                assert_eq!(got, None, "case {case}");
+                continue;
+            }
+            let g = got.expect("something is allowed") as usize;
+            let allowed = (g < mask.len() && mask.is_allowed(g as u32))
+                || extra.iter().any(|t| t.0 == g as u32);
+            assert!(allowed, "case {case}: picked disallowed token {g}");
+            // Where some allowed logit is above −∞, the pick is the backend's argmax.
+            if want_row.iter().any(|l| *l > f32::NEG_INFINITY) {
+                assert_eq!(g as u32, quire_backend::argmax(&want_row), "case {case}");
+            }
+        }
     }
 }

@@ -15,7 +15,7 @@ use quire_kv::KvCacheConfig;
 use quire_sched::{Scheduler, SchedulerConfig, SchedulerOutput};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::constrain::{Grammars, Guide};
+use crate::constrain::{self, Grammars, GreedyRow, Guide, MaskResult};
 use crate::draft::DraftModel;
 use crate::proposer::{NgramProposer, ProposalRow, Proposer};
 use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
@@ -479,12 +479,7 @@ impl Engine {
             let (logits, masks, mask_s, wait_s) = std::thread::scope(|scope| {
                 let masker = scope.spawn(|| {
                     let t0 = Instant::now();
-                    let mut masks = HashMap::new();
-                    for &(id, _) in &sampling {
-                        if let Some(guide) = requests.get_mut(&id).and_then(|r| r.guide.as_mut()) {
-                            masks.insert(id, guide.mask());
-                        }
-                    }
+                    let masks = guide_masks(requests, &sampling);
                     (masks, t0.elapsed().as_secs_f64())
                 });
                 let logits = execute(self.exec.as_mut(), &self.buf, &tables);
@@ -500,7 +495,25 @@ impl Engine {
         let host_t0 = Instant::now();
         let logits = logits?;
         let mut picks = Vec::with_capacity(sampling.len());
+        // Guided greedy rows take the argmax of their allowed logits and advance their grammars
+        // in parallel; the rest go one by one below.
+        let mut greedy_guided = match (&self.grammars, guided) {
+            (Some(grammars), true) if self.cfg.top_logprobs == 0 => guided_greedy_picks(
+                &mut self.requests,
+                grammars,
+                &mut masks,
+                &sampling,
+                &proposals,
+                (&logits, vocab),
+                self.stop_tokens.first().copied().unwrap_or(TokenId(0)),
+            ),
+            _ => HashMap::new(),
+        };
         for &(id, row) in &sampling {
+            if let Some(token) = greedy_guided.remove(&id) {
+                picks.push((id, vec![plain_pick(token)]));
+                continue;
+            }
             if let Some(props) = proposals.get(&id) {
                 let Some(req) = self.requests.get_mut(&id) else {
                     continue;
@@ -545,18 +558,8 @@ impl Engine {
             }
             let n_top = self.cfg.top_logprobs.max(req.sampler.params.top_logprobs);
             let pick = req.sampler.sample(&mut self.row, history, n_top);
-            if let Some(guide) = req.guide.as_mut() {
-                let ends = self
-                    .grammars
-                    .as_ref()
-                    .is_some_and(|g| g.is_stop_token(pick.token));
-                if !ends {
-                    if guide.consume(pick.token).is_err() {
-                        req.grammar_end = Some(FinishReason::Grammar);
-                    } else if guide.is_stopped() {
-                        req.grammar_end = Some(FinishReason::Stop);
-                    }
-                }
+            if let (Some(guide), Some(grammars)) = (req.guide.as_mut(), self.grammars.as_ref()) {
+                guide.advance(grammars, &mut req.grammar_end, pick.token);
             }
             picks.push((id, vec![pick]));
         }
@@ -659,6 +662,59 @@ fn count_spec(stats: &mut EngineStats, req: &mut RequestState, proposed: usize, 
 
 /// A token without log-probabilities (device picks and verified proposals: such requests asked
 /// for none).
+/// The picks of the step's guided greedy rows that need nothing but their logits and mask (no
+/// proposals, penalties or log-probabilities), made by [`constrain::greedy_picks`] (rows in
+/// parallel). Takes those rows' masks out of `masks`.
+///
+/// `logits`: ([rows, vocab], vocab).
+fn guided_greedy_picks(
+    requests: &mut HashMap<SeqId, RequestState>,
+    grammars: &Grammars,
+    masks: &mut HashMap<SeqId, MaskResult>,
+    sampling: &[(SeqId, usize)],
+    proposals: &HashMap<SeqId, &[TokenId]>,
+    logits: (&[f32], usize),
+    dead_end: TokenId,
+) -> HashMap<SeqId, TokenId> {
+    let rows: HashMap<SeqId, usize> = sampling
+        .iter()
+        .filter(|(id, _)| !proposals.contains_key(id))
+        .copied()
+        .collect();
+    let work: Vec<GreedyRow> = requests
+        .iter_mut()
+        .filter_map(|(&id, r)| {
+            let row = *rows.get(&id)?;
+            if !r.sampler.is_greedy_under_mask() {
+                return None;
+            }
+            Some(GreedyRow {
+                id,
+                row,
+                guide: r.guide.as_mut()?,
+                end: &mut r.grammar_end,
+                mask: masks.remove(&id)?,
+            })
+        })
+        .collect();
+    constrain::greedy_picks(work, grammars, logits, dead_end)
+}
+
+/// The next-token masks of the guided requests among the step's sampling rows
+/// ([`constrain::masks`]: several at once).
+fn guide_masks(
+    requests: &mut HashMap<SeqId, RequestState>,
+    sampling: &[(SeqId, usize)],
+) -> HashMap<SeqId, MaskResult> {
+    let rows: std::collections::HashSet<SeqId> = sampling.iter().map(|&(id, _)| id).collect();
+    let guides: Vec<(SeqId, &mut Guide)> = requests
+        .iter_mut()
+        .filter(|(id, _)| rows.contains(id))
+        .filter_map(|(&id, r)| Some((id, r.guide.as_mut()?)))
+        .collect();
+    constrain::masks(guides)
+}
+
 fn plain_pick(token: TokenId) -> Sampled {
     Sampled {
         token,

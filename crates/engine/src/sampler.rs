@@ -78,6 +78,19 @@ impl Sampler {
         self.params.is_greedy() && self.is_plain()
     }
 
+    /// True when the next token is the argmax of the logits the request's grammar (if any)
+    /// allows: greedy, no penalties, no log-probabilities asked. A guided request's pick may
+    /// then read only its allowed logits ([`crate::constrain::Grammars::argmax`]).
+    pub fn is_greedy_under_mask(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy()
+            && !p.logprobs
+            && p.top_logprobs == 0
+            && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
     /// True when the next token depends on the logits row alone (no penalties, no
     /// log-probabilities asked, no grammar), so the backend may pick it on the device from `device_params`.
     pub fn is_plain(&self) -> bool {
