@@ -21,7 +21,8 @@
 //! `--shapes 256x512,37x1024 --iters 3`. `--no-subgroup` times the fallback without subgroup
 //! operations. `--variant LIST` picks the GEMV designs (`quire_backend::wgpu::gemv::Gemv`), each
 //! timed in turn on the same buffers: `multi` (the multi-token kernel, which the engine runs for
-//! 2..8 tokens) and the one-token slot kernel as `rRwW` (R rows per workgroup of W invocations);
+//! 2..8 tokens), the one-token slot kernel as `rRwW` (R rows per workgroup of W invocations) and
+//! the unit kernel for the 4-, 5- and 6-bit types as `uRwW` (`quire_backend::wgpu::gemv_q`);
 //! the engine's design for each type (`Gemv::engine`) is marked `*`.
 
 use std::time::Instant;
@@ -58,7 +59,9 @@ OPTIONS:
   --variant LIST     GEMV designs, comma-separated, each timed on the same buffers: multi (the
                      multi-token kernel: 16 rows per workgroup of 256, a subgroup per row pair)
                      and rRwW, the one-token slot kernel with R rows (1, 2, 4, 8) per workgroup
-                     of W invocations (32, 64, 128, 256); default: multi,r2w128,r4w128,r8w256
+                     of W invocations (32, 64, 128, 256); uRwW, the unit kernel for Q4_K, Q5_K,
+                     Q6_K, Q4_0, Q4_1 (a 16-byte unit per invocation), same R and W; default:
+                     multi,r2w128,r4w128,r8w256
   -h, --help         this text
 
 ENVIRONMENT: WGPU_BACKEND=vulkan|metal|dx12 narrows the APIs searched. The engine's design for
@@ -383,6 +386,14 @@ fn main() -> Result<()> {
             let x = p.gpu.upload("x", &random_x(n * cols))?;
             let y = p.gpu.buffer("y", (n * rows * 4) as u64, usage)?;
             for &kern in &a.variants {
+                if !kern.supports(ms[0].parts[0].ty) {
+                    println!(
+                        "{:<8} {:<6} {rows:>7} {cols:>6}: no form for this type, skipped",
+                        kern.name(),
+                        t.name()
+                    );
+                    continue;
+                }
                 let pipe = gemv_pipeline(&p.gpu, ms[0].parts[0].ty, kern, p.k.subgroup, false)?;
                 let case = Case {
                     ms: &ms,

@@ -571,3 +571,49 @@ quire_testkit::wgpu_test! {
         }
     }
 }
+
+quire_testkit::wgpu_test! {
+    fn unit_gemv_matches_the_dequantized_product() {
+        // The unit kernel (gemv_q.wgsl) for each type it has: its designs with subgroup sums and
+        // without, plain and with the SwiGLU in its input; row counts that are not multiples of
+        // a workgroup's rows, rows shorter than a workgroup's stride of units and many strides
+        // long (Llama-3-8B's down projection's 14,336 columns), a tall odd matrix (an lm_head
+        // scaled down), 1..3 tokens (along the grid's z).
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(36);
+        let subs: &[bool] = if p.gpu.caps.subgroup.is_some() { &[true, false] } else { &[false] };
+        for g in Gemv::UNITS {
+            for &sub in subs {
+                for t in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_0,
+                          GgmlType::Q4_1] {
+                    let shapes = [(37, 768, 1), (1, 256, 1), (3, 33 * 256, 2), (17, 1792, 3),
+                                  (65, 14336, 1), (1003, 4096, 1)];
+                    for (i, &(rows, cols, n)) in shapes.iter().enumerate() {
+                        let swiglu = i % 2 == 1;
+                        let w = tensor(&mut rng, t, rows, cols);
+                        let xin = rnd(&mut rng, n * cols * (1 + swiglu as usize), 2.0);
+                        let act: Vec<f32> = if swiglu {
+                            (0..n * cols)
+                                .map(|i| {
+                                    let (ti, c) = (i / cols, i % cols);
+                                    let g = xin[ti * 2 * cols + c];
+                                    g / (1.0 + (-g).exp()) * xin[ti * 2 * cols + cols + c]
+                                })
+                                .collect()
+                        } else {
+                            xin.clone()
+                        };
+                        let got = run_gemv(&mut p, g, sub, &w, &xin, n, swiglu);
+                        let want = reference_product(&w, &act, n, false);
+                        let e = rel_l2(&got, &want);
+                        assert!(
+                            e < metric::DOT_F32,
+                            "{} {} {rows}x{cols} n={n} swiglu={swiglu} subgroup={sub}: rel L2 {e:e}",
+                            g.name(), t.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

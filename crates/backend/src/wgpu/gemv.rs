@@ -15,11 +15,14 @@ use crate::BackendError;
 /// tokens per read of the weights), or the one-token slot kernel (`gemv_slot`: `rows` rows per
 /// workgroup of `wg` invocations that all stride over those rows' 8-value slots). The engine runs
 /// the multi-token kernel for 2..8 tokens and [`Gemv::engine`] of the weight type for one;
-/// wgpu_gemv_bench times any of them.
+/// wgpu_gemv_bench times any of them. `Unit` is the one-token kernel of gemv_q.wgsl for the
+/// 4-, 5- and 6-bit types ([`super::gemv_q`]: a whole 16-byte unit per invocation, little arithmetic per
+/// value), with the slot kernel's grid and reductions; the engine does not run it yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Gemv {
     Multi,
     Slot { rows: u32, wg: u32 },
+    Unit { rows: u32, wg: u32 },
 }
 
 impl Gemv {
@@ -45,34 +48,59 @@ impl Gemv {
         Gemv::Slot { rows: 8, wg: 256 },
     ];
 
-    /// `multi`, or `rRwW` (R rows of 1, 2, 4, 8 per workgroup of W = 32, 64, 128, 256
-    /// invocations), e.g. `r4w128`.
+    /// Whether the design has a form for weights of type `t` (the unit kernel only for the
+    /// types [`super::gemv_q::supports`] names).
+    pub fn supports(self, t: WType) -> bool {
+        match self {
+            Gemv::Unit { .. } => super::gemv_q::supports(t),
+            _ => true,
+        }
+    }
+
+    /// Unit-kernel designs the tests check and the translation test compiles (the bench takes
+    /// any `uRwW`).
+    pub const UNITS: [Gemv; 4] = [
+        Gemv::Unit { rows: 2, wg: 64 },
+        Gemv::Unit { rows: 4, wg: 64 },
+        Gemv::Unit { rows: 4, wg: 128 },
+        Gemv::Unit { rows: 8, wg: 128 },
+    ];
+
+    /// `multi`, or `rRwW` (the slot kernel) or `uRwW` (the unit kernel) with R rows of 1, 2, 4, 8
+    /// per workgroup of W = 32, 64, 128, 256 invocations, e.g. `r4w128`, `u4w64`.
     pub fn parse(s: &str) -> Result<Gemv, String> {
         let bad = || {
             format!(
-                "GEMV variant {s:?}: expected `multi` or rRwW with R in 1, 2, 4, 8 and W in \
-                 32, 64, 128, 256 (e.g. r4w128)"
+                "GEMV variant {s:?}: expected `multi`, rRwW or uRwW with R in 1, 2, 4, 8 and W \
+                 in 32, 64, 128, 256 (e.g. r4w128)"
             )
         };
         if s == "multi" {
             return Ok(Gemv::Multi);
         }
-        let (r, w) = s
-            .strip_prefix('r')
-            .and_then(|t| t.split_once('w'))
-            .ok_or_else(bad)?;
+        let (unit, rest) = match (s.strip_prefix('r'), s.strip_prefix('u')) {
+            (Some(t), _) => (false, t),
+            (_, Some(t)) => (true, t),
+            _ => return Err(bad()),
+        };
+        let (r, w) = rest.split_once('w').ok_or_else(bad)?;
         let rows: u32 = r.parse().map_err(|_| bad())?;
         let wg: u32 = w.parse().map_err(|_| bad())?;
         if ![1, 2, 4, 8].contains(&rows) || ![32, 64, 128, 256].contains(&wg) {
             return Err(bad());
         }
-        Ok(Gemv::Slot { rows, wg })
+        Ok(if unit {
+            Gemv::Unit { rows, wg }
+        } else {
+            Gemv::Slot { rows, wg }
+        })
     }
 
     pub fn name(self) -> String {
         match self {
             Gemv::Multi => "multi".into(),
             Gemv::Slot { rows, wg } => format!("r{rows}w{wg}"),
+            Gemv::Unit { rows, wg } => format!("u{rows}w{wg}"),
         }
     }
 
@@ -80,15 +108,17 @@ impl Gemv {
     pub fn entry(self) -> &'static str {
         match self {
             Gemv::Multi => "gemv",
-            Gemv::Slot { .. } => "gemv_slot",
+            Gemv::Slot { .. } | Gemv::Unit { .. } => "gemv_slot",
         }
     }
 
     /// The module for weights of type `t`, summing through subgroups or workgroup memory,
     /// reading its activations as stored or (`swiglu`) as silu(gate) · up of [gate | up] rows.
+    /// Panics for a type the design does not support ([`Gemv::supports`]).
     pub fn source(self, t: WType, subgroup: bool, swiglu: bool) -> String {
         match self {
             Gemv::Multi => matmul_source(t, subgroup, swiglu),
+            Gemv::Unit { rows, wg } => super::gemv_q::source(t, rows, wg, subgroup, swiglu),
             Gemv::Slot { rows, wg } => {
                 let (core, slot) = section(MATMUL, "SLOT");
                 let (_, reduce) = section(
@@ -113,7 +143,7 @@ impl Gemv {
     pub fn groups(self, s: &MmShape) -> [u32; 3] {
         match self {
             Gemv::Multi => s.matmul_groups(),
-            Gemv::Slot { rows, .. } => {
+            Gemv::Slot { rows, .. } | Gemv::Unit { rows, .. } => {
                 let blocks = (s.rows as u32).div_ceil(rows).max(1);
                 [
                     blocks.min(SLOT_FOLD),
@@ -149,9 +179,12 @@ pub fn sources() -> Vec<(String, String, Vec<&'static str>)> {
     if !designs.contains(&Gemv::SLOT) {
         designs.push(Gemv::SLOT);
     }
+    designs.extend(Gemv::UNITS);
     for g in designs {
-        let Gemv::Slot { .. } = g else { continue };
-        for t in WType::ALL {
+        if g == Gemv::Multi {
+            continue;
+        }
+        for t in WType::ALL.into_iter().filter(|&t| g.supports(t)) {
             for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
                 for (swiglu, infix) in [(false, ""), (true, "swiglu_")] {
                     v.push((
@@ -172,15 +205,21 @@ mod tests {
 
     #[test]
     fn gemv_designs_parse_from_their_names_and_bad_ones_are_refused() {
-        for g in Gemv::CANDIDATES.into_iter().chain([Gemv::SLOT]) {
+        for g in Gemv::CANDIDATES
+            .into_iter()
+            .chain([Gemv::SLOT])
+            .chain(Gemv::UNITS)
+        {
             assert_eq!(Gemv::parse(&g.name()), Ok(g));
         }
         assert_eq!(Gemv::parse("r1w32"), Ok(Gemv::Slot { rows: 1, wg: 32 }));
+        assert_eq!(Gemv::parse("u8w256"), Ok(Gemv::Unit { rows: 8, wg: 256 }));
         for bad in [
-            "", "r3w128", "r4w48", "r4", "w128", "r4w128x", "R4W128", "slot",
+            "", "r3w128", "r4w48", "r4", "w128", "r4w128x", "R4W128", "slot", "u3w64", "uw64",
+            "x4w64",
         ] {
             let e = Gemv::parse(bad).unwrap_err();
-            assert!(e.contains("rRwW"), "{bad:?}: {e}");
+            assert!(e.contains("uRwW"), "{bad:?}: {e}");
         }
     }
 

@@ -20,6 +20,8 @@ pub mod gemm;
 #[cfg(feature = "wgpu")]
 pub mod gemv;
 #[cfg(feature = "wgpu")]
+pub mod gemv_q;
+#[cfg(feature = "wgpu")]
 pub mod gpu;
 #[cfg(feature = "wgpu")]
 pub mod kernels;

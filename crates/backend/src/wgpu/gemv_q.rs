@@ -1,0 +1,39 @@
+//! The one-token GEMV for the 4-, 5- and 6-bit types with a whole 16-byte unit per invocation
+//! (shaders/gemv_q.wgsl says why: the slot kernel's arithmetic per value, not memory, bounded
+//! Q4_K and Q6_K decode on the H100). It shares the slot kernel's grid, reductions and entry
+//! point (`gemv_slot`), so [`super::gemv::Gemv::Unit`] runs wherever a slot design does.
+
+use super::kernels::{section, type_source, WType, MATMUL};
+
+/// The unit kernel's shader text (a prelude and a section per type).
+pub const GEMV_Q: &str = include_str!("shaders/gemv_q.wgsl");
+
+/// Whether the unit kernel has a form for weights of type `t`.
+pub fn supports(t: WType) -> bool {
+    matches!(
+        t,
+        WType::Q4_K | WType::Q5_K | WType::Q6_K | WType::Q4_0 | WType::Q4_1
+    )
+}
+
+/// The unit kernel's module for `rows` rows per workgroup of `wg` invocations, weights of type
+/// `t` (which [`supports`] must accept), summing through subgroups or workgroup memory, reading
+/// its activations as stored or (`swiglu`) as silu(gate) · up.
+pub fn source(t: WType, rows: u32, wg: u32, subgroup: bool, swiglu: bool) -> String {
+    assert!(supports(t), "no unit GEMV for {}", t.name());
+    let (core, _) = section(MATMUL, "SLOT");
+    let (prelude, body) = section(GEMV_Q, t.name());
+    let (_, reduce) = section(
+        MATMUL,
+        if subgroup {
+            "SLOT_SUBGROUP"
+        } else {
+            "SLOT_SHARED"
+        },
+    );
+    let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
+    format!(
+        "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{prelude}\n{body}\n{reduce}\n{xv}",
+        type_source(t)
+    )
+}
