@@ -131,9 +131,10 @@ impl Backend {
 /// multi-GPU machine; unset or 1, one GPU. A value that is not a number fails the test.
 fn test_tensor_parallel_size() -> usize {
     match std::env::var("QUIRE_TEST_TENSOR_PARALLEL") {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-            panic!("QUIRE_TEST_TENSOR_PARALLEL={v:?}: want a number of GPUs")
-        }),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("QUIRE_TEST_TENSOR_PARALLEL={v:?}: want a number of GPUs")),
         Err(_) => 1,
     }
 }
