@@ -15,7 +15,7 @@ use quire_kv::KvCacheConfig;
 use quire_sched::{Scheduler, SchedulerConfig, SchedulerOutput};
 use quire_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::constrain::{self, Grammars, GreedyRow, Guide, MaskResult};
+use crate::constrain::{Grammars, Guide};
 use crate::draft::DraftModel;
 use crate::proposer::{NgramProposer, ProposalRow, Proposer};
 use crate::runner::{execute, execute_greedy, execute_sample, BatchBuffers};
@@ -504,7 +504,7 @@ impl Engine {
                 &mut masks,
                 &sampling,
                 &proposals,
-                (&logits, vocab),
+                (logits, vocab),
                 self.stop_tokens.first().copied().unwrap_or(TokenId(0)),
             ),
             _ => HashMap::new(),
@@ -662,59 +662,6 @@ fn count_spec(stats: &mut EngineStats, req: &mut RequestState, proposed: usize, 
 
 /// A token without log-probabilities (device picks and verified proposals: such requests asked
 /// for none).
-/// The picks of the step's guided greedy rows that need nothing but their logits and mask (no
-/// proposals, penalties or log-probabilities), made by [`constrain::greedy_picks`] (rows in
-/// parallel). Takes those rows' masks out of `masks`.
-///
-/// `logits`: ([rows, vocab], vocab).
-fn guided_greedy_picks(
-    requests: &mut HashMap<SeqId, RequestState>,
-    grammars: &Grammars,
-    masks: &mut HashMap<SeqId, MaskResult>,
-    sampling: &[(SeqId, usize)],
-    proposals: &HashMap<SeqId, &[TokenId]>,
-    logits: (&[f32], usize),
-    dead_end: TokenId,
-) -> HashMap<SeqId, TokenId> {
-    let rows: HashMap<SeqId, usize> = sampling
-        .iter()
-        .filter(|(id, _)| !proposals.contains_key(id))
-        .copied()
-        .collect();
-    let work: Vec<GreedyRow> = requests
-        .iter_mut()
-        .filter_map(|(&id, r)| {
-            let row = *rows.get(&id)?;
-            if !r.sampler.is_greedy_under_mask() {
-                return None;
-            }
-            Some(GreedyRow {
-                id,
-                row,
-                guide: r.guide.as_mut()?,
-                end: &mut r.grammar_end,
-                mask: masks.remove(&id)?,
-            })
-        })
-        .collect();
-    constrain::greedy_picks(work, grammars, logits, dead_end)
-}
-
-/// The next-token masks of the guided requests among the step's sampling rows
-/// ([`constrain::masks`]: several at once).
-fn guide_masks(
-    requests: &mut HashMap<SeqId, RequestState>,
-    sampling: &[(SeqId, usize)],
-) -> HashMap<SeqId, MaskResult> {
-    let rows: std::collections::HashSet<SeqId> = sampling.iter().map(|&(id, _)| id).collect();
-    let guides: Vec<(SeqId, &mut Guide)> = requests
-        .iter_mut()
-        .filter(|(id, _)| rows.contains(id))
-        .filter_map(|(&id, r)| Some((id, r.guide.as_mut()?)))
-        .collect();
-    constrain::masks(guides)
-}
-
 fn plain_pick(token: TokenId) -> Sampled {
     Sampled {
         token,
@@ -815,6 +762,10 @@ fn timings_of(req: &RequestState, now: Instant) -> RequestTimings {
         spec_accepted_tokens: req.spec_accepted,
     }
 }
+
+#[path = "engine_guided.rs"]
+mod guided;
+use guided::{guide_masks, guided_greedy_picks};
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]
