@@ -17,7 +17,7 @@ use crate::BackendError;
 /// the multi-token kernel for 2..8 tokens and [`Gemv::engine`] of the weight type for one;
 /// wgpu_gemv_bench times any of them. `Unit` is the one-token kernel of gemv_q.wgsl for the
 /// 4-, 5- and 6-bit types ([`super::gemv_q`]: a whole 16-byte unit per invocation, little arithmetic per
-/// value), with the slot kernel's grid and reductions; the engine does not run it yet.
+/// value), with the slot kernel's grid and reductions; the engine runs it for the K-quants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Gemv {
     Multi,
@@ -28,16 +28,20 @@ pub enum Gemv {
 impl Gemv {
     /// The slot design the engine runs where it runs one (see [`Gemv::engine`]).
     pub const SLOT: Gemv = Gemv::Slot { rows: 4, wg: 256 };
+    /// The unit design the engine runs for the K-quants (see [`Gemv::engine`]).
+    pub const UNIT: Gemv = Gemv::Unit { rows: 4, wg: 64 };
 
     /// The one-token design the engine runs for weights of type `t`. Measured with
-    /// wgpu_gemv_bench on an H100 through Vulkan over Llama-3-8B's decode shapes (PERF.md, "wgpu
-    /// one-token GEMV by type"): the slot kernel (4 rows per 256 invocations) was ahead for F16
-    /// and Q4_K on every shape and for Q4_0 on all but 4096 x 4096; the multi-token kernel was
-    /// ahead or level for Q6_K and Q8_0. Q4_1 and Q5_K follow Q4_0 and Q4_K (not measured).
+    /// wgpu_gemv_bench through Vulkan over Llama-3-8B's decode shapes (PERF.md, "wgpu one-token
+    /// GEMV by type" and "wgpu unit GEMV for the K-quants"): the unit kernel (4 rows per 64
+    /// invocations) is ahead for Q4_K, Q5_K and Q6_K (1.6-2x the slot kernel on 128256 x 4096);
+    /// the slot kernel (4 rows per 256 invocations) for F16 on every shape and for Q4_0 on all but
+    /// 4096 x 4096 (Q4_1 follows Q4_0, not measured); the multi-token kernel for Q8_0.
     pub fn engine(t: WType) -> Gemv {
         match t {
-            WType::F16 | WType::Q4_0 | WType::Q4_1 | WType::Q4_K | WType::Q5_K => Gemv::SLOT,
-            WType::Q8_0 | WType::Q6_K => Gemv::Multi,
+            WType::F16 | WType::Q4_0 | WType::Q4_1 => Gemv::SLOT,
+            WType::Q4_K | WType::Q5_K | WType::Q6_K => Gemv::UNIT,
+            WType::Q8_0 => Gemv::Multi,
         }
     }
     /// The designs wgpu_gemv_bench offers by default (and the tests check).
