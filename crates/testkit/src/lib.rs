@@ -116,7 +116,10 @@ impl Backend {
             ..opts
         };
         match test_tensor_parallel_size() {
-            n if n > 1 => self.ok(quire_backend::cuda::tp_group(w, opts, n)),
+            // A model whose heads the group cannot split is the test setup's fault, not a
+            // missing GPU: say so.
+            n if n > 1 => quire_backend::cuda::tp_group(w, opts, n)
+                .unwrap_or_else(|e| panic!("QUIRE_TEST_TENSOR_PARALLEL={n}: {e}")),
             _ => self.ok(CudaExecutor::new(w, opts)),
         }
     }
