@@ -2,7 +2,7 @@
 //! its scalar path, 8 or 16 lanes at a time. Row lengths are multiples of the vector width
 //! (`Isa::supports`); the exponential is `exp_poly`'s steps lane by lane.
 
-use super::{Kernels, C, EXP_MIN, LN2_HI, LN2_LO, LOG2E};
+use super::{Kernels, C, CHUNK, EXP_MIN, LN2_HI, LN2_LO, LOG2E};
 
 pub(super) mod avx2 {
     use super::*;
@@ -158,10 +158,39 @@ pub(super) mod avx512 {
             // SAFETY: as above.
             unsafe { exp(x) }
         }
+        fn max(&self, x: &[f32; CHUNK]) -> f32 {
+            // SAFETY: as above.
+            unsafe { max(x) }
+        }
+        fn exp_sum(&self, x: &mut [f32; CHUNK], m: f32) -> f32 {
+            // SAFETY: as above.
+            unsafe { exp_sum(x, m) }
+        }
         fn axpy(&self, acc: &mut [f32], w: &[f32], v: &[f32]) {
             // SAFETY: as above.
             unsafe { axpy(acc, w, v) }
         }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn max(x: &[f32; CHUNK]) -> f32 {
+        let mut a = _mm512_loadu_ps(x.as_ptr());
+        for c in x.chunks_exact(16).skip(1) {
+            a = _mm512_max_ps(a, _mm512_loadu_ps(c.as_ptr()));
+        }
+        _mm512_reduce_max_ps(a)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp_sum(x: &mut [f32; CHUNK], m: f32) -> f32 {
+        let mv = _mm512_set1_ps(m);
+        let mut sum = _mm512_setzero_ps();
+        for c in x.chunks_exact_mut(16) {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), mv));
+            _mm512_storeu_ps(c.as_mut_ptr(), e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        _mm512_reduce_add_ps(sum)
     }
 
     /// # Safety
@@ -175,28 +204,74 @@ pub(super) mod avx512 {
         }
     }
 
+    /// The dot product of `q` and the row at `kr` (both `d` long) as 16 partial sums.
+    #[inline(always)]
+    unsafe fn dot16(qp: *const f32, kr: *const f32, d: usize) -> __m512 {
+        let mut a = _mm512_mul_ps(_mm512_loadu_ps(qp), _mm512_loadu_ps(kr));
+        let mut c = 16;
+        while c < d {
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c)), _mm512_loadu_ps(kr.add(c)), a);
+            c += 16;
+        }
+        a
+    }
+
+    /// Adds pairs of neighbouring elements of `a` and `b` within each 128-bit lane: lane `L` of
+    /// the result is `[a0+a2, b0+b2, a1+a3, b1+b3]` of the inputs' lane `L`.
+    #[inline(always)]
+    unsafe fn fold2(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+    }
+
+    /// Two `fold2` results `x` (keys a, b) and `y` (keys c, d) to one: lane `L` holds the sums of
+    /// keys a, b, c, d over that lane's 4 elements.
+    #[inline(always)]
+    unsafe fn fold4(x: __m512, y: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_ps::<0b11_10_11_10>(x, y),
+        )
+    }
+
+    /// Adds 128-bit lanes 0+1 and 2+3 of `x`, then of `y`: `[x01, x23, y01, y23]`.
+    #[inline(always)]
+    unsafe fn fold_lanes(x: __m512, y: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
+    }
+
+    /// The horizontal sums of 16 vectors, in order, as one vector (a transposing add tree: 45
+    /// shuffles and adds where 16 separate reductions take about 150).
+    #[inline(always)]
+    unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (j, wj) in w.iter_mut().enumerate() {
+            let b = 4 * j;
+            *wj = fold4(fold2(v[b], v[b + 1]), fold2(v[b + 2], v[b + 3]));
+        }
+        fold_lanes(fold_lanes(w[0], w[1]), fold_lanes(w[2], w[3]))
+    }
+
     #[target_feature(enable = "avx512f")]
     unsafe fn scores(q: &[f32], k: &[f32], s: &mut [f32]) {
         let d = q.len();
-        assert!(d.is_multiple_of(16) && k.len() >= s.len() * d);
+        assert!(d.is_multiple_of(16) && d > 0 && k.len() >= s.len() * d);
         let (qp, kp) = (q.as_ptr(), k.as_ptr());
-        for (i, si) in s.iter_mut().enumerate() {
-            let kr = kp.add(i * d);
-            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut c = 0;
-            while c + 32 <= d {
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c)), _mm512_loadu_ps(kr.add(c)), a0);
-                a1 = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(qp.add(c + 16)),
-                    _mm512_loadu_ps(kr.add(c + 16)),
-                    a1,
-                );
-                c += 32;
+        let mut i = 0;
+        // 16 keys at a time, their sums reduced together.
+        while i + 16 <= s.len() {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for (r, vr) in v.iter_mut().enumerate() {
+                *vr = dot16(qp, kp.add((i + r) * d), d);
             }
-            if c < d {
-                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(c)), _mm512_loadu_ps(kr.add(c)), a0);
-            }
-            *si = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+            _mm512_storeu_ps(s.as_mut_ptr().add(i), hsum16(&v));
+            i += 16;
+        }
+        while i < s.len() {
+            s[i] = _mm512_reduce_add_ps(dot16(qp, kp.add(i * d), d));
+            i += 1;
         }
     }
 
@@ -231,10 +306,10 @@ pub(super) mod avx512 {
         }
     }
 
-    /// 128 floats of the accumulator in registers while every key's row goes past.
+    /// `16 * N` floats of the accumulator in registers while every key's row goes past.
     #[inline(always)]
-    unsafe fn axpy128(acc: *mut f32, w: &[f32], v: *const f32, d: usize) {
-        let mut a: [__m512; 8] = [_mm512_setzero_ps(); 8];
+    unsafe fn axpy_regs<const N: usize>(acc: *mut f32, w: &[f32], v: *const f32, d: usize) {
+        let mut a: [__m512; N] = [_mm512_setzero_ps(); N];
         for (r, ar) in a.iter_mut().enumerate() {
             *ar = _mm512_loadu_ps(acc.add(16 * r));
         }
@@ -254,19 +329,22 @@ pub(super) mod avx512 {
     unsafe fn axpy(acc: &mut [f32], w: &[f32], v: &[f32]) {
         let d = acc.len();
         assert!(d.is_multiple_of(16) && v.len() >= w.len() * d);
+        let (ap, vp) = (acc.as_mut_ptr(), v.as_ptr());
         let mut c = 0;
         while c + 128 <= d {
-            axpy128(acc.as_mut_ptr().add(c), w, v.as_ptr().add(c), d);
+            axpy_regs::<8>(ap.add(c), w, vp.add(c), d);
             c += 128;
         }
-        while c < d {
-            let mut a = _mm512_loadu_ps(acc.as_ptr().add(c));
-            for (i, &wi) in w.iter().enumerate() {
-                let vr = _mm512_loadu_ps(v.as_ptr().add(i * d + c));
-                a = _mm512_fmadd_ps(_mm512_set1_ps(wi), vr, a);
-            }
-            _mm512_storeu_ps(acc.as_mut_ptr().add(c), a);
-            c += 16;
+        // The rest (below 128 floats) in one pass.
+        match (d - c) / 16 {
+            0 => {}
+            1 => axpy_regs::<1>(ap.add(c), w, vp.add(c), d),
+            2 => axpy_regs::<2>(ap.add(c), w, vp.add(c), d),
+            3 => axpy_regs::<3>(ap.add(c), w, vp.add(c), d),
+            4 => axpy_regs::<4>(ap.add(c), w, vp.add(c), d),
+            5 => axpy_regs::<5>(ap.add(c), w, vp.add(c), d),
+            6 => axpy_regs::<6>(ap.add(c), w, vp.add(c), d),
+            _ => axpy_regs::<7>(ap.add(c), w, vp.add(c), d),
         }
     }
 }
