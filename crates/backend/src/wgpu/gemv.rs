@@ -124,20 +124,8 @@ impl Gemv {
             Gemv::Multi => matmul_source(t, subgroup, swiglu),
             Gemv::Unit { rows, wg } => super::gemv_q::source(t, rows, wg, subgroup, swiglu),
             Gemv::Slot { rows, wg } => {
-                let (core, slot) = section(MATMUL, "SLOT");
-                let (_, reduce) = section(
-                    MATMUL,
-                    if subgroup {
-                        "SLOT_SUBGROUP"
-                    } else {
-                        "SLOT_SHARED"
-                    },
-                );
-                let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
-                format!(
-                    "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{slot}\n{reduce}\n{xv}",
-                    type_source(t)
-                )
+                let (_, slot) = section(MATMUL, "SLOT");
+                slot_module(t, rows, wg, subgroup, swiglu, slot)
             }
         }
     }
@@ -157,6 +145,31 @@ impl Gemv {
             }
         }
     }
+}
+
+/// A module on the slot kernel's grid: `rows` rows per workgroup of `wg` invocations, the weight
+/// type's helpers, matmul.wgsl's slot core, `kernel` (the loop over a row block), the row sums
+/// through subgroups or workgroup memory and the activation reader (plain or silu(gate) · up).
+pub(super) fn slot_module(
+    t: WType,
+    rows: u32,
+    wg: u32,
+    subgroup: bool,
+    swiglu: bool,
+    kernel: &str,
+) -> String {
+    let (core, _) = section(MATMUL, "SLOT");
+    let reduce_name = if subgroup {
+        "SLOT_SUBGROUP"
+    } else {
+        "SLOT_SHARED"
+    };
+    let (_, reduce) = section(MATMUL, reduce_name);
+    let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
+    format!(
+        "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{kernel}\n{reduce}\n{xv}",
+        type_source(t)
+    )
 }
 
 /// Row blocks of the slot GEMV along x before its grid folds into y (matmul.wgsl's FOLD).

@@ -3,7 +3,7 @@
 //! Q4_K and Q6_K decode on the H100). It shares the slot kernel's grid, reductions and entry
 //! point (`gemv_slot`), so [`super::gemv::Gemv::Unit`] runs wherever a slot design does.
 
-use super::kernels::{section, type_source, WType, MATMUL};
+use super::kernels::{section, WType};
 
 /// The unit kernel's shader text (a prelude and a section per type).
 pub const GEMV_Q: &str = include_str!("shaders/gemv_q.wgsl");
@@ -21,19 +21,6 @@ pub fn supports(t: WType) -> bool {
 /// its activations as stored or (`swiglu`) as silu(gate) · up.
 pub fn source(t: WType, rows: u32, wg: u32, subgroup: bool, swiglu: bool) -> String {
     assert!(supports(t), "no unit GEMV for {}", t.name());
-    let (core, _) = section(MATMUL, "SLOT");
     let (prelude, body) = section(GEMV_Q, t.name());
-    let (_, reduce) = section(
-        MATMUL,
-        if subgroup {
-            "SLOT_SUBGROUP"
-        } else {
-            "SLOT_SHARED"
-        },
-    );
-    let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
-    format!(
-        "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{prelude}\n{body}\n{reduce}\n{xv}",
-        type_source(t)
-    )
+    super::gemv::slot_module(t, rows, wg, subgroup, swiglu, &format!("{prelude}\n{body}"))
 }
