@@ -19,6 +19,7 @@ use quire_backend::{
 };
 use quire_core::{Architecture, BlockId, ModelConfig, MoeConfig, RopeStyle};
 use quire_gguf::GgmlType;
+use quire_testkit::heads::pad_heads_for;
 use quire_testkit::metric::rel_l2;
 use quire_testkit::random::{rnd, tensor};
 use rand::rngs::StdRng;
@@ -320,6 +321,34 @@ fn sharded_dense_models_match_the_whole_model() {
 fn sharded_mixture_of_experts_matches_the_whole_model() {
     for (t, n) in [(GgmlType::F32, 2), (GgmlType::Q8_0, 2), (GgmlType::Q8_0, 4)] {
         check(&model(&config(true), t, 11), "MoE", n);
+    }
+}
+
+/// A model whose heads no group of 2 or 4 divides (9 query heads over 3 KV heads, as the default
+/// model has), padded with zero heads for such groups (quire-testkit's `pad_heads_for`, which the
+/// engine suites use under `QUIRE_TEST_TENSOR_PARALLEL`): on one CPU executor the padded model
+/// gives the original's logits bit for bit, and split over the group it stays within the bounds
+/// above.
+#[test]
+fn zero_padded_heads_compute_the_same_model() {
+    let mut c = config(false);
+    (c.hidden_size, c.num_heads, c.num_kv_heads) = (576, 9, 3);
+    for t in [GgmlType::F32, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let w = model(&c, t, 23);
+        assert!(
+            pad_heads_for(&w, 3).unwrap().is_none(),
+            "3 ranks split 9 heads"
+        );
+        for n in [2, 4] {
+            let p = pad_heads_for(&w, n).unwrap().expect("9 heads need padding");
+            let heads = (p.config.num_heads, p.config.num_kv_heads);
+            assert_eq!(heads, (12, 4), "{t} × {n}");
+            let script = Script::new(n as u64, &[37, 5, 70], c.vocab_size);
+            let want = script.run(&mut CpuExecutor::new(&w, KV, opts()).unwrap());
+            let got = script.run(&mut CpuExecutor::new(&p, KV, opts()).unwrap());
+            assert!(got == want, "{t}: padded logits differ from the model's");
+            check(&p, "zero-padded heads", n);
+        }
     }
 }
 
