@@ -29,7 +29,8 @@ case "$cmd" in
 llamacpp)
     [ -x "$LB/llama-bench" ] && { echo "llama.cpp already built"; exit 0; }
     mkdir -p /root/lc && tar -xJf .dev/llamacpp-src.tar.xz -C /root/lc
-    # The pruned source lacks pocs/ and app/, which CMakeLists.txt adds unconditionally.
+    # The pruned source lacks pocs/ and app/, which CMakeLists.txt adds unconditionally. It must keep
+    # scripts/ui-assets.cmake: llama-server's build runs it (offline it embeds no UI).
     for d in pocs app; do mkdir -p /root/lc/llama.cpp/$d && touch /root/lc/llama.cpp/$d/CMakeLists.txt; done
     cd /root/lc/llama.cpp
     cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF \

@@ -46,7 +46,7 @@ two)
             echo "== round $r, $n GPU(s)"
             "$Q" bench -m "$F8" --backend cuda --tensor-parallel-size "$n" -p 0 -n 128 -r 3 \
                 -o json > "$OUT/tp-8b-tg-$n-$r.json" 2>"$OUT/tp-8b-tg-$n-$r.log" || tail -5 "$OUT/tp-8b-tg-$n-$r.log"
-            python3 -c 'import json,sys; [print(f"  tg128 {r[\"avg_ts\"]:.1f} ± {r[\"stddev_ts\"]:.1f}") for r in json.load(open(sys.argv[1]))]' \
+            python3 -c 'import json,sys; [print("  tg128 %.1f ± %.1f" % (r["avg_ts"], r["stddev_ts"])) for r in json.load(open(sys.argv[1]))]' \
                 "$OUT/tp-8b-tg-$n-$r.json"
         done
     done
@@ -67,7 +67,7 @@ peer)
         echo "== llama-bench -sm $sm"
         "$LB/llama-bench" -m "$F70" -ngl 99 -fa 1 -sm "$sm" -p 512 -n 128 -r 2 -o json \
             > "$OUT/tp-70b-peer-$sm.json" 2>"$OUT/tp-70b-peer-$sm.log" || tail -5 "$OUT/tp-70b-peer-$sm.log"
-        python3 -c 'import json,sys; [print(f"  n_prompt {r[\"n_prompt\"]} n_gen {r[\"n_gen\"]}: {r[\"avg_ts\"]:.2f} ± {r[\"stddev_ts\"]:.2f}") for r in json.load(open(sys.argv[1]))]' \
+        python3 -c 'import json,sys; [print("  n_prompt %d n_gen %d: %.2f ± %.2f" % (r["n_prompt"], r["n_gen"], r["avg_ts"], r["stddev_ts"])) for r in json.load(open(sys.argv[1]))]' \
             "$OUT/tp-70b-peer-$sm.json" || true
     done
     echo "== llama-batched-bench, 64 sequences"
