@@ -290,10 +290,90 @@ fn fast_decode_does_not_depend_on_threads() {
     );
 }
 
+/// With `CpuMath::Fast` a row's output depends only on its query and its keys: prompt chunks
+/// computed in one call equal the same rows computed one per call (as after a prefix-cache hit,
+/// which can leave a prompt's last token alone in its step), bit for bit.
+#[test]
+fn fast_mode_rows_do_not_depend_on_the_chunking() {
+    let c = Case {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+        block_size: 16,
+        window: None,
+        seqs: vec![(63, 13), (0, 37), (300, 1)],
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(900);
+    let (p, kv_row, q_row) = (
+        c.params(),
+        c.num_kv_heads * c.head_dim,
+        c.num_heads * c.head_dim,
+    );
+    let gen = PagedCase {
+        spare_blocks: 7,
+        ..PagedCase::new(c.block_size, kv_row, &c.seqs)
+    }
+    .generate::<f16>(&mut rng);
+    let q: Vec<f32> = (0..gen.tokens() * q_row)
+        .map(|_| rng.random_range(-2.0..2.0))
+        .collect();
+    let (mut kc, mut vc) = (gen.k_cache.clone(), gen.v_cache.clone());
+    let mut whole = vec![f32::NAN; gen.tokens() * q_row];
+    paged_attention_math(
+        &pool(),
+        CpuMath::Fast,
+        &p,
+        &q,
+        q_row,
+        &gen.k_new,
+        &gen.v_new,
+        kv_row,
+        &gen.slot_mapping,
+        &seq_batches(&gen),
+        &mut kc,
+        &mut vc,
+        &mut whole,
+    );
+    let (mut kc, mut vc) = (gen.k_cache.clone(), gen.v_cache.clone());
+    let mut rows = vec![f32::NAN; gen.tokens() * q_row];
+    for s in &gen.seqs {
+        for i in 0..s.query_len {
+            let t = s.query_start + i;
+            let one = [SeqBatch {
+                query_start: 0,
+                query_len: 1,
+                seq_len: s.seq_len - s.query_len + i + 1,
+                block_table: &s.block_table,
+            }];
+            paged_attention_math(
+                &pool(),
+                CpuMath::Fast,
+                &p,
+                &q[t * q_row..(t + 1) * q_row],
+                q_row,
+                &gen.k_new[t * kv_row..(t + 1) * kv_row],
+                &gen.v_new[t * kv_row..(t + 1) * kv_row],
+                kv_row,
+                &gen.slot_mapping[t..t + 1],
+                &one,
+                &mut kc,
+                &mut vc,
+                &mut rows[t * q_row..(t + 1) * q_row],
+            );
+        }
+    }
+    assert!(whole.iter().all(|x| x.is_finite()));
+    assert_eq!(
+        whole.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        rows.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        "a chunk's rows differ from the same rows one at a time"
+    );
+}
+
 #[test]
 fn fast_mode_mixed_batch_matches_dense_reference() {
-    // Through the executor's entry point: decodes by the fast kernel, prompt chunks by the exact
-    // kernels, with the fused KV write, in one batch.
+    // Through the executor's entry point: decodes and prompt chunks by the fast kernel, with the
+    // fused KV write, in one batch.
     for (i, window) in [None, Some(40)].into_iter().enumerate() {
         let c = Case {
             num_heads: 9,

@@ -123,8 +123,9 @@ pub fn paged_attention<T: KvElem>(
     )
 }
 
-/// `paged_attention` in arithmetic mode `math`: with `CpuMath::Fast`, the sequences decoding one
-/// token go through the fast kernel (`fast`), prompt chunks through the exact kernels.
+/// `paged_attention` in arithmetic mode `math`: with `CpuMath::Fast` every query row (decode
+/// steps and prompt chunks alike) goes through the fast one-row kernel (`fast`); with
+/// `CpuMath::Exact`, through the llama.cpp-equal kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_math<T: KvElem>(
     par: &dyn super::team::Parallel,
@@ -166,20 +167,25 @@ pub fn paged_attention_math<T: KvElem>(
     } else {
         fast::Isa::Scalar
     };
-    let rest_buf: Vec<SeqBatch>;
-    let seqs = if math == CpuMath::Fast && p.head_dim <= 256 {
-        let decodes: Vec<SeqBatch> = seqs.iter().filter(|s| s.query_len == 1).cloned().collect();
-        if !decodes.is_empty() {
-            fast::decode_attention(par, isa, p, q, q_stride, &decodes, k_cache, v_cache, out);
-        }
-        rest_buf = seqs.iter().filter(|s| s.query_len != 1).cloned().collect();
-        if rest_buf.is_empty() {
-            return;
-        }
-        &rest_buf[..]
-    } else {
-        seqs
-    };
+    if math == CpuMath::Fast && p.head_dim <= 256 {
+        // Every query row, of a prompt chunk or of a decode step, goes through the same one-row
+        // kernel: a row's result then depends only on its query and its keys, not on how the
+        // scheduler cut the prompt (a prefix-cache hit can leave a prompt's last token alone in
+        // its step) nor on what else is in the batch.
+        let rows: Vec<SeqBatch> = seqs
+            .iter()
+            .flat_map(|s| {
+                (0..s.query_len).map(move |i| SeqBatch {
+                    query_start: s.query_start + i,
+                    query_len: 1,
+                    seq_len: s.seq_len - s.query_len + i + 1,
+                    block_table: s.block_table,
+                })
+            })
+            .collect();
+        fast::decode_attention(par, isa, p, q, q_stride, &rows, k_cache, v_cache, out);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if p.f16_accum && p.sliding_window.is_none() && tiled::supports(p.head_dim) {
         if let (Some(k), Some(v)) = (T::as_f16(k_cache), T::as_f16(v_cache)) {

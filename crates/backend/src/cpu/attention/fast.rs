@@ -44,16 +44,15 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The path the engine runs (checked once): AVX2 where the CPU has it, even with AVX-512.
-    /// The AVX-512 path passes its parity tests, but on an AVX-512 machine the server's streamed
-    /// chat parted from `generate`'s greedy text with it (crates/cli/tests/server.rs,
-    /// `openai_clients_get_what_generate_gives`), so it waits until that is understood.
-    /// `QUIRE_NO_SIMD` forces scalar, as it does for the exact kernels.
+    /// The best path this CPU runs (checked once). `QUIRE_NO_SIMD` forces scalar, as it does for
+    /// the exact kernels.
     pub fn detect() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(|| {
             if std::env::var_os("QUIRE_NO_SIMD").is_some() {
                 Isa::Scalar
+            } else if Isa::Avx512.available() {
+                Isa::Avx512
             } else if Isa::Avx2.available() {
                 Isa::Avx2
             } else {
