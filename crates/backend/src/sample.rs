@@ -118,7 +118,26 @@ pub fn sample_row_masked(
         }
     };
     if p.temperature <= 0.0 {
-        // `argmax` over the masked row, without writing it.
+        // The allowed entries first, a mask word at a time: where the best of them is a number
+        // above −∞ it is the masked row's argmax (every other entry is −∞ there).
+        let mut best: Option<(usize, f32)> = None;
+        for (k, &word) in mask.iter().enumerate() {
+            let mut w = word;
+            while w != 0 {
+                let i = 32 * k + w.trailing_zeros() as usize;
+                w &= w - 1;
+                match logits.get(i) {
+                    Some(&l) if !l.is_nan() && best.is_none_or(|(_, b)| l > b) => {
+                        best = Some((i, l))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some((i, _)) = best.filter(|&(_, l)| l > f32::NEG_INFINITY) {
+            return i as u32;
+        }
+        // Else every entry is −∞ or NaN: `argmax` over the masked row, without writing it.
         let mut best = (0usize, masked(0, logits.first().copied().unwrap_or(0.0)));
         for (i, &l) in logits.iter().enumerate() {
             let l = masked(i, l);

@@ -105,6 +105,8 @@ impl MaskJob {
         let mut dead = Vec::new();
         for (_, row, _, m) in &done.rows {
             let Some(w) = out.get_mut(row * words..(row + 1) * words) else {
+                // Not the executor's layout: the row may not go unmasked.
+                dead.push(*row);
                 continue;
             };
             let any = match m {
