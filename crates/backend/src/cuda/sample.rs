@@ -240,8 +240,8 @@ impl CudaExecutor {
             // The host waits here (if at all) for masks computed during the forward, which the
             // stream is running meanwhile.
             let mask = match masks {
-                Some(fill) if nl > 0 => k.stage_masks(&self.gpu, nl, vocab, fill)?,
-                _ => 0,
+                Some(fill) => k.stage_masks(&self.gpu, nl, vocab, fill)?,
+                None => 0,
             };
             // SAFETY: `logits` holds the step's `rows.len()` rows of `vocab` f32 (checked by
             // `check_sample_rows`) and `ids` scratch grown by `run` for as many i32, both alive
