@@ -13,7 +13,9 @@ pub mod weights;
 pub mod wgpu;
 
 use quire_core::BlockId;
-pub use sample::{sample_row, sample_row_with, SampleParams};
+pub use sample::{
+    mask_allows, mask_words, sample_row, sample_row_masked, sample_row_with, SampleParams,
+};
 pub use weights::{
     ByteOwner, FfnWeights, HostTensor, LayerWeights, ModelWeights, MoeWeights, TensorBytes,
 };
@@ -190,20 +192,24 @@ pub trait Executor: Send {
     /// Runs the batch and picks one token per logits row with that row's `rows[i]` (temperature
     /// ≤ 0: the argmax), as [`sample_row`] does. Backends that can sample on the device override
     /// this, so only token ids cross to the host.
+    ///
+    /// `masks` (structured outputs) limits rows to allowed tokens: it is called once, with
+    /// `[rows, mask_words(vocab)]` words all set, and clears the bits of the tokens each row may
+    /// not pick (bit `t % 32` of word `t / 32`; [`sample::mask_words`]); each row's pick is then
+    /// [`sample_row_masked`]'s. It is called after the forward pass has started (on a device:
+    /// once its work is enqueued), so it may wait for masks computed meanwhile. A backend that
+    /// cannot apply masks on its device must apply them on the host, as this default does; it
+    /// may never ignore them.
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch,
         rows: &[SampleParams],
+        masks: Option<&mut MaskFill>,
     ) -> Result<Vec<u32>, BackendError> {
         check_sample_rows(batch, rows)?;
         let vocab = self.vocab_size();
         let logits = self.forward(batch)?;
-        let mut cand = Vec::new();
-        Ok(logits
-            .chunks_exact(vocab.max(1))
-            .zip(rows)
-            .map(|(l, p)| sample_row_with(l, p, &mut cand))
-            .collect())
+        Ok(sample_on_host(logits, vocab, rows, masks))
     }
     /// The most device memory this executor has had allocated, in bytes (weights, KV cache and
     /// work buffers), or `None` for a backend without device memory of its own (the CPU).
@@ -214,6 +220,36 @@ pub trait Executor: Send {
     fn set_profiling(&mut self, on: bool);
     /// Per-op statistics gathered since the last call; resets them.
     fn take_profile(&mut self) -> Vec<OpStat>;
+}
+
+/// Writes a step's allowed-token masks: see [`Executor::forward_sample`].
+pub type MaskFill<'a> = dyn FnMut(&mut [u32]) + 'a;
+
+/// `forward_sample` on the host: each row of `logits` (`[rows.len(), vocab]`) picked with its
+/// `rows` entry and, when `masks` is given, its mask (which it fills here).
+pub fn sample_on_host(
+    logits: &[f32],
+    vocab: usize,
+    rows: &[SampleParams],
+    masks: Option<&mut MaskFill>,
+) -> Vec<u32> {
+    let words = mask_words(vocab);
+    let masked = masks.is_some();
+    let mut bits = Vec::new();
+    if let Some(fill) = masks {
+        bits = vec![u32::MAX; rows.len() * words];
+        fill(&mut bits);
+    }
+    let mut cand = Vec::new();
+    logits
+        .chunks_exact(vocab.max(1))
+        .zip(rows)
+        .enumerate()
+        .map(|(r, (l, p))| {
+            let mask = masked.then(|| &bits[r * words..(r + 1) * words]);
+            sample_row_masked(l, mask, p, &mut cand)
+        })
+        .collect()
 }
 
 /// One valid [`SampleParams`] per logits row of `batch`: what `forward_sample` checks before

@@ -70,15 +70,96 @@ pub fn sample_row_with(logits: &[f32], p: &SampleParams, cand: &mut Vec<(f32, u3
     if p.temperature <= 0.0 {
         return crate::argmax(logits);
     }
-    let c = cand;
-    c.clear();
-    c.extend(
+    cand.clear();
+    cand.extend(
         logits
             .iter()
             .enumerate()
             .filter(|(_, l)| l.is_finite())
             .map(|(i, &l)| (l, i as u32)),
     );
+    draw_from(cand, p)
+}
+
+/// Words of one row's allowed-token mask over a vocabulary of `vocab` tokens: bit `t % 32` of
+/// word `t / 32` is token `t`.
+pub fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
+}
+
+/// Whether `mask` (one row's words, see [`mask_words`]) allows token `t`; tokens past its words
+/// are not allowed.
+pub fn mask_allows(mask: &[u32], t: usize) -> bool {
+    mask.get(t / 32).is_some_and(|w| w >> (t % 32) & 1 == 1)
+}
+
+/// The token `p` picks from `logits` when only the tokens `mask` allows may be picked (`None`:
+/// all may): exactly [`sample_row_with`] on the row with every other logit set to −∞. So the
+/// pick is an allowed token whenever an allowed logit is finite (greedy: whenever one is above
+/// −∞ and not NaN); a row with none gives what `sample_row_with` gives a row of −∞ (token 0),
+/// and callers that can meet such rows (a grammar's dead end) check for them themselves. The
+/// reference the device samplers' masks are held to.
+///
+/// `logits`: [vocab]; `mask`: [mask_words(vocab)] (words past the row are ignored).
+pub fn sample_row_masked(
+    logits: &[f32],
+    mask: Option<&[u32]>,
+    p: &SampleParams,
+    cand: &mut Vec<(f32, u32)>,
+) -> u32 {
+    let Some(mask) = mask else {
+        return sample_row_with(logits, p, cand);
+    };
+    let masked = |i: usize, l: f32| {
+        if mask_allows(mask, i) {
+            l
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    if p.temperature <= 0.0 {
+        // The allowed entries first, a mask word at a time: where the best of them is a number
+        // above −∞ it is the masked row's argmax (every other entry is −∞ there).
+        let mut best: Option<(usize, f32)> = None;
+        for (k, &word) in mask.iter().enumerate() {
+            let mut w = word;
+            while w != 0 {
+                let i = 32 * k + w.trailing_zeros() as usize;
+                w &= w - 1;
+                match logits.get(i) {
+                    Some(&l) if !l.is_nan() && best.is_none_or(|(_, b)| l > b) => {
+                        best = Some((i, l))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some((i, _)) = best.filter(|&(_, l)| l > f32::NEG_INFINITY) {
+            return i as u32;
+        }
+        // Else every entry is −∞ or NaN: `argmax` over the masked row, without writing it.
+        let mut best = (0usize, masked(0, logits.first().copied().unwrap_or(0.0)));
+        for (i, &l) in logits.iter().enumerate() {
+            let l = masked(i, l);
+            if l > best.1 || best.1.is_nan() && !l.is_nan() {
+                best = (i, l);
+            }
+        }
+        return best.0 as u32;
+    }
+    cand.clear();
+    cand.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, l)| l.is_finite() && mask_allows(mask, i))
+            .map(|(i, &l)| (l, i as u32)),
+    );
+    draw_from(cand, p)
+}
+
+/// The rest of [`sample_row_with`] once `c` holds the row's candidates (its finite logits).
+fn draw_from(c: &mut Vec<(f32, u32)>, p: &SampleParams) -> u32 {
     if c.is_empty() {
         return 0;
     }
@@ -284,6 +365,85 @@ mod tests {
             },
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn masked_sampling_is_sampling_the_row_with_disallowed_logits_at_minus_infinity() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+        let mut cand = Vec::new();
+        for case in 0..3000 {
+            let vocab = rng.random_range(1..200);
+            // Few distinct values (ties), some NaN and infinities.
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| match rng.random_range(0..30) {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => f32::INFINITY,
+                    _ => rng.random_range(-6..6) as f32 * 0.5,
+                })
+                .collect();
+            // Masks of every density, one allowed token, none; short masks and stray high bits.
+            let mut mask = vec![0u32; mask_words(vocab) - usize::from(case % 17 == 0)];
+            match case % 5 {
+                0 => mask.iter_mut().for_each(|w| *w = rng.random()),
+                1 => {
+                    let t = rng.random_range(0..vocab);
+                    if let Some(w) = mask.get_mut(t / 32) {
+                        *w |= 1 << (t % 32);
+                    }
+                }
+                2 => {}
+                3 => mask.iter_mut().for_each(|w| *w = !0),
+                _ => (0..vocab)
+                    .filter(|_| rng.random_range(0..8) == 0)
+                    .for_each(|t| {
+                        if let Some(w) = mask.get_mut(t / 32) {
+                            *w |= 1 << (t % 32);
+                        }
+                    }),
+            }
+            let row: Vec<f32> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| {
+                    if mask_allows(&mask, i) {
+                        l
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let p = if case % 3 == 0 {
+                SampleParams::GREEDY
+            } else {
+                params(
+                    rng.random_range(0.2..2.0),
+                    rng.random_range(0..5),
+                    rng.random_range(0.3..1.0),
+                    rng.random_range(0.0..0.3),
+                    rng.random(),
+                )
+            };
+            let got = sample_row_masked(&logits, Some(&mask), &p, &mut cand);
+            assert_eq!(got, sample_row(&row, &p), "case {case}: {p:?}");
+            let any_allowed = if p.temperature > 0.0 {
+                row.iter().any(|l| l.is_finite())
+            } else {
+                row.iter().any(|l| *l > f32::NEG_INFINITY)
+            };
+            if any_allowed {
+                assert!(
+                    mask_allows(&mask, got as usize),
+                    "case {case}: {got} is not allowed"
+                );
+            }
+            assert_eq!(
+                sample_row_masked(&logits, None, &p, &mut cand),
+                sample_row(&logits, &p),
+                "case {case}: no mask"
+            );
         }
     }
 }

@@ -18,7 +18,7 @@ use {
     quire_backend::cuda::gpu::Gpu,
     quire_backend::cuda::nvrtc,
     quire_backend::cuda::sample::SampleKernel,
-    quire_backend::{argmax, sample_row, SampleParams},
+    quire_backend::{argmax, mask_allows, mask_words, sample_row, sample_row_masked, SampleParams},
     rand::{rngs::StdRng, Rng, SeedableRng},
     std::time::Instant,
 };
@@ -54,12 +54,26 @@ impl Device {
         vocab: usize,
         params: &[SampleParams],
     ) -> Vec<u32> {
+        self.sample_masked(logits, stride, vocab, params, None)
+    }
+
+    /// `sample` under allowed-token masks (`[rows, mask_words(vocab)]`).
+    fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        stride: usize,
+        vocab: usize,
+        params: &[SampleParams],
+        mask: Option<&[u32]>,
+    ) -> Vec<u32> {
         let dl = self.g.upload(logits).unwrap();
         let out = self.g.upload(&vec![-1i32; params.len()]).unwrap();
+        let dm = mask.map(|m| self.g.upload(m).unwrap());
+        let mp = dm.as_ref().map_or(0, |m| m.ptr);
         // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
         unsafe {
             self.k
-                .launch(&self.g, dl.ptr, stride, vocab, params, out.ptr)
+                .launch(&self.g, dl.ptr, stride, vocab, params, mp, out.ptr)
         }
         .unwrap();
         let mut ids = vec![0i32; params.len()];
@@ -490,7 +504,7 @@ quire_testkit::gpu_test! {
                     for _ in 0..7 {
                         let t = Instant::now();
                         // SAFETY: every address is a live allocation of this test (g.upload / g.alloc), sized for the launch's shape, and the stream is synchronised (dtoh) before any of them drops.
-                        unsafe { d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, out.ptr) }
+                        unsafe { d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, 0, out.ptr) }
                             .unwrap();
                         d.g.sync().unwrap();
                         times.push(t.elapsed().as_secs_f64() * 1e6);
@@ -501,6 +515,143 @@ quire_testkit::gpu_test! {
                         times[3]
                     );
                 }
+            }
+        }
+    }
+}
+
+/// A random allowed-token mask of one row: about a `density` share of the tokens, or one token,
+/// none, or all of them.
+#[cfg(feature = "cuda")]
+fn random_mask(rng: &mut StdRng, vocab: usize, kind: usize) -> Vec<u32> {
+    let mut m = vec![0u32; mask_words(vocab)];
+    let mut allow = |t: usize| m[t / 32] |= 1 << (t % 32);
+    match kind {
+        0 => allow(rng.random_range(0..vocab)),
+        1 => {}
+        2 => (0..vocab).for_each(&mut allow),
+        // A JSON grammar's masks: a few hundred tokens scattered over the vocabulary.
+        3 => (0..rng.random_range(1..400)).for_each(|_| allow(rng.random_range(0..vocab))),
+        _ => {
+            let density = rng.random_range(0.01..0.9);
+            (0..vocab)
+                .filter(|_| rng.random_bool(density))
+                .for_each(allow)
+        }
+    }
+    // Stray bits past the vocabulary must be ignored.
+    if !vocab.is_multiple_of(32) {
+        *m.last_mut().unwrap() |= !0u32 << (vocab % 32);
+    }
+    m
+}
+
+quire_testkit::gpu_test! {
+    /// Masked rows: the device's pick is `sample_row_masked`'s (the host sampler on the row with
+    /// every disallowed logit at -inf) under the same tolerance as unmasked rows (greedy exactly),
+    /// and never a disallowed token where an allowed logit is finite.
+    fn masked_rows_match_the_host_and_pick_only_allowed_tokens() {
+        let mut d = device();
+        let mut rng = StdRng::seed_from_u64(26);
+        let (mut rows_seen, mut differ, mut unexplained) = (0usize, 0usize, vec![]);
+        for vocab in [49_152usize, 49_153, 128_256] {
+            for chunk in 0..8 {
+                let n = 20;
+                let words = mask_words(vocab);
+                let (mut logits, mut masks, mut kinds) = (vec![], vec![], vec![]);
+                for r in 0..n {
+                    let kind = (chunk * n + r) % 7;
+                    kinds.push(kind);
+                    logits.extend(row(&mut rng, vocab, kind));
+                    masks.extend(random_mask(&mut rng, vocab, r % 5));
+                }
+                let params: Vec<SampleParams> = (0..n)
+                    .map(|r| if r % 4 == 0 { SampleParams::GREEDY } else { random_params(&mut rng) })
+                    .collect();
+                let got = d.sample_masked(&logits, vocab, vocab, &params, Some(&masks));
+                for r in 0..n {
+                    let l = &logits[r * vocab..(r + 1) * vocab];
+                    let m = &masks[r * words..(r + 1) * words];
+                    let p = &params[r];
+                    let lm: Vec<f32> = l
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| if mask_allows(m, i) { v } else { f32::NEG_INFINITY })
+                        .collect();
+                    let host = sample_row_masked(l, Some(m), p, &mut Vec::new());
+                    assert_eq!(host, sample_row(&lm, p), "the host reference");
+                    let finite = if p.temperature > 0.0 {
+                        lm.iter().any(|v| v.is_finite())
+                    } else {
+                        lm.iter().any(|&v| v > f32::NEG_INFINITY)
+                    };
+                    assert!(
+                        !finite || mask_allows(m, got[r] as usize),
+                        "vocab {vocab} kind {} {p:?}: picked disallowed token {}",
+                        kinds[r],
+                        got[r]
+                    );
+                    rows_seen += 1;
+                    if got[r] == host {
+                        continue;
+                    }
+                    differ += 1;
+                    let (want_exact, margin) = exact(&lm, p);
+                    eprintln!(
+                        "vocab {vocab} kind {} {p:?}: device {} host {host} exact {want_exact} (margin {margin:.1e})",
+                        kinds[r], got[r]
+                    );
+                    if p.temperature <= 0.0 || (got[r] != want_exact && margin >= 1e-5) {
+                        unexplained.push(format!("vocab {vocab} kind {} {p:?}", kinds[r]));
+                    }
+                }
+            }
+        }
+        eprintln!("masked: {differ} of {rows_seen} rows differ from the host sampler (each explained)");
+        assert!(unexplained.is_empty(), "unexplained: {unexplained:#?}");
+        assert!(differ * 20 < rows_seen, "{differ} of {rows_seen} masked rows differ");
+    }
+}
+
+quire_testkit::gpu_test! {
+    /// What a mask adds to a launch: 16 rows of 49,152 logits (the default model's), greedy and
+    /// sampled, with and without masks of a few hundred allowed tokens (uploaded each time, as
+    /// the executor does).
+    fn masked_time_per_launch() {
+        let mut d = device();
+        let mut rng = StdRng::seed_from_u64(3);
+        let (vocab, rows) = (49_152usize, 16usize);
+        let mut logits = vec![];
+        let mut masks = vec![];
+        for _ in 0..rows {
+            logits.extend(row(&mut rng, vocab, 0));
+            masks.extend(random_mask(&mut rng, vocab, 3));
+        }
+        let dl = d.g.upload(&logits).unwrap();
+        let out = d.g.upload(&vec![0i32; rows]).unwrap();
+        let mut dm = d.g.upload(&masks).unwrap();
+        let sampled = SampleParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, u: 0.3 };
+        for (name, p) in [("greedy", SampleParams::GREEDY), ("top-k 40, top-p 0.95, min-p 0.05", sampled)] {
+            let ps = vec![p; rows];
+            for masked in [false, true] {
+                let mut times = vec![];
+                for _ in 0..15 {
+                    let t = Instant::now();
+                    if masked {
+                        d.g.htod(&masks, &mut dm, 0).unwrap();
+                    }
+                    let mp = if masked { dm.ptr } else { 0 };
+                    // SAFETY: live allocations of this test sized for the launch; synchronised below.
+                    unsafe { d.k.launch(&d.g, dl.ptr, vocab, vocab, &ps, mp, out.ptr) }.unwrap();
+                    d.g.sync().unwrap();
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                times.sort_by(f64::total_cmp);
+                eprintln!(
+                    "sample_rows vocab {vocab}, {rows} rows, {name}, {}: {:.0} µs per launch (median of 15)",
+                    if masked { "masked (with the mask upload)" } else { "unmasked" },
+                    times[7]
+                );
             }
         }
     }

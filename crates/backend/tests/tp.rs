@@ -14,8 +14,9 @@ use std::sync::Arc;
 use quire_backend::cpu::{CpuExecutor, CpuOptions, KvDtype};
 use quire_backend::tp::{self, HostReduce, Shard, TpExecutor};
 use quire_backend::{
-    argmax, sample_row, BackendError, Executor, FfnWeights, ForwardBatch, HostTensor, KvCacheSpec,
-    LayerWeights, ModelWeights, MoeWeights, SampleParams, SeqBatch,
+    argmax, mask_allows, mask_words, sample_row, sample_row_masked, BackendError, Executor,
+    FfnWeights, ForwardBatch, HostTensor, KvCacheSpec, LayerWeights, ModelWeights, MoeWeights,
+    SampleParams, SeqBatch,
 };
 use quire_core::{Architecture, BlockId, ModelConfig, MoeConfig, RopeStyle};
 use quire_gguf::GgmlType;
@@ -415,30 +416,66 @@ fn tokens_match_the_logits(
             })
             .collect()
     };
-    type Tokens = (Vec<f32>, Vec<u32>, Vec<u32>);
+    // Allowed-token masks (structured outputs): row 0 unmasked, row 1 one token, the rest
+    // about a third of the vocabulary.
+    let words = mask_words(v);
+    let masks = |rows: usize| -> Vec<u32> {
+        let mut m = vec![0u32; rows * words];
+        for r in 0..rows {
+            for t in 0..v {
+                let on = match r {
+                    0 => true,
+                    1 => t == (7 * v) / 11,
+                    _ => (t * 7 + r) % 3 == 0,
+                };
+                m[r * words + t / 32] |= u32::from(on) << (t % 32);
+            }
+        }
+        m
+    };
+    type Tokens = (Vec<f32>, Vec<u32>, Vec<u32>, Vec<u32>);
     // Every call repeats the step on the same slots, writing the same K and V.
     let calls = |ex: &mut dyn Executor, spans: &[(usize, usize)]| -> Tokens {
         script.with_batch(spans, |b| {
             let logits = ex.forward(b).unwrap().to_vec();
             let greedy = ex.forward_greedy(b).unwrap();
-            let sampled = ex.forward_sample(b, &params(greedy.len())).unwrap();
-            (logits, greedy, sampled)
+            let sampled = ex.forward_sample(b, &params(greedy.len()), None).unwrap();
+            let m = masks(greedy.len());
+            let mut fill = |w: &mut [u32]| {
+                assert!(w.len() == m.len() && w.iter().all(|&x| x == u32::MAX));
+                w.copy_from_slice(&m);
+            };
+            let masked = ex
+                .forward_sample(b, &params(greedy.len()), Some(&mut fill))
+                .unwrap();
+            (logits, greedy, sampled, masked)
         })
     };
     let (mut first, mut again) = (group(), group());
     let (mut compared, mut rows) = (0, 0);
     for spans in [&prompt[..], &decode[..]] {
-        let (logits, greedy, sampled) = calls(first.as_mut(), spans);
-        let (want_logits, want_greedy, _) = calls(one.as_mut(), spans);
-        assert!(
-            calls(again.as_mut(), spans) == (logits.clone(), greedy.clone(), sampled.clone()),
-            "two groups differ"
+        let (logits, greedy, sampled, masked) = calls(first.as_mut(), spans);
+        let (want_logits, want_greedy, _, _) = calls(one.as_mut(), spans);
+        let got = (
+            logits.clone(),
+            greedy.clone(),
+            sampled.clone(),
+            masked.clone(),
         );
+        assert!(calls(again.as_mut(), spans) == got, "two groups differ");
         let p = params(greedy.len());
+        let m = masks(greedy.len());
         for (i, row) in logits.chunks_exact(v).enumerate() {
             assert_eq!(greedy[i], argmax(row), "row {i}");
+            let mask = &m[i * words..(i + 1) * words];
+            assert!(
+                mask_allows(mask, masked[i] as usize),
+                "row {i}: a disallowed token"
+            );
             if host_sampling || p[i].temperature <= 0.0 {
                 assert_eq!(sampled[i], sample_row(row, &p[i]), "row {i}");
+                let want = sample_row_masked(row, Some(mask), &p[i], &mut Vec::new());
+                assert_eq!(masked[i], want, "row {i}, masked");
             }
             // Where the best two of one executor's row are further apart than twice the largest
             // difference of the group's logits from them, the group's best is the same entry.

@@ -1,5 +1,5 @@
 //! `quire bench --json-schema FILE -b 16`: what structured outputs cost. B requests decode
-//! together through the engine — the same engine step, grammar masks and host sampling that
+//! together through the engine — the same engine step, grammar masks and sampling that
 //! `quire serve` runs for a `response_format` request — once without a constraint and once with
 //! the schema, in alternating rounds so that drift and other load hit both alike; the medians are
 //! compared. In process, so no HTTP or client time blurs the difference.
@@ -89,7 +89,7 @@ struct Run {
     other: usize,
     /// Mean milliseconds per decode step.
     step_ms: f64,
-    /// Per step that computed grammar masks, milliseconds: the mask thread's work, the engine
+    /// Per step that computed grammar masks, milliseconds: the mask task's work, the engine
     /// thread's wait for it after the forward, the engine thread's work on the rows after it.
     mask_ms: f64,
     wait_ms: f64,
@@ -200,9 +200,10 @@ pub fn run(a: &BenchArgs, schema_path: &Path) -> Result<()> {
         );
         println!(
             "batch {b}: a decode step takes {:.1} ms unconstrained, {:.1} ms constrained; per \
-             constrained step the masks take {:.2} ms on their own thread during the forward \
-             ({:.2} ms waited for after it), masking, sampling and advancing the grammars \
-             {:.2} ms on the engine thread",
+             constrained step the masks take {:.2} ms on rayon's threads during the forward \
+             ({:.2} ms waited for after it), the engine thread's work on the guided rows after \
+             the picks (advancing the grammars; where the host samples, masking and sampling \
+             too) {:.2} ms",
             f.step_ms, g.step_ms, g.mask_ms, g.wait_ms, g.host_ms
         );
     }

@@ -147,6 +147,15 @@ impl Grammars {
         masked_argmax(mask, self.also_allowed(mask), logits)
     }
 
+    /// Writes `mask` as one row of a backend's allowed-token bits (see
+    /// `quire_backend::Executor::forward_sample`): the tokens [`Grammars::apply`] would leave
+    /// allowed. Returns whether any is.
+    ///
+    /// `out`: [mask_words(vocab)] (one row).
+    pub fn pack(&self, mask: &SimpleVob, out: &mut [u32]) -> bool {
+        pack_mask(mask, self.also_allowed(mask), out)
+    }
+
     /// The stop tokens when the grammar allows its EOS (every one of them ends generation),
     /// else none.
     fn also_allowed(&self, mask: &SimpleVob) -> &[TokenId] {
@@ -208,15 +217,6 @@ impl Guide {
 
 /// A request's next-token mask, or why there is none.
 pub type MaskResult = Result<SimpleVob, String>;
-
-/// The next-token masks of several requests, computed at once on rayon's threads (each
-/// request's grammar is its own, so the result does not depend on the order or the threads).
-pub fn masks(guides: Vec<(SeqId, &mut Guide)>) -> HashMap<SeqId, MaskResult> {
-    guides
-        .into_par_iter()
-        .map(|(id, guide)| (id, guide.mask()))
-        .collect()
-}
 
 /// One guided greedy request's row of a step: its logits row, grammar, finish reason and mask.
 pub struct GreedyRow<'a> {
@@ -292,6 +292,31 @@ pub fn apply_mask(mask: &SimpleVob, extra: &[TokenId], logits: &mut [f32]) -> us
         logits[i] = v;
     }
     allowed
+}
+
+/// Sets exactly the bits of the tokens `mask` or `extra` allows in `out` (bit `t % 32` of word
+/// `t / 32`; tokens past `out` dropped): the tokens [`apply_mask`] leaves allowed in a row of
+/// `32 · out.len()` logits. Returns whether any is.
+///
+/// `out`: [words] (one row).
+pub fn pack_mask(mask: &SimpleVob, extra: &[TokenId], out: &mut [u32]) -> bool {
+    let src = mask.as_slice();
+    let n = mask.len();
+    for (k, w) in out.iter_mut().enumerate() {
+        let word = src.get(k).copied().unwrap_or(0);
+        // Bits past the mask's length are not its tokens.
+        *w = match n.saturating_sub(32 * k) {
+            0 => 0,
+            left if left < 32 => word & ((1u32 << left) - 1),
+            _ => word,
+        };
+    }
+    for t in extra {
+        if let Some(w) = out.get_mut(t.as_usize() / 32) {
+            *w |= 1 << (t.0 % 32);
+        }
+    }
+    out.iter().any(|&w| w != 0)
 }
 
 /// The largest logit among the tokens `mask` or `extra` allows — the first of equal maxima,
@@ -417,6 +442,15 @@ mod tests {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "case {case}: masked row differs"
             );
+            let mut bits = vec![u32::MAX; vocab.div_ceil(32)];
+            let any = pack_mask(&mask, &extra, &mut bits);
+            assert_eq!(any, want_n > 0, "case {case}: packed mask allows something");
+            for (t, l) in want_row.iter().enumerate() {
+                let allowed = bits[t / 32] >> (t % 32) & 1 == 1;
+                let want = (t < mask.len() && mask.is_allowed(t as u32))
+                    || extra.iter().any(|e| e.as_usize() == t);
+                assert_eq!(allowed, want, "case {case}: packed bit of token {t} ({l})");
+            }
             let got = masked_argmax(&mask, &extra, &logits);
             if want_n == 0 {
                 assert_eq!(got, None, "case {case}");

@@ -119,9 +119,10 @@ pub struct EngineStats {
     pub spec_draft_kv_blocks_total: usize,
     pub spec_draft_no_room: u64,
     /// Structured outputs, where their time goes: steps that computed grammar masks; seconds
-    /// the mask thread spent computing them (beside the forward pass); seconds the engine thread
-    /// then waited for it (masks on the critical path); seconds the engine thread spent on those
-    /// steps' rows after the forward (masking the logits, sampling, advancing the grammars).
+    /// the mask task spent computing them (on rayon's threads, beside the forward pass);
+    /// seconds the engine thread then waited for it (masks on the critical path); seconds the
+    /// engine thread spent on those steps' rows after the forward and the picks (on the host
+    /// path also masking the logits and sampling; always advancing the grammars).
     pub guided_steps: u64,
     pub guided_mask_s: f64,
     pub guided_wait_s: f64,
@@ -421,8 +422,8 @@ impl Engine {
             })
             .collect();
         // When every sampling row wants the plain argmax, the backend may pick on the device;
-        // when every row's pick depends on its logits alone (no penalties, no log-probabilities),
-        // it may sample on the device.
+        // when every row's pick depends on its logits (and its grammar's mask) alone (no
+        // penalties, no log-probabilities), it may sample on the device.
         let all_rows = |plain: fn(&Sampler) -> bool| {
             self.cfg.top_logprobs == 0
                 && sampling
@@ -431,7 +432,7 @@ impl Engine {
         };
         let greedy = all_rows(Sampler::is_plain_greedy);
         // Sampled verification needs whole logits rows: the host does it.
-        let device = !greedy && all_rows(Sampler::is_plain) && proposals.is_empty();
+        let device = !greedy && all_rows(Sampler::is_plain_under_mask) && proposals.is_empty();
         if greedy {
             let ids = execute_greedy(self.exec.as_mut(), &self.buf, &tables)?;
             let mut picks = Vec::with_capacity(sampling.len());
@@ -445,6 +446,9 @@ impl Engine {
             }
             return Ok(picks);
         }
+        let guided = sampling
+            .iter()
+            .any(|(id, _)| self.requests.get(id).is_some_and(|r| r.guide.is_some()));
         if device {
             // One row's parameters each, with this step's uniform draw from its own stream.
             let mut params = vec![SampleParams::GREEDY; self.buf.logits_indices.len()];
@@ -456,42 +460,29 @@ impl Engine {
                         .expect("checked above: every sampling row is plain");
                 }
             }
-            let ids = execute_sample(self.exec.as_mut(), &self.buf, &tables, &params)?;
+            if guided {
+                return self.execute_guided_on_device(&sampling, &tables, &params);
+            }
+            let ids = execute_sample(self.exec.as_mut(), &self.buf, &tables, &params, None)?;
             return Ok(sampling
                 .iter()
                 .map(|&(id, row)| (id, vec![plain_pick(TokenId(ids[row]))]))
                 .collect());
         }
         let vocab = self.exec.vocab_size();
-        // Grammar masks depend only on the tokens so far: they are computed on another thread
+        // Grammar masks depend only on the tokens so far: they are computed on rayon's threads
         // while the forward pass runs, off its critical path.
-        let guided = sampling
-            .iter()
-            .any(|(id, _)| self.requests.get(id).is_some_and(|r| r.guide.is_some()));
-        let requests = &mut self.requests;
-        let (logits, mut masks) = if !guided {
-            // No grammar in this batch (penalties or log-probabilities brought it here): no thread.
-            (
-                execute(self.exec.as_mut(), &self.buf, &tables),
-                HashMap::new(),
-            )
-        } else {
-            let (logits, masks, mask_s, wait_s) = std::thread::scope(|scope| {
-                let masker = scope.spawn(|| {
-                    let t0 = Instant::now();
-                    let masks = guide_masks(requests, &sampling);
-                    (masks, t0.elapsed().as_secs_f64())
-                });
-                let logits = execute(self.exec.as_mut(), &self.buf, &tables);
-                let t0 = Instant::now();
-                let (masks, mask_s) = masker.join().unwrap_or_default();
-                (logits, masks, mask_s, t0.elapsed().as_secs_f64())
-            });
+        let job = MaskJob::start(&mut self.requests, &sampling);
+        let logits = execute(self.exec.as_mut(), &self.buf, &tables);
+        let mut masks = HashMap::new();
+        if let Some(job) = job {
+            let mask_s;
+            let wait_s;
+            (masks, mask_s, wait_s) = job.finish(&mut self.requests);
             self.stats.guided_steps += 1;
             self.stats.guided_mask_s += mask_s;
             self.stats.guided_wait_s += wait_s;
-            (logits, masks)
-        };
+        }
         let host_t0 = Instant::now();
         let logits = logits?;
         let mut picks = Vec::with_capacity(sampling.len());
@@ -765,7 +756,7 @@ fn timings_of(req: &RequestState, now: Instant) -> RequestTimings {
 
 #[path = "engine_guided.rs"]
 mod guided;
-use guided::{guide_masks, guided_greedy_picks};
+use guided::{guided_greedy_picks, MaskJob};
 
 #[cfg(test)]
 #[path = "engine_tests.rs"]

@@ -120,3 +120,59 @@ fn token_history_survives_preemption() {
     }
     assert_eq!(e.stats().kv_blocks_used, 0, "blocks leaked");
 }
+
+/// A grammar that admits no next token (here a matcher left in an error state, which has no
+/// mask) ends its request with finish reason `grammar` and no further output, on the device path
+/// (a plain greedy request: masks go to the executor) and on the host path (log-probabilities
+/// asked), sampled or greedy; the plain request in the same batch runs to its length.
+#[test]
+fn a_grammar_that_admits_no_token_ends_its_request() {
+    use quire_core::{Constraint, FinishReason};
+    let m = load();
+    let prompt = m.tokenizer.encode("A person as JSON:", true, true).unwrap();
+    for (logprobs, temperature) in [(false, 0.0), (false, 1.0), (true, 0.0), (true, 1.0)] {
+        let label = format!("logprobs {logprobs}, temperature {temperature}");
+        let mut e = engine(&m, 64);
+        let guided = SamplingParams {
+            max_tokens: 16,
+            logprobs,
+            temperature,
+            seed: Some(1),
+            constraint: Some(Constraint::JsonObject),
+            ..Default::default()
+        };
+        let g = e.add_request(prompt.clone(), guided).unwrap();
+        let plain = SamplingParams {
+            max_tokens: 6,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let p = e.add_request(prompt.clone(), plain).unwrap();
+        // Poison the grammar: consume a token it refuses.
+        let guide = e.requests.get_mut(&g).unwrap().guide.as_mut().unwrap();
+        let mask = guide.mask().unwrap();
+        let refused = (0..mask.len() as u32)
+            .find(|&t| !mask.is_allowed(t))
+            .unwrap();
+        assert!(guide.consume(TokenId(refused)).is_err(), "{label}");
+        assert!(
+            guide.mask().is_err(),
+            "{label}: an errored matcher has no mask"
+        );
+        let mut out: HashMap<SeqId, (Vec<TokenId>, Option<FinishReason>)> = HashMap::new();
+        let mut steps = 0;
+        while e.has_unfinished() {
+            steps += 1;
+            assert!(steps < 100, "{label}: no progress");
+            for o in e.step().unwrap() {
+                let r = out.entry(o.id).or_default();
+                r.0.extend(o.tokens.iter().map(|t| t.token));
+                r.1 = o.finish_reason;
+            }
+        }
+        assert_eq!(out[&g], (vec![], Some(FinishReason::Grammar)), "{label}");
+        assert_eq!(out[&p].0.len(), 6, "{label}");
+        assert_eq!(out[&p].1, Some(FinishReason::Length), "{label}");
+        assert_eq!(e.stats().kv_blocks_used, 0, "{label}: blocks leaked");
+    }
+}

@@ -1,7 +1,7 @@
 //! Model runner: a scheduler step becomes one flat batch for the backend — token ids, positions,
 //! slot mapping, per-sequence query ranges and block tables, and which rows need logits.
 
-use quire_backend::{BackendError, Executor, ForwardBatch, SampleParams, SeqBatch};
+use quire_backend::{BackendError, Executor, ForwardBatch, MaskFill, SampleParams, SeqBatch};
 use quire_core::BlockId;
 use quire_sched::SchedulerOutput;
 
@@ -73,15 +73,17 @@ pub fn execute_greedy(
 }
 
 /// Runs a filled batch and picks each logits row's token with its `rows` entry (rows without
-/// penalties or log-probabilities: the backend may sample on the device).
+/// penalties or log-probabilities: the backend may sample on the device), under the allowed-token
+/// masks `masks` writes when it is given (see `Executor::forward_sample`).
 pub fn execute_sample(
     exec: &mut dyn Executor,
     buf: &BatchBuffers,
     tables: &[&[BlockId]],
     rows: &[SampleParams],
+    masks: Option<&mut MaskFill>,
 ) -> Result<Vec<u32>, BackendError> {
     let seqs = seq_batches(buf, tables);
-    exec.forward_sample(&batch_of(buf, &seqs), rows)
+    exec.forward_sample(&batch_of(buf, &seqs), rows, masks)
 }
 
 fn seq_batches<'a>(buf: &BatchBuffers, tables: &[&'a [BlockId]]) -> Vec<SeqBatch<'a>> {

@@ -82,33 +82,34 @@ impl Sampler {
     /// allows: greedy, no penalties, no log-probabilities asked. A guided request's pick may
     /// then read only its allowed logits ([`crate::constrain::Grammars::argmax`]).
     pub fn is_greedy_under_mask(&self) -> bool {
-        let p = &self.params;
-        p.is_greedy()
-            && !p.logprobs
-            && p.top_logprobs == 0
-            && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
+        self.params.is_greedy() && self.is_plain_under_mask()
     }
 
     /// True when the next token depends on the logits row alone (no penalties, no
     /// log-probabilities asked, no grammar), so the backend may pick it on the device from `device_params`.
     pub fn is_plain(&self) -> bool {
+        self.params.constraint.is_none() && self.is_plain_under_mask()
+    }
+
+    /// True when the next token depends on the logits row and the grammar's mask alone (no
+    /// penalties, no log-probabilities asked): the backend may pick it on the device, under the
+    /// mask, from `device_params`.
+    pub fn is_plain_under_mask(&self) -> bool {
         let p = &self.params;
         !p.logprobs
             && p.top_logprobs == 0
-            && p.constraint.is_none()
             && (p.repetition_penalty == 1.0 || p.repeat_last_n == 0)
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
     }
 
     /// What the backend needs to pick this request's next token on the device, or `None` when
-    /// the pick needs the host (`is_plain` is false). Takes the step's one uniform draw from the
-    /// request's own stream when it samples, as `sample` would, so a seed reproduces the same
-    /// completion on either path (greedy requests draw nothing, on either path).
+    /// the pick needs the host (`is_plain_under_mask` is false; a guided request's pick must be
+    /// masked by the caller). Takes the step's one uniform draw from the request's own stream
+    /// when it samples, as `sample` would, so a seed reproduces the same completion on either
+    /// path (greedy requests draw nothing, on either path).
     pub fn device_params(&mut self) -> Option<SampleParams> {
-        if !self.is_plain() {
+        if !self.is_plain_under_mask() {
             return None;
         }
         if self.params.is_greedy() {

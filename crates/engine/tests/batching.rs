@@ -9,7 +9,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use quire_backend::{BackendError, Executor, ForwardBatch, KvCacheSpec, OpStat, SampleParams};
+use quire_backend::{
+    BackendError, Executor, ForwardBatch, KvCacheSpec, MaskFill, OpStat, SampleParams,
+};
 use quire_core::{FinishReason, SamplingParams, TokenId};
 use quire_engine::{Engine, EngineConfig};
 use quire_testkit::{executor_test, Backend};
@@ -258,9 +260,10 @@ impl Executor for Counting {
         &mut self,
         batch: &ForwardBatch,
         rows: &[SampleParams],
+        masks: Option<&mut MaskFill>,
     ) -> Result<Vec<u32>, BackendError> {
         self.samples.fetch_add(1, Ordering::Relaxed);
-        self.inner.forward_sample(batch, rows)
+        self.inner.forward_sample(batch, rows, masks)
     }
     fn forward_greedy(&mut self, batch: &ForwardBatch) -> Result<Vec<u32>, BackendError> {
         self.inner.forward_greedy(batch)

@@ -311,7 +311,7 @@ quire_testkit::gpu_test! {
                     u: rng.random(),
                 })
                 .collect();
-            let got = exec.forward_sample(&batch, &params).unwrap();
+            let got = exec.forward_sample(&batch, &params, None).unwrap();
             assert_eq!(got.len(), rows.len());
             for ((row, p), g) in logits.chunks_exact(vocab).zip(&params).zip(&got) {
                 let host = sample_row(row, p);

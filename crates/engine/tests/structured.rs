@@ -216,3 +216,104 @@ fn bad_grammars_are_refused_naming_the_field() {
     }
     assert!(!e.has_unfinished(), "a refused request was queued");
 }
+
+executor_test! {
+    /// The executor's sampling under allowed-token masks (what a guided step hands it) on the
+    /// model's logits of a prompt, one row per position, run in a shuffled block table: masks of
+    /// a few hundred tokens (a JSON grammar's), one token, a third of the vocabulary, none (the
+    /// row unmasked), and the row's own best token forbidden. Every pick is an allowed token;
+    /// greedy picks equal the reference sampler's (`sample_row_masked`) on the executor's own
+    /// logits on every backend, and sampled picks too on the CPU (elsewhere a device sampler's
+    /// sums may move a pick at a top-p or draw boundary: at most 1 in 10).
+    fn device_sampling_under_random_masks_picks_only_allowed_tokens(backend) {
+        use quire_backend::{
+            argmax, mask_allows, mask_words, sample_row_masked, ForwardBatch, SampleParams,
+            SeqBatch,
+        };
+        use quire_core::BlockId;
+        use rand::seq::SliceRandom;
+        use rand::{Rng, SeedableRng};
+        let m = load();
+        let kv = KvCacheSpec { num_blocks: 64, block_size: 16 };
+        let mut exec = backend.executor(&m.weights, kv);
+        let vocab = exec.vocab_size();
+        let words = mask_words(vocab);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+        let seq: Vec<u32> = chat(&m, "Describe a person as JSON, with a name, an age and a city.")
+            .iter()
+            .map(|t| t.0)
+            .collect();
+        let n = seq.len();
+        let mut blocks: Vec<u32> = (0..64).collect();
+        blocks.shuffle(&mut rng);
+        let table: Vec<BlockId> = blocks[..n.div_ceil(16)].iter().map(|&b| BlockId(b)).collect();
+        let positions: Vec<u32> = (0..n as u32).collect();
+        let slots: Vec<u32> = (0..n)
+            .map(|p| quire_core::slot(&table, p, 16) as u32)
+            .collect();
+        let seqs = [SeqBatch { query_start: 0, query_len: n, seq_len: n, block_table: &table }];
+        let batch = ForwardBatch {
+            token_ids: &seq,
+            positions: &positions,
+            slot_mapping: &slots,
+            seqs: &seqs,
+            logits_indices: &positions,
+        };
+        let logits = exec.forward(&batch).unwrap().to_vec();
+        let mut masks = vec![0u32; n * words];
+        let allow = |masks: &mut [u32], r: usize, t: usize| masks[r * words + t / 32] |= 1 << (t % 32);
+        for r in 0..n {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            match r % 5 {
+                0 => (0..rng.random_range(50..400)).for_each(|_| allow(&mut masks, r, rng.random_range(0..vocab))),
+                1 => allow(&mut masks, r, rng.random_range(0..vocab)),
+                2 => (0..vocab).filter(|_| rng.random_range(0..3) == 0).for_each(|t| allow(&mut masks, r, t)),
+                3 => (0..vocab).for_each(|t| allow(&mut masks, r, t)),
+                _ => {
+                    let best = argmax(row) as usize;
+                    (0..vocab).filter(|&t| t != best && rng.random_bool(0.5)).for_each(|t| allow(&mut masks, r, t));
+                }
+            }
+        }
+        let params: Vec<SampleParams> = (0..n)
+            .map(|r| if r % 2 == 0 {
+                SampleParams::GREEDY
+            } else {
+                SampleParams {
+                    temperature: rng.random_range(0.5..1.5),
+                    top_k: [0, 40][r % 4 / 2],
+                    top_p: [1.0, 0.9][rng.random_range(0..2)],
+                    min_p: [0.0, 0.05][rng.random_range(0..2)],
+                    u: rng.random(),
+                }
+            })
+            .collect();
+        let mut calls = 0;
+        let mut fill = |w: &mut [u32]| {
+            calls += 1;
+            assert_eq!(w.len(), masks.len(), "mask words");
+            assert!(w.iter().all(|&x| x == u32::MAX), "the masks start all set");
+            w.copy_from_slice(&masks);
+        };
+        let got = exec.forward_sample(&batch, &params, Some(&mut fill)).unwrap();
+        assert_eq!(calls, 1, "the masks are asked for once");
+        assert_eq!(got.len(), n);
+        let (mut sampled, mut differ, mut moved) = (0, 0, 0);
+        for r in 0..n {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let mask = &masks[r * words..(r + 1) * words];
+            assert!(mask_allows(mask, got[r] as usize), "row {r}: token {} is not allowed", got[r]);
+            let want = sample_row_masked(row, Some(mask), &params[r], &mut Vec::new());
+            moved += usize::from(r % 5 != 3 && params[r].temperature <= 0.0 && want != argmax(row));
+            if params[r].temperature <= 0.0 || backend.is_oracle() {
+                assert_eq!(got[r], want, "row {r} {:?}", params[r]);
+            } else {
+                sampled += 1;
+                differ += usize::from(got[r] != want);
+            }
+        }
+        eprintln!("{}: {n} rows, {differ} of {sampled} sampled rows differ from the host sampler; masks moved {moved} greedy picks", backend.name());
+        assert!(differ * 10 <= sampled, "{differ} of {sampled} sampled rows differ");
+        assert!(moved * 4 > n / 2, "the masks should move most masked greedy picks ({moved})");
+    }
+}

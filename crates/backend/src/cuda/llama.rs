@@ -25,7 +25,7 @@ use super::scratch::Scratch;
 use super::CudaOptions;
 use crate::tp::Shard;
 use crate::{
-    BackendError, Executor, ForwardBatch, KvCacheSpec, ModelWeights, OpStat, SampleParams,
+    BackendError, Executor, ForwardBatch, KvCacheSpec, MaskFill, ModelWeights, OpStat, SampleParams,
 };
 
 use super::profile::EventProfiler;
@@ -224,8 +224,9 @@ impl Executor for CudaExecutor {
         &mut self,
         batch: &ForwardBatch,
         rows: &[SampleParams],
+        masks: Option<&mut MaskFill>,
     ) -> Result<Vec<u32>, BackendError> {
-        self.forward_sample_inner(batch, rows)?;
+        self.forward_sample_inner(batch, rows, masks)?;
         Ok(self.host_ids.iter().map(|&t| t as u32).collect())
     }
 }

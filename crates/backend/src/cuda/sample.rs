@@ -2,16 +2,21 @@
 //! that row's [`SampleParams`] the way [`crate::sample_row`] does (top-k, top-p, min-p,
 //! temperature, the caller's uniform draw), so a sampled step copies token ids to the host
 //! instead of `[rows, vocab]` logits. Devices without the kernel's ~120 KB of shared memory per
-//! CTA sample on the host instead.
+//! CTA sample on the host instead. Structured outputs' allowed-token masks ride along: staged in
+//! page-locked memory, uploaded on the stream behind the forward pass, and read by the kernel,
+//! which treats a disallowed logit as −∞ ([`crate::sample_row_masked`]).
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
 
-use super::gpu::{cuda_err, DBuf, Gpu};
+use super::gpu::{cuda_err, DBuf, Gpu, HostBuf};
 use super::llama::CudaExecutor;
-use crate::{check_sample_rows, sample_row_with, BackendError, ForwardBatch, SampleParams};
+use crate::{
+    check_sample_rows, mask_words, sample_on_host, BackendError, ForwardBatch, MaskFill,
+    SampleParams,
+};
 
 /// Threads per CTA of `sample_rows` (`S_THREADS`); one CTA per row.
 pub const SAMPLE_THREADS: u32 = 1024;
@@ -28,6 +33,10 @@ pub struct SampleKernel {
     words: Vec<i32>,
     /// `[rows, PARAM_WORDS]`, grown to the most rows seen.
     params: Option<DBuf<i32>>,
+    /// Allowed-token masks, `[rows, mask_words(vocab)]`: page-locked staging the caller fills
+    /// (so the upload is a DMA that does not hold up the host), and its device copy.
+    mask_host: HostBuf<u32>,
+    mask_dev: Option<DBuf<u32>>,
 }
 
 impl SampleKernel {
@@ -59,6 +68,8 @@ impl SampleKernel {
             f,
             words: Vec::new(),
             params: None,
+            mask_host: HostBuf::default(),
+            mask_dev: None,
         }))
     }
 
@@ -79,14 +90,41 @@ impl SampleKernel {
         }
     }
 
-    /// Uploads `rows` and enqueues the kernel: token `i` of `out` from row `i` of `logits`.
-    // logits: [rows.len(), stride] f32 (the first `vocab` of each row); out: [rows.len()] i32
+    /// Has `fill` write the masks of `rows` logits rows of `vocab` tokens (all bits set on entry;
+    /// see `Executor::forward_sample`) into page-locked staging and enqueues their upload.
+    /// Returns the device address of the masks, for `launch`. The staging is written again only
+    /// by the next call: callers synchronize the stream (reading the tokens) before that.
+    pub fn stage_masks(
+        &mut self,
+        gpu: &Gpu,
+        rows: usize,
+        vocab: usize,
+        fill: &mut MaskFill,
+    ) -> Result<u64, BackendError> {
+        let n = rows * mask_words(vocab);
+        let host = self.mask_host.slice_mut(n)?;
+        host.fill(u32::MAX);
+        fill(host);
+        if self.mask_dev.as_ref().is_none_or(|b| b.len < n) {
+            self.mask_dev = Some(gpu.alloc(n.next_power_of_two())?);
+        }
+        let dev = self.mask_dev.as_mut().expect("allocated above");
+        gpu.htod(self.mask_host.slice(n), dev, 0)?;
+        Ok(dev.ptr)
+    }
+
+    /// Uploads `rows` and enqueues the kernel: token `i` of `out` from row `i` of `logits`, only
+    /// among the tokens row `i` of `mask` allows when `mask` is not 0.
+    // logits: [rows.len(), stride] f32 (the first `vocab` of each row); out: [rows.len()] i32;
+    // mask: [rows.len(), mask_words(vocab)] u32 or 0
     ///
     /// # Safety
     ///
-    /// `logits` (`rows.len() · stride` f32, `vocab <= stride`) and `out` (`rows.len()` i32) are
-    /// live device allocations on `gpu`'s context, not freed before the stream has finished the
-    /// kernel, and do not overlap.
+    /// `logits` (`rows.len() · stride` f32, `vocab <= stride`), `out` (`rows.len()` i32) and a
+    /// non-zero `mask` (`rows.len() · mask_words(vocab)` u32) are live device allocations on
+    /// `gpu`'s context, not freed before the stream has finished the kernel, and `out` overlaps
+    /// neither of the others.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch(
         &mut self,
         gpu: &Gpu,
@@ -94,6 +132,7 @@ impl SampleKernel {
         stride: usize,
         vocab: usize,
         rows: &[SampleParams],
+        mask: u64,
         out: u64,
     ) -> Result<(), BackendError> {
         if rows.is_empty() {
@@ -126,10 +165,11 @@ impl SampleKernel {
             .arg(&stride)
             .arg(&vocab)
             .arg(&params.ptr)
+            .arg(&mask)
             .arg(&out);
         // SAFETY: the arguments match sample_rows' signature; `logits` holds `rows` rows of
-        // `stride` floats and `out` `rows` ints (this fn's contract), `params` `rows · PARAM_WORDS`
-        // words (grown above).
+        // `stride` floats, `out` `rows` ints and `mask` (if not 0) `rows` masks (this fn's
+        // contract), `params` `rows · PARAM_WORDS` words (grown above).
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(cuda_err("sample_rows launch"))
@@ -176,23 +216,20 @@ impl CudaExecutor {
     }
 
     /// Runs the batch and leaves one token per logits row in `host_ids`, picked on the device
-    /// (on the host when the device has no `sample_rows`).
+    /// (on the host when the device has no `sample_rows`), among the allowed tokens when `masks`
+    /// is given (see `Executor::forward_sample`: it is called once the forward is enqueued).
     pub(super) fn forward_sample_inner(
         &mut self,
         batch: &ForwardBatch,
         rows: &[SampleParams],
+        masks: Option<&mut MaskFill>,
     ) -> Result<(), BackendError> {
         check_sample_rows(batch, rows)?;
         let vocab = self.cfg.vocab_size;
         if self.k.sample.is_none() {
             self.forward_inner(batch)?;
-            let mut cand = Vec::new();
-            self.host_ids = self
-                .logits_on_host()
-                .chunks_exact(vocab.max(1))
-                .zip(rows)
-                .map(|(l, p)| sample_row_with(l, p, &mut cand) as i32)
-                .collect();
+            let ids = sample_on_host(self.logits_on_host(), vocab, rows, masks);
+            self.host_ids = ids.into_iter().map(|t| t as i32).collect();
             return Ok(());
         }
         self.run(batch, false)?;
@@ -200,10 +237,17 @@ impl CudaExecutor {
         let ids = &self.s.ids;
         if let Some(k) = self.k.sample.as_mut() {
             let logits = self.s.logits.ptr;
+            // The host waits here (if at all) for masks computed during the forward, which the
+            // stream is running meanwhile.
+            let mask = match masks {
+                Some(fill) => k.stage_masks(&self.gpu, nl, vocab, fill)?,
+                None => 0,
+            };
             // SAFETY: `logits` holds the step's `rows.len()` rows of `vocab` f32 (checked by
             // `check_sample_rows`) and `ids` scratch grown by `run` for as many i32, both alive
-            // for the executor's life.
-            unsafe { k.launch(&self.gpu, logits, vocab, vocab, rows, ids.ptr) }?;
+            // for the executor's life; `mask` is 0 or `stage_masks`' buffer of `nl` rows, which
+            // the kernel owns until the next call.
+            unsafe { k.launch(&self.gpu, logits, vocab, vocab, rows, mask, ids.ptr) }?;
         }
         // Bytes: the rows are read a few times (a histogram pass, gathers), mostly from L2.
         self.prof

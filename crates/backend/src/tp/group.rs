@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use quire_core::BlockId;
 
 use super::{HostReduce, Shard};
-use crate::{BackendError, Executor, ForwardBatch, KvCacheSpec, OpStat, SampleParams, SeqBatch};
+use crate::{
+    BackendError, Executor, ForwardBatch, KvCacheSpec, MaskFill, OpStat, SampleParams, SeqBatch,
+};
 
 /// Stops a group's collectives so that ranks waiting in one return with an error.
 pub trait Abort: Send + Sync {
@@ -235,7 +237,7 @@ fn run_call(ex: &mut dyn Executor, b: &ForwardBatch, call: &Call, lead: bool) ->
         Call::Logits => ex.forward_discard(b).map(|()| Reply::Done),
         Call::Greedy => ex.forward_greedy(b).map(Reply::Tokens),
         Call::Chain(steps) => ex.forward_greedy_chain(b, *steps).map(Reply::Tokens),
-        Call::Sample(rows) => ex.forward_sample(b, rows).map(Reply::Tokens),
+        Call::Sample(rows) => ex.forward_sample(b, rows, None).map(Reply::Tokens),
     };
     out.unwrap_or_else(Reply::Failed)
 }
@@ -387,6 +389,16 @@ impl TpExecutor {
     /// Sends `job` to ranks 1.., answers it on rank 0 here, and gathers the replies, the lead's
     /// first.
     fn all(&mut self, job: impl Fn() -> Job) -> Result<Vec<Reply>, BackendError> {
+        let lead_job = job();
+        self.all_with(job, |ex| answer(ex, lead_job, true))
+    }
+
+    /// `all`, with rank 0's answer given by `lead` (run here, after the others have their jobs).
+    fn all_with(
+        &mut self,
+        job: impl Fn() -> Job,
+        lead: impl FnOnce(&mut dyn Executor) -> Reply,
+    ) -> Result<Vec<Reply>, BackendError> {
         self.stopped()?;
         let mut sent = 0;
         for r in &self.ranks {
@@ -395,7 +407,7 @@ impl TpExecutor {
             }
             sent += 1;
         }
-        let lead = answer(self.lead.as_mut(), job(), true);
+        let lead = lead(self.lead.as_mut());
         if let Reply::Failed(e) = lead {
             let err = self.fail(0, e);
             let _ = self.gather(sent);
@@ -462,13 +474,31 @@ impl Executor for TpExecutor {
         self.tokens(batch, Call::Chain(steps))
     }
 
+    /// With `masks`, the lead rank samples under them; the other ranks sample without (their
+    /// tokens are not read: the lead's are the group's), so the masks stay on this thread.
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch,
         rows: &[SampleParams],
+        masks: Option<&mut MaskFill>,
     ) -> Result<Vec<u32>, BackendError> {
         crate::check_sample_rows(batch, rows)?;
-        self.tokens(batch, Call::Sample(Arc::new(rows.to_vec())))
+        let call = Call::Sample(Arc::new(rows.to_vec()));
+        let Some(fill) = masks else {
+            return self.tokens(batch, call);
+        };
+        let owned = Arc::new(OwnedBatch::new(batch));
+        let mut replies = self.all_with(
+            || Job::Run(owned.clone(), call.clone()),
+            |ex| {
+                ex.forward_sample(batch, rows, Some(fill))
+                    .map_or_else(Reply::Failed, Reply::Tokens)
+            },
+        )?;
+        match replies.swap_remove(0) {
+            Reply::Tokens(t) => Ok(t),
+            _ => Err(BackendError::Config("rank 0 answered out of turn".into())),
+        }
     }
 
     /// The largest rank's peak (each rank has its own device).

@@ -200,6 +200,7 @@ __device__ __forceinline__ int bucket_of(float d) {
 // One row.
 struct SampleRow {
     const float* row;
+    const su32* mask;  // the row's allowed-token bits (bit i % 32 of word i / 32), or null: all
     int vocab;
     float mx, temp, scale;
     float x_zero;   // below this x = l - max, e^x rounds to 0 in fixed point
@@ -224,6 +225,12 @@ __device__ __forceinline__ void row_vals(const SampleRow& c, float x, su64& e, s
     w = x > c.x_zero * c.temp ? __float2ull_rn(exp_neg(__fdiv_rn(x, c.temp)) * c.scale) : 0ull;
 }
 
+// Logit i of the row as the sampler sees it: -inf where the mask forbids the token.
+__device__ __forceinline__ float row_logit(const SampleRow& c, int i) {
+    const float v = __ldg(c.row + i);
+    return c.mask && !((__ldg(c.mask + (i >> 5)) >> (i & 31)) & 1u) ? -INFINITY : v;
+}
+
 // Calls f(i, l, in_range) for every index of the row, four loads in flight per thread; every
 // thread makes the same number of calls, so f may use full-warp intrinsics.
 template <typename F>
@@ -233,7 +240,7 @@ __device__ __forceinline__ void for_each_logit(const SampleRow& c, F f) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const int i = i0 + k * S_THREADS + threadIdx.x;
-            v[k] = i < c.vocab ? __ldg(c.row + i) : 0.0f;
+            v[k] = i < c.vocab ? row_logit(c, i) : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -534,7 +541,7 @@ __device__ su32 mth_with_key(const SampleRow& c, su32 key, su32 m) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const int i = base + k;
-            hit[k] = i < c.vocab && fkey(__ldg(c.row + i)) == key;
+            hit[k] = i < c.vocab && fkey(row_logit(c, i)) == key;
             mine += hit[k];
         }
         su32 total;
@@ -645,11 +652,14 @@ __device__ su32 count_from(const SampleRow& c, float x_min) {
 }
 
 // logits: [rows, stride] f32 (the first vocab of each row); params: [rows, 6] (temperature f32
-// bits, top_k, top_p f32 bits, min_p f32 bits, u f64 bits low word then high); out: [rows].
+// bits, top_k, top_p f32 bits, min_p f32 bits, u f64 bits low word then high); mask: null, or
+// [rows, ceil(vocab / 32)] allowed-token bits (a forbidden token's logit counts as -inf, as
+// quire_backend::sample_row_masked has it); out: [rows].
 // block: 1024; dynamic shared memory: 114688 bytes.
 extern "C" __global__ void __launch_bounds__(S_THREADS, 1)
 sample_rows(const float* __restrict__ logits, long stride, int vocab,
-            const int* __restrict__ params, int* __restrict__ out) {
+            const int* __restrict__ params, const su32* __restrict__ mask,
+            int* __restrict__ out) {
     pdl_enter();
     const int* pr = params + 6 * blockIdx.x;
     const float temp = __int_as_float(pr[0]);
@@ -660,6 +670,7 @@ sample_rows(const float* __restrict__ logits, long stride, int vocab,
 
     SampleRow c;
     c.row = logits + (long)blockIdx.x * stride;
+    c.mask = mask ? mask + (long)blockIdx.x * ((vocab + 31) >> 5) : nullptr;
     c.vocab = vocab;
 
     if (!(temp > 0.0f)) {
