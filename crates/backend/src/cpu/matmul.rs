@@ -12,6 +12,7 @@ use super::CpuMath;
 use crate::{BackendError, HostTensor, TensorBytes};
 
 pub mod fast_gemm;
+pub mod multi;
 
 /// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
 #[derive(Debug, Clone)]
@@ -186,6 +187,18 @@ const TILE_ROWS: usize = 16;
 pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
     let n = x.len() / w.cols;
     assert_eq!(out.len(), n * w.rows);
+    if n >= 2 && multi::has_multi(w.dtype) {
+        return matmul_multi(par, w, act, out);
+    }
+    matmul_rows(par, w, x, act, out)
+}
+
+/// [`matmul`] through the one- and four-token kernels of `quant` and `rows` only (the AVX2 and
+/// scalar paths, and the reference that `matmul_multi` is tested against).
+// x: [n, cols]; act: quantized x (if the type needs it); out: [n, rows]
+pub fn matmul_rows(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
+    let n = x.len() / w.cols;
+    assert_eq!(out.len(), n * w.rows);
     let nb = w.cols / QK;
     let quantized = needs_q8(w.dtype);
     let threads = par.threads();
@@ -255,6 +268,61 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
         }
     };
     par.run_tasks(tasks, &run);
+}
+
+/// [`matmul`] of two or more tokens with the AVX-512 kernel of [`multi`] (bit-identical to the
+/// one-token kernels). Tasks take ranges of whole tiles of rows; inside a tile, every group of
+/// 8 tokens passes over its weight rows while they are in L1, so the weights are read from
+/// memory once per step whatever the number of tokens.
+// act: the n tokens quantized; out: [n, rows]
+fn matmul_multi(par: &dyn Parallel, w: &QMatrix, act: &Activations, out: &mut [f32]) {
+    use std::cell::RefCell;
+    thread_local! {
+        static PACKED: RefCell<multi::Packed> = RefCell::new(multi::Packed::default());
+    }
+    let nb = w.cols / QK;
+    let n = out.len() / w.rows;
+    PACKED.with(|packed| {
+        let mut packed = packed.borrow_mut();
+        packed.pack(par, w.dtype, &act.q[..n * nb], nb, n);
+        let packed = &*packed;
+        let tiles = w.rows.div_ceil(TILE_ROWS);
+        let tasks = (par.threads() * 4).min(tiles).max(1);
+        let tiles_per_task = tiles.div_ceil(tasks);
+        let out_ptr = DisjointPtr::new(out);
+        let put = |g: usize, r: usize, v: &[f32]| {
+            for (k, &v) in v.iter().enumerate().take(packed.tokens_in(g)) {
+                let t = g * multi::TOKENS + k;
+                // SAFETY: (t, r) is written by exactly one task (r in its rows); t < n and
+                // r < rows, so the index is inside `out`.
+                unsafe { *out_ptr.at(t * w.rows + r) = v };
+            }
+        };
+        par.run_tasks(tasks, &|task| {
+            let r0 = task * tiles_per_task * TILE_ROWS;
+            let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
+            let mut tile = r0;
+            while tile < r1 {
+                let tile_end = (tile + TILE_ROWS).min(r1);
+                for g in 0..packed.groups() {
+                    let mut r = tile;
+                    while r + multi::ROWS <= tile_end {
+                        let rows = std::array::from_fn(|k| w.row(r + k));
+                        let v = multi::tile::<{ multi::ROWS }>(w.dtype, rows, packed, g);
+                        for k in 0..multi::ROWS {
+                            put(g, r + k, &v.map(|t| t[k]));
+                        }
+                        r += multi::ROWS;
+                    }
+                    for r in r..tile_end {
+                        let v = multi::tile::<1>(w.dtype, [w.row(r)], packed, g);
+                        put(g, r, &v.map(|t| t[0]));
+                    }
+                }
+                tile = tile_end;
+            }
+        });
+    });
 }
 
 /// [`matmul`] in arithmetic mode `math`: `Fast` computes batches of 4 or more tokens with the

@@ -1,0 +1,309 @@
+//! The exact product of a few tokens (2 and up: a speculative verify step, batched decode, a
+//! prompt) with Q4_0 / Q4_1 / Q8_0 weights on AVX-512 (with VNNI).
+//!
+//! The one-token kernels (`quant::dot_row`, llama.cpp's AVX2 order) spend about ten instructions
+//! on each 32-weight block and token: unpack, an 8-lane integer sum in two steps, its conversion
+//! to f32, a scalar product of the two scales, a broadcast, an FMA, and for Q4_1 a scalar
+//! multiply-add of the offset. Only the conversion, the scale product and the FMA belong to the
+//! arithmetic llama.cpp defines; the rest is how the integers get there. Here 4 weight rows × up
+//! to 8 tokens go together, and two tokens share each 512-bit register (token `2p` in the even
+//! 32-bit lanes, `2p + 1` in the odd ones):
+//!
+//! - each weight block is unpacked once for all the tokens (its 4-byte groups doubled to match);
+//! - `vpdpbusd` forms the 8 integer lanes of both tokens in one instruction (unsigned weights
+//!   times signed activations; Q4_0's `− 8` and Q8_0's sign go into an integer start value
+//!   `−8·Σa` / `−128·Σa` per lane, since the weights enter as `q` and `w + 128`);
+//! - the scale product `d_w × d_a`, the conversion and the FMA are then one instruction each for
+//!   two tokens, and Q4_1's offset `m_w × s_a` one multiply and one add for all 8.
+//!
+//! Every integer lane sum is exact and equals the AVX2 kernel's (the same 4 elements per lane,
+//! no saturation: `vpdpbusd` does not saturate), and every f32 operation of every output is the
+//! same as in `quant::dot_row`: the same products, the same FMA chain per lane, the same
+//! horizontal sum, then `+ off`. So results are bit-identical to the one-token kernel, whatever
+//! the batch (tested in crates/backend/tests/cpu_multi_matmul.rs).
+
+use quire_gguf::GgmlType;
+
+use crate::cpu::quant::{has_avx2, BlockQ8A, QK};
+use crate::cpu::team::{DisjointPtr, Parallel};
+
+/// Tokens per group (4 pairs in 512-bit registers).
+pub const TOKENS: usize = 8;
+/// Weight rows per kernel call.
+pub const ROWS: usize = 4;
+
+/// Whether this CPU can run the kernel (checked once): AVX-512 F/BW/VNNI plus the AVX2, FMA and
+/// F16C the exact kernels need anyway.
+pub fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            has_avx2()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether [`Packed`] and [`tile`] handle `dtype` on this CPU.
+pub fn has_multi(dtype: GgmlType) -> bool {
+    has_avx512_vnni() && matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// The quantized activations of `n` tokens laid out for [`tile`], in groups of [`TOKENS`]
+/// (the last group padded with zero tokens, whose results are never stored).
+#[derive(Default)]
+pub struct Packed {
+    pub n: usize,
+    nb: usize,
+    /// [group][block][pair] 64 bytes: the pair's two tokens' quants, 4 bytes of each in turn.
+    qs: Vec<[i8; 64]>,
+    /// [group][block][token] the activation scale `d`.
+    d: Vec<f32>,
+    /// [group][block][token] Q4_1's `s = d · Σq`.
+    s: Vec<f32>,
+    /// [group][block][pair] the integer start of each of the 16 lanes (Q4_0: `−8·Σ` of the
+    /// lane's 4 quants; Q8_0: `−128·Σ`; Q4_1: unused).
+    init: Vec<[i32; 16]>,
+}
+
+impl Packed {
+    /// Lays out `xq` (`n` token rows of `nb` blocks) for weights of `dtype`; the groups of a
+    /// long batch are laid out in parallel.
+    pub fn pack(
+        &mut self,
+        par: &dyn Parallel,
+        dtype: GgmlType,
+        xq: &[BlockQ8A],
+        nb: usize,
+        n: usize,
+    ) {
+        let groups = n.div_ceil(TOKENS);
+        let pairs = groups * nb * TOKENS / 2;
+        self.n = n;
+        self.nb = nb;
+        // Padding tokens must be zero (their lanes add nothing and their scales are finite).
+        self.qs.clear();
+        self.qs.resize(pairs, [0; 64]);
+        self.d.clear();
+        self.d.resize(2 * pairs, 0.0);
+        let offset = match dtype {
+            GgmlType::Q4_0 => 8,
+            GgmlType::Q8_0 => 128,
+            _ => 0,
+        };
+        self.s.clear();
+        self.s.resize(if offset == 0 { 2 * pairs } else { 0 }, 0.0);
+        self.init.clear();
+        self.init
+            .resize(if offset == 0 { 0 } else { pairs }, [0; 16]);
+        let (qs, d) = (
+            DisjointPtr::new(&mut self.qs),
+            DisjointPtr::new(&mut self.d),
+        );
+        let (s, init) = (
+            DisjointPtr::new(&mut self.s),
+            DisjointPtr::new(&mut self.init),
+        );
+        let fill = |g: usize| {
+            for t in g * TOKENS..((g + 1) * TOKENS).min(n) {
+                for (b, a) in xq[t * nb..(t + 1) * nb].iter().enumerate() {
+                    let slot = (g * nb + b) * TOKENS + t % TOKENS;
+                    let (pair, half) = (slot / 2, slot % 2);
+                    // SAFETY: slot (and its pair's half) belongs to token t of group g, which only
+                    // this task fills; every index is below the sizes set above (s only for Q4_1,
+                    // init only for Q4_0 / Q8_0).
+                    unsafe {
+                        let dst = &mut *qs.at(pair);
+                        for lane in 0..8 {
+                            let src = &a.qs[4 * lane..4 * lane + 4];
+                            let o = 8 * lane + 4 * half;
+                            dst[o..o + 4].copy_from_slice(src);
+                        }
+                        *d.at(slot) = a.d;
+                        if offset == 0 {
+                            *s.at(slot) = a.s;
+                        } else {
+                            let dst = &mut *init.at(pair);
+                            for lane in 0..8 {
+                                let sum: i32 =
+                                    a.qs[4 * lane..4 * lane + 4].iter().map(|&q| q as i32).sum();
+                                dst[2 * lane + half] = -offset * sum;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        // A few groups are quicker on this thread than a parallel section.
+        if groups > 4 {
+            par.run_tasks(groups, &fill);
+        } else {
+            (0..groups).for_each(fill);
+        }
+    }
+
+    pub fn groups(&self) -> usize {
+        self.n.div_ceil(TOKENS)
+    }
+
+    /// Tokens of group `g` that are real (the rest is padding).
+    pub fn tokens_in(&self, g: usize) -> usize {
+        (self.n - g * TOKENS).min(TOKENS)
+    }
+}
+
+/// `out[t][r] = dot_row(dtype, w[r], x_t)` for token group `g` of `act` (its first
+/// `act.tokens_in(g)` entries are real), bit for bit; `R` rows, all with `act`'s block count.
+/// The caller checks [`has_multi`] first.
+pub fn tile<const R: usize>(
+    dtype: GgmlType,
+    w: [&[u8]; R],
+    act: &Packed,
+    g: usize,
+) -> [[f32; R]; TOKENS] {
+    assert!(has_multi(dtype), "no multi-token kernel for {dtype:?} here");
+    let nb = act.nb;
+    assert!(
+        w.iter().all(|r| r.len() == nb * dtype.type_size()) && g < act.groups(),
+        "weight rows and packed activations disagree"
+    );
+    let pairs = act.tokens_in(g).div_ceil(2);
+    let base = g * nb * TOKENS / 2;
+    let ptrs = Ptrs {
+        qs: act.qs[base..].as_ptr() as *const u8,
+        d: act.d[2 * base..].as_ptr(),
+        s: act.s.get(2 * base..).unwrap_or(&[]).as_ptr(),
+        init: act.init.get(base..).unwrap_or(&[]).as_ptr() as *const i32,
+    };
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512 F/BW/VNNI, AVX2, FMA and F16C checked (`has_multi`); every weight row holds
+    // `nb` whole blocks of `dtype` (asserted), and the group's packed arrays hold `nb` blocks of
+    // TOKENS / 2 pairs from `base` on (`pack` sized them for whole groups; `s` is present for
+    // Q4_1 and `init` for Q4_0 / Q8_0, the only ones each kernel reads).
+    unsafe {
+        let w = w.map(|r| r.as_ptr());
+        macro_rules! by_pairs {
+            ($kind:literal) => {
+                match pairs {
+                    1 => avx512::tile::<R, 1, $kind>(w, nb, &ptrs),
+                    2 => avx512::tile::<R, 2, $kind>(w, nb, &ptrs),
+                    3 => avx512::tile::<R, 3, $kind>(w, nb, &ptrs),
+                    _ => avx512::tile::<R, 4, $kind>(w, nb, &ptrs),
+                }
+            };
+        }
+        match dtype {
+            GgmlType::Q4_0 => by_pairs!(0),
+            GgmlType::Q4_1 => by_pairs!(1),
+            _ => by_pairs!(2),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("has_multi is false off x86_64")
+}
+
+/// Where a group's packed activations start.
+struct Ptrs {
+    qs: *const u8,
+    d: *const f32,
+    s: *const f32,
+    init: *const i32,
+}
+
+/// `quant::avx2::hsum`'s order over 8 lanes: `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`.
+#[inline(always)]
+fn hsum8(l: [f32; 8]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Block sizes in bytes: Q4_0, Q4_1, Q8_0; and where their quants start.
+    const BLOCK: [usize; 3] = [18, 20, 34];
+    const QUANTS: [usize; 3] = [2, 4, 2];
+
+    /// The tile kernel; `KIND` 0 = Q4_0, 1 = Q4_1, 2 = Q8_0; `P` pairs of tokens.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn tile<const R: usize, const P: usize, const KIND: u8>(
+        w: [*const u8; R],
+        nb: usize,
+        a: &Ptrs,
+    ) -> [[f32; R]; TOKENS] {
+        let (bs, qo) = (BLOCK[KIND as usize], QUANTS[KIND as usize]);
+        // Each 4-byte group of the 32 unpacked weights twice: lanes 2i and 2i + 1 take group i.
+        let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        // Q4_1: lane t is token t's offset sum.
+        let mut off = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let qs = a.qs.add(b * TOKENS * 32);
+            let d = a.d.add(b * TOKENS);
+            for r in 0..R {
+                let blk = w[r].add(b * bs);
+                // [d_w, m_w] (Q4_1) or [d_w, the first quants] as f32; 4 bytes inside the block.
+                let sc = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+                let dw = _mm512_broadcastss_ps(sc);
+                let q = if KIND == 2 {
+                    let q = _mm256_loadu_si256(blk.add(qo) as *const __m256i);
+                    _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+                } else {
+                    // 16 bytes of nibbles as 32 u8 in element order (low nibbles, then high).
+                    let q =
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(qo) as *const __m128i));
+                    let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+                    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+                };
+                let q = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(q));
+                for p in 0..P {
+                    let aq = _mm512_loadu_si512(qs.add(p * 64) as *const _);
+                    let start = if KIND == 1 {
+                        _mm512_setzero_si512()
+                    } else {
+                        _mm512_loadu_si512(a.init.add((b * TOKENS / 2 + p) * 16) as *const _)
+                    };
+                    let i = _mm512_dpbusd_epi32(start, q, aq);
+                    // [d_a(2p), d_a(2p + 1)] in every pair of lanes, times d_w.
+                    let da = _mm512_castpd_ps(_mm512_set1_pd(
+                        (d.add(2 * p) as *const f64).read_unaligned(),
+                    ));
+                    let scale = _mm512_mul_ps(dw, da);
+                    acc[r][p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), acc[r][p]);
+                }
+                if KIND == 1 {
+                    let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
+                    let s = _mm256_loadu_ps(a.s.add(b * TOKENS));
+                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(mw, s));
+                }
+            }
+        }
+        let mut out = [[0f32; R]; TOKENS];
+        for r in 0..R {
+            let mut o = [0f32; TOKENS];
+            _mm256_storeu_ps(o.as_mut_ptr(), off[r]);
+            for p in 0..P {
+                let mut l = [0f32; 16];
+                _mm512_storeu_ps(l.as_mut_ptr(), acc[r][p]);
+                for h in 0..2 {
+                    let t = 2 * p + h;
+                    let s = hsum8(std::array::from_fn(|i| l[2 * i + h]));
+                    out[t][r] = if KIND == 1 { s + o[t] } else { s };
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Checks the layout constants against each other (a pair is 64 bytes of two 32-quant blocks).
+const _: () = assert!(QK == 32 && TOKENS.is_multiple_of(2));
