@@ -145,7 +145,7 @@ fn multi_token_product_equals_one_token_kernels_bit_for_bit() {
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(37);
     let team = Team::new(2);
-    let token_counts: Vec<usize> = (1..=19).chain([24, 33, 64]).collect();
+    let token_counts: Vec<usize> = (1..=19).chain([24, 31, 33, 64]).collect();
     for dtype in TYPES {
         for (rows, nb) in [(1usize, 1usize), (3, 3), (37, 18), (64, 48), (21, 5)] {
             let cols = nb * QK;
@@ -178,8 +178,8 @@ fn multi_token_product_equals_one_token_kernels_bit_for_bit() {
     }
 }
 
-/// The kernel itself on one group: every row count it is called with (4 and 1) and every
-/// number of real tokens in a group (1–8), against `dot_row`.
+/// The kernel itself on one group: every row count it is called with (4, 2 and 1) and every
+/// number of real tokens in a group (1–16), against `dot_row`.
 #[test]
 fn tile_kernel_equals_dot_row_for_every_group_fill() {
     if !runs("tile_kernel_equals_dot_row_for_every_group_fill") {
@@ -199,6 +199,8 @@ fn tile_kernel_equals_dot_row_for_every_group_fill() {
             packed.pack(&team, dtype, &act.q, nb, n);
             for g in 0..packed.groups() {
                 let four = multi::tile::<4>(dtype, std::array::from_fn(|k| w.row(k)), &packed, g);
+                let two = [0, 2]
+                    .map(|r0| multi::tile::<2>(dtype, [w.row(r0), w.row(r0 + 1)], &packed, g));
                 for k in 0..packed.tokens_in(g) {
                     let t = g * multi::TOKENS + k;
                     let xq = &act.q[t * nb..(t + 1) * nb];

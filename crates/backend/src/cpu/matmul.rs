@@ -162,7 +162,7 @@ impl Activations {
         let n = x.len() / cols;
         let nb = cols / QK;
         self.q.resize(n * nb, BlockQ8A::default());
-        if n < 8 {
+        if n < super::ops::SERIAL_ROWS {
             for (row, out) in x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb)) {
                 quantize_row_q8a(row, out);
             }
@@ -272,7 +272,7 @@ pub fn matmul_rows(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations
 
 /// [`matmul`] of two or more tokens with the AVX-512 kernel of [`multi`] (bit-identical to the
 /// one-token kernels). Tasks take ranges of whole tiles of rows; inside a tile, every group of
-/// 8 tokens passes over its weight rows while they are in L1, so the weights are read from
+/// 16 tokens passes over its weight rows while they are in L1, so the weights are read from
 /// memory once per step whatever the number of tokens.
 // act: the n tokens quantized; out: [n, rows]
 fn matmul_multi(par: &dyn Parallel, w: &QMatrix, act: &Activations, out: &mut [f32]) {
@@ -298,6 +298,7 @@ fn matmul_multi(par: &dyn Parallel, w: &QMatrix, act: &Activations, out: &mut [f
                 unsafe { *out_ptr.at(t * w.rows + r) = v };
             }
         };
+        let rows4 = |r: usize| std::array::from_fn(|k| w.row(r + k));
         par.run_tasks(tasks, &|task| {
             let r0 = task * tiles_per_task * TILE_ROWS;
             let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
@@ -306,13 +307,21 @@ fn matmul_multi(par: &dyn Parallel, w: &QMatrix, act: &Activations, out: &mut [f
                 let tile_end = (tile + TILE_ROWS).min(r1);
                 for g in 0..packed.groups() {
                     let mut r = tile;
-                    while r + multi::ROWS <= tile_end {
-                        let rows = std::array::from_fn(|k| w.row(r + k));
-                        let v = multi::tile::<{ multi::ROWS }>(w.dtype, rows, packed, g);
-                        for k in 0..multi::ROWS {
+                    if multi::rows_for(packed.tokens_in(g)) == 4 {
+                        while r + 4 <= tile_end {
+                            let v = multi::tile::<4>(w.dtype, rows4(r), packed, g);
+                            for k in 0..4 {
+                                put(g, r + k, &v.map(|t| t[k]));
+                            }
+                            r += 4;
+                        }
+                    }
+                    while r + 2 <= tile_end {
+                        let v = multi::tile::<2>(w.dtype, [w.row(r), w.row(r + 1)], packed, g);
+                        for k in 0..2 {
                             put(g, r + k, &v.map(|t| t[k]));
                         }
-                        r += multi::ROWS;
+                        r += 2;
                     }
                     for r in r..tile_end {
                         let v = multi::tile::<1>(w.dtype, [w.row(r)], packed, g);

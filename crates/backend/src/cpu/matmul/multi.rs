@@ -5,11 +5,12 @@
 //! on each 32-weight block and token: unpack, an 8-lane integer sum in two steps, its conversion
 //! to f32, a scalar product of the two scales, a broadcast, an FMA, and for Q4_1 a scalar
 //! multiply-add of the offset. Only the conversion, the scale product and the FMA belong to the
-//! arithmetic llama.cpp defines; the rest is how the integers get there. Here 4 weight rows × up
-//! to 8 tokens go together, and two tokens share each 512-bit register (token `2p` in the even
-//! 32-bit lanes, `2p + 1` in the odd ones):
+//! arithmetic llama.cpp defines; the rest is how the integers get there. Here a few weight rows
+//! × up to 16 tokens go together (4 rows for up to 8 tokens, else 2, so the accumulators stay in
+//! registers), and two tokens share each 512-bit register (token `2p` in the low half, `2p + 1`
+//! in the high half):
 //!
-//! - each weight block is unpacked once for all the tokens (its 4-byte groups doubled to match);
+//! - each weight block is unpacked once for all the tokens (into both halves);
 //! - `vpdpbusd` forms the 8 integer lanes of both tokens in one instruction (unsigned weights
 //!   times signed activations; Q4_0's `− 8` and Q8_0's sign go into an integer start value
 //!   `−8·Σa` / `−128·Σa` per lane, since the weights enter as `q` and `w + 128`);
@@ -27,10 +28,18 @@ use quire_gguf::GgmlType;
 use crate::cpu::quant::{has_avx2, BlockQ8A, QK};
 use crate::cpu::team::{DisjointPtr, Parallel};
 
-/// Tokens per group (4 pairs in 512-bit registers).
-pub const TOKENS: usize = 8;
-/// Weight rows per kernel call.
-pub const ROWS: usize = 4;
+/// Tokens per group (8 pairs in 512-bit registers): one pass over the weights serves them all.
+pub const TOKENS: usize = 16;
+
+/// Weight rows per kernel call for a group of `tokens` real tokens (the accumulators, rows ×
+/// pairs, must fit the 32 registers).
+pub fn rows_for(tokens: usize) -> usize {
+    if tokens <= 8 {
+        4
+    } else {
+        2
+    }
+}
 
 /// Whether this CPU can run the kernel (checked once): AVX-512 F/BW/VNNI plus the AVX2, FMA and
 /// F16C the exact kernels need anyway.
@@ -63,10 +72,10 @@ pub fn has_multi(dtype: GgmlType) -> bool {
 pub struct Packed {
     pub n: usize,
     nb: usize,
-    /// [group][block][pair] 64 bytes: the pair's two tokens' quants, 4 bytes of each in turn.
+    /// [group][block][pair] 64 bytes: the pair's two tokens' 32 quants, one after the other.
     qs: Vec<[i8; 64]>,
-    /// [group][block][token] the activation scale `d`.
-    d: Vec<f32>,
+    /// [group][block][pair] 16 lanes: the activation scale `d` of each lane's token.
+    d: Vec<[f32; 16]>,
     /// [group][block][token] Q4_1's `s = d · Σq`.
     s: Vec<f32>,
     /// [group][block][pair] the integer start of each of the 16 lanes (Q4_0: `−8·Σ` of the
@@ -93,7 +102,7 @@ impl Packed {
         self.qs.clear();
         self.qs.resize(pairs, [0; 64]);
         self.d.clear();
-        self.d.resize(2 * pairs, 0.0);
+        self.d.resize(pairs, [0.0; 16]);
         let offset = match dtype {
             GgmlType::Q4_0 => 8,
             GgmlType::Q8_0 => 128,
@@ -121,21 +130,16 @@ impl Packed {
                     // this task fills; every index is below the sizes set above (s only for Q4_1,
                     // init only for Q4_0 / Q8_0).
                     unsafe {
-                        let dst = &mut *qs.at(pair);
-                        for lane in 0..8 {
-                            let src = &a.qs[4 * lane..4 * lane + 4];
-                            let o = 8 * lane + 4 * half;
-                            dst[o..o + 4].copy_from_slice(src);
-                        }
-                        *d.at(slot) = a.d;
+                        let h = 32 * half;
+                        (&mut *qs.at(pair))[h..h + 32].copy_from_slice(&a.qs);
+                        (&mut *d.at(pair))[8 * half..8 * half + 8].fill(a.d);
                         if offset == 0 {
                             *s.at(slot) = a.s;
                         } else {
                             let dst = &mut *init.at(pair);
-                            for lane in 0..8 {
-                                let sum: i32 =
-                                    a.qs[4 * lane..4 * lane + 4].iter().map(|&q| q as i32).sum();
-                                dst[2 * lane + half] = -offset * sum;
+                            for (lane, q) in a.qs.chunks_exact(4).enumerate() {
+                                let sum: i32 = q.iter().map(|&q| q as i32).sum();
+                                dst[8 * half + lane] = -offset * sum;
                             }
                         }
                     }
@@ -179,7 +183,7 @@ pub fn tile<const R: usize>(
     let base = g * nb * TOKENS / 2;
     let ptrs = Ptrs {
         qs: act.qs[base..].as_ptr() as *const u8,
-        d: act.d[2 * base..].as_ptr(),
+        d: act.d[base..].as_ptr() as *const f32,
         s: act.s.get(2 * base..).unwrap_or(&[]).as_ptr(),
         init: act.init.get(base..).unwrap_or(&[]).as_ptr() as *const i32,
     };
@@ -196,7 +200,11 @@ pub fn tile<const R: usize>(
                     1 => avx512::tile::<R, 1, $kind>(w, nb, &ptrs),
                     2 => avx512::tile::<R, 2, $kind>(w, nb, &ptrs),
                     3 => avx512::tile::<R, 3, $kind>(w, nb, &ptrs),
-                    _ => avx512::tile::<R, 4, $kind>(w, nb, &ptrs),
+                    4 => avx512::tile::<R, 4, $kind>(w, nb, &ptrs),
+                    5 => avx512::tile::<R, 5, $kind>(w, nb, &ptrs),
+                    6 => avx512::tile::<R, 6, $kind>(w, nb, &ptrs),
+                    7 => avx512::tile::<R, 7, $kind>(w, nb, &ptrs),
+                    _ => avx512::tile::<R, 8, $kind>(w, nb, &ptrs),
                 }
             };
         }
@@ -241,30 +249,27 @@ mod avx512 {
         a: &Ptrs,
     ) -> [[f32; R]; TOKENS] {
         let (bs, qo) = (BLOCK[KIND as usize], QUANTS[KIND as usize]);
-        // Each 4-byte group of the 32 unpacked weights twice: lanes 2i and 2i + 1 take group i.
-        let dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        // Shifts that turn 4 copies of 16 nibble bytes into [low nibbles | high nibbles] twice.
+        let shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
         let mut acc = [[_mm512_setzero_ps(); P]; R];
         // Q4_1: lane t is token t's offset sum.
-        let mut off = [_mm256_setzero_ps(); R];
+        let mut off = [_mm512_setzero_ps(); R];
         for b in 0..nb {
             let qs = a.qs.add(b * TOKENS * 32);
-            let d = a.d.add(b * TOKENS);
+            let d = a.d.add(b * TOKENS * 8);
             for r in 0..R {
                 let blk = w[r].add(b * bs);
                 // [d_w, m_w] (Q4_1) or [d_w, the first quants] as f32; 4 bytes inside the block.
                 let sc = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
                 let dw = _mm512_broadcastss_ps(sc);
+                // The block's 32 quants as u8 in element order, in both halves.
                 let q = if KIND == 2 {
-                    let q = _mm256_loadu_si256(blk.add(qo) as *const __m256i);
-                    _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+                    let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(qo) as *const _));
+                    _mm512_xor_si512(q, _mm512_set1_epi8(-128))
                 } else {
-                    // 16 bytes of nibbles as 32 u8 in element order (low nibbles, then high).
-                    let q =
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(blk.add(qo) as *const __m128i));
-                    let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
-                    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+                    let q = _mm512_broadcast_i32x4(_mm_loadu_si128(blk.add(qo) as *const _));
+                    _mm512_and_si512(_mm512_srlv_epi64(q, shift), _mm512_set1_epi8(0x0F))
                 };
-                let q = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(q));
                 for p in 0..P {
                     let aq = _mm512_loadu_si512(qs.add(p * 64) as *const _);
                     let start = if KIND == 1 {
@@ -273,30 +278,26 @@ mod avx512 {
                         _mm512_loadu_si512(a.init.add((b * TOKENS / 2 + p) * 16) as *const _)
                     };
                     let i = _mm512_dpbusd_epi32(start, q, aq);
-                    // [d_a(2p), d_a(2p + 1)] in every pair of lanes, times d_w.
-                    let da = _mm512_castpd_ps(_mm512_set1_pd(
-                        (d.add(2 * p) as *const f64).read_unaligned(),
-                    ));
-                    let scale = _mm512_mul_ps(dw, da);
+                    let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(d.add(p * 16)));
                     acc[r][p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), acc[r][p]);
                 }
                 if KIND == 1 {
-                    let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(sc));
-                    let s = _mm256_loadu_ps(a.s.add(b * TOKENS));
-                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(mw, s));
+                    let mw = _mm512_broadcastss_ps(_mm_movehdup_ps(sc));
+                    let s = _mm512_loadu_ps(a.s.add(b * TOKENS));
+                    off[r] = _mm512_add_ps(off[r], _mm512_mul_ps(mw, s));
                 }
             }
         }
         let mut out = [[0f32; R]; TOKENS];
         for r in 0..R {
             let mut o = [0f32; TOKENS];
-            _mm256_storeu_ps(o.as_mut_ptr(), off[r]);
+            _mm512_storeu_ps(o.as_mut_ptr(), off[r]);
             for p in 0..P {
                 let mut l = [0f32; 16];
                 _mm512_storeu_ps(l.as_mut_ptr(), acc[r][p]);
                 for h in 0..2 {
                     let t = 2 * p + h;
-                    let s = hsum8(std::array::from_fn(|i| l[2 * i + h]));
+                    let s = hsum8(std::array::from_fn(|i| l[8 * h + i]));
                     out[t][r] = if KIND == 1 { s + o[t] } else { s };
                 }
             }

@@ -1,0 +1,95 @@
+//! Microbenchmark of the few-token exact product (a speculative verify step, batched decode):
+//! `matmul` (the AVX-512 multi-token kernel for 2+ tokens, where the CPU has it) against
+//! `matmul_rows` (the one- and four-token AVX2 kernels), over one layer's worth of SmolLM2-135M's
+//! matrices plus its output projection (Q8_0, 49,152 × 576), for several token counts. The two
+//! alternate; the minimum and median of the passes are printed (the machine is shared: the
+//! minimum is what interference cannot inflate), with the cost relative to one token.
+//!
+//! `cargo run --release -p quire-backend --example multi_matmul_bench [-- THREADS [REPS]]`
+
+use std::time::Instant;
+
+use quire_backend::cpu::matmul::{matmul, matmul_rows, multi, Activations, QMatrix};
+use quire_backend::cpu::team::{Parallel, Team};
+use quire_backend::TensorBytes;
+use quire_gguf::GgmlType;
+
+fn rand_vals(seed: &mut u64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn matrix(seed: &mut u64, name: &str, dtype: GgmlType, rows: usize, cols: usize) -> QMatrix {
+    let mut bytes = Vec::new();
+    quire_gguf::quantize_row(dtype, &rand_vals(seed, rows * cols), &mut bytes).unwrap();
+    QMatrix {
+        name: name.into(),
+        dtype,
+        rows,
+        cols,
+        row_bytes: bytes.len() / rows,
+        data: TensorBytes::owned(bytes),
+        interleaved: None,
+    }
+}
+
+type Product = fn(&dyn Parallel, &QMatrix, &[f32], &Activations, &mut [f32]);
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: usize = args.get(1).map_or(2, |a| a.parse().expect("THREADS"));
+    let reps: usize = args.get(2).map_or(15, |a| a.parse().expect("REPS"));
+    let mut seed = 1u64;
+    // One layer of SmolLM2-135M (Q4_1) and the tied output matrix (Q8_0): [rows, cols].
+    let mats = [
+        matrix(&mut seed, "qkv", GgmlType::Q4_1, 960, 576),
+        matrix(&mut seed, "o", GgmlType::Q4_1, 576, 576),
+        matrix(&mut seed, "gate_up", GgmlType::Q4_1, 3072, 576),
+        matrix(&mut seed, "down", GgmlType::Q4_1, 576, 1536),
+        matrix(&mut seed, "output", GgmlType::Q8_0, 49152, 576),
+    ];
+    let team = Team::new(threads);
+    println!(
+        "threads {threads}, {reps} alternating passes; AVX-512 VNNI kernel: {}",
+        multi::has_avx512_vnni()
+    );
+    println!("| matrix | tokens | rows path min / median µs | multi min / median µs | rows / multi (min) | multi vs 1 token |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for w in &mats {
+        let mut one_token = None;
+        for n in [1usize, 2, 4, 5, 8, 9, 16, 17] {
+            let x = rand_vals(&mut seed, n * w.cols);
+            let mut act = Activations::default();
+            act.prepare(&team, &x, w.cols, w.dtype);
+            let mut out = vec![0f32; n * w.rows];
+            let paths: [Product; 2] = [matmul_rows, matmul];
+            let mut times = [vec![], vec![]];
+            for _ in 0..reps {
+                for (p, f) in paths.iter().enumerate() {
+                    let t = Instant::now();
+                    f(&team, w, &x, &act, &mut out);
+                    times[p].push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            let stat = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                (v[0], v[v.len() / 2])
+            };
+            let (rmin, rmed) = stat(&mut times[0]);
+            let (mmin, mmed) = stat(&mut times[1]);
+            let base = *one_token.get_or_insert(mmin);
+            println!(
+                "| {} | {n} | {rmin:.1} / {rmed:.1} | {mmin:.1} / {mmed:.1} | {:.2} | {:.2} |",
+                w.name,
+                rmin / mmin,
+                mmin / base
+            );
+        }
+    }
+}
