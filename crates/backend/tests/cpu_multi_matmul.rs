@@ -1,5 +1,5 @@
-//! The exact multi-token product (`cpu::matmul::multi`, AVX-512 VNNI, reached through `matmul`
-//! for 2 or more tokens) against the one-token kernels it must equal bit for bit
+//! The exact multi-token product (`cpu::matmul::multi`, AVX-512 VNNI or AVX2, reached through
+//! `matmul` for 2 or more tokens) against the one-token kernels it must equal bit for bit
 //! (`matmul_rows`: `quant::dot_row` per element, llama.cpp's AVX2 order), and both against the
 //! scalar reference (`quant::scalar`), on random weights and activations: token counts 1–19 and
 //! a few larger ones (partial groups of 8 and pairs), row counts that leave partial tiles
@@ -9,10 +9,11 @@
 //! keep 8 lane sums): `|got − ref| ≤ 1e-5 · Σ |w_i · x_i|` (element products of the quantized
 //! values, and Q4_1's `|m_w · s_a|`), as `quant`'s own SIMD test states.
 //!
-//! On a CPU without AVX-512 F/BW/VNNI the multi-token tests print SKIPPED (the AVX2 path,
-//! `matmul_rows`, is what runs there, and its kernels have their own tests in `quant` / `rows`).
+//! Both paths of the kernel (AVX2, AVX-512 VNNI) run where the CPU has them; a path it lacks is
+//! reported as SKIPPED on stderr.
 
-use quire_backend::cpu::matmul::{matmul, matmul_rows, multi, Activations, QMatrix};
+use quire_backend::cpu::matmul::multi::{self, Isa};
+use quire_backend::cpu::matmul::{matmul, matmul_multi, matmul_rows, Activations, QMatrix};
 use quire_backend::cpu::quant::{dot_row, scalar, BlockQ8A, QK};
 use quire_backend::cpu::team::Team;
 use quire_backend::TensorBytes;
@@ -21,12 +22,18 @@ use rand::{Rng, SeedableRng};
 
 const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
 
-fn runs(test: &str) -> bool {
-    let ok = multi::has_avx512_vnni();
-    if !ok {
-        eprintln!("SKIPPED {test}: this CPU has no AVX-512 F/BW/VNNI");
-    }
-    ok
+/// The paths this CPU runs; prints the skipped ones.
+fn paths(test: &str) -> Vec<Isa> {
+    [Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|&isa| {
+            let ok = isa.available();
+            if !ok {
+                eprintln!("SKIPPED {test} on {}: this CPU cannot run it", isa.name());
+            }
+            ok
+        })
+        .collect()
 }
 
 fn random_matrix(
@@ -140,9 +147,7 @@ fn reference(dtype: GgmlType, w: &[u8], a: &[BlockQ8A]) -> (f32, f64) {
 /// bit for bit, and both are within the bound of the scalar reference.
 #[test]
 fn multi_token_product_equals_one_token_kernels_bit_for_bit() {
-    if !runs("multi_token_product_equals_one_token_kernels_bit_for_bit") {
-        return;
-    }
+    let isas = paths("multi_token_product_equals_one_token_kernels_bit_for_bit");
     let mut rng = rand::rngs::StdRng::seed_from_u64(37);
     let team = Team::new(2);
     let token_counts: Vec<usize> = (1..=19).chain([24, 31, 33, 64]).collect();
@@ -154,23 +159,32 @@ fn multi_token_product_equals_one_token_kernels_bit_for_bit() {
                 let x = random_x(&mut rng, n, cols);
                 let mut act = Activations::default();
                 act.prepare(&team, &x, cols, dtype);
-                let mut got = vec![f32::NAN; n * rows];
-                matmul(&team, &w, &x, &act, &mut got);
                 let mut want = vec![f32::NAN; n * rows];
                 matmul_rows(&team, &w, &x, &act, &mut want);
-                for t in 0..n {
-                    let xq = &act.q[t * nb..(t + 1) * nb];
-                    for r in 0..rows {
-                        let (g, o) = (got[t * rows + r], want[t * rows + r]);
-                        let one = dot_row(dtype, w.row(r), &x[t * cols..(t + 1) * cols], xq);
-                        let ctx = format!("{dtype:?} rows={rows} nb={nb} n={n} t={t} r={r}");
-                        assert_eq!(g.to_bits(), o.to_bits(), "{ctx}: {g} vs rows path {o}");
-                        assert_eq!(g.to_bits(), one.to_bits(), "{ctx}: {g} vs dot_row {one}");
-                        let (sc, mag) = reference(dtype, w.row(r), xq);
-                        assert!(
-                            (g as f64 - sc as f64).abs() <= 1e-5 * mag.max(1e-30),
-                            "{ctx}: {g} vs scalar reference {sc} (Σ|term| {mag})"
-                        );
+                // What the engine runs, then every path this CPU has.
+                let mut outs = vec![("matmul", vec![f32::NAN; n * rows])];
+                matmul(&team, &w, &x, &act, &mut outs[0].1);
+                for &isa in &isas {
+                    let mut got = vec![f32::NAN; n * rows];
+                    matmul_multi(&team, isa, &w, &act, &mut got);
+                    outs.push((isa.name(), got));
+                }
+                for (path, got) in &outs {
+                    for t in 0..n {
+                        let xq = &act.q[t * nb..(t + 1) * nb];
+                        for r in 0..rows {
+                            let (g, o) = (got[t * rows + r], want[t * rows + r]);
+                            let one = dot_row(dtype, w.row(r), &x[t * cols..(t + 1) * cols], xq);
+                            let ctx =
+                                format!("{path} {dtype:?} rows={rows} nb={nb} n={n} t={t} r={r}");
+                            assert_eq!(g.to_bits(), o.to_bits(), "{ctx}: {g} vs rows path {o}");
+                            assert_eq!(g.to_bits(), one.to_bits(), "{ctx}: {g} vs dot_row {one}");
+                            let (sc, mag) = reference(dtype, w.row(r), xq);
+                            assert!(
+                                (g as f64 - sc as f64).abs() <= 1e-5 * mag.max(1e-30),
+                                "{ctx}: {g} vs scalar reference {sc} (Σ|term| {mag})"
+                            );
+                        }
                     }
                 }
             }
@@ -182,12 +196,13 @@ fn multi_token_product_equals_one_token_kernels_bit_for_bit() {
 /// number of real tokens in a group (1–16), against `dot_row`.
 #[test]
 fn tile_kernel_equals_dot_row_for_every_group_fill() {
-    if !runs("tile_kernel_equals_dot_row_for_every_group_fill") {
-        return;
-    }
+    let isas = paths("tile_kernel_equals_dot_row_for_every_group_fill");
     let mut rng = rand::rngs::StdRng::seed_from_u64(38);
     let team = Team::new(1);
-    for dtype in TYPES {
+    for (dtype, isa) in TYPES
+        .into_iter()
+        .flat_map(|d| isas.iter().map(move |&i| (d, i)))
+    {
         let nb = 7;
         let cols = nb * QK;
         let w = random_matrix(&mut rng, dtype, 4, cols);
@@ -198,24 +213,30 @@ fn tile_kernel_equals_dot_row_for_every_group_fill() {
             let mut packed = multi::Packed::default();
             packed.pack(&team, dtype, &act.q, nb, n);
             for g in 0..packed.groups() {
-                let four = multi::tile::<4>(dtype, std::array::from_fn(|k| w.row(k)), &packed, g);
+                let four =
+                    multi::tile::<4>(isa, dtype, std::array::from_fn(|k| w.row(k)), &packed, g);
                 let two = [0, 2]
-                    .map(|r0| multi::tile::<2>(dtype, [w.row(r0), w.row(r0 + 1)], &packed, g));
+                    .map(|r0| multi::tile::<2>(isa, dtype, [w.row(r0), w.row(r0 + 1)], &packed, g));
                 for k in 0..packed.tokens_in(g) {
                     let t = g * multi::TOKENS + k;
                     let xq = &act.q[t * nb..(t + 1) * nb];
                     for r in 0..4 {
                         let want = dot_row(dtype, w.row(r), &[], xq);
-                        let one = multi::tile::<1>(dtype, [w.row(r)], &packed, g)[k][0];
+                        let one = multi::tile::<1>(isa, dtype, [w.row(r)], &packed, g)[k][0];
                         assert_eq!(
                             four[k][r].to_bits(),
                             want.to_bits(),
-                            "{dtype:?} n={n} t={t} r={r}"
+                            "{isa:?} {dtype:?} n={n} t={t} r={r}"
                         );
                         assert_eq!(
                             one.to_bits(),
                             want.to_bits(),
-                            "{dtype:?} n={n} t={t} r={r} (1 row)"
+                            "{isa:?} {dtype:?} n={n} t={t} r={r} (1 row)"
+                        );
+                        assert_eq!(
+                            two[r / 2][k][r % 2].to_bits(),
+                            want.to_bits(),
+                            "{isa:?} {dtype:?} n={n} t={t} r={r} (2 rows)"
                         );
                     }
                 }

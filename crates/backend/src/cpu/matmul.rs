@@ -187,8 +187,10 @@ const TILE_ROWS: usize = 16;
 pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
     let n = x.len() / w.cols;
     assert_eq!(out.len(), n * w.rows);
-    if n >= 2 && multi::has_multi(w.dtype) {
-        return matmul_multi(par, w, act, out);
+    if multi::supports(w.dtype) {
+        if let Some(isa) = multi::Isa::detect().filter(|i| n >= i.min_tokens()) {
+            return matmul_multi(par, isa, w, act, out);
+        }
     }
     matmul_rows(par, w, x, act, out)
 }
@@ -270,12 +272,18 @@ pub fn matmul_rows(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations
     par.run_tasks(tasks, &run);
 }
 
-/// [`matmul`] of two or more tokens with the AVX-512 kernel of [`multi`] (bit-identical to the
-/// one-token kernels). Tasks take ranges of whole tiles of rows; inside a tile, every group of
+/// [`matmul`] of two or more tokens by the kernels of [`multi`] on path `isa` (bit-identical
+/// to the one-token kernels; public for their tests and benchmarks). Tasks take ranges of whole tiles of rows; inside a tile, every group of
 /// 16 tokens passes over its weight rows while they are in L1, so the weights are read from
 /// memory once per step whatever the number of tokens.
 // act: the n tokens quantized; out: [n, rows]
-fn matmul_multi(par: &dyn Parallel, w: &QMatrix, act: &Activations, out: &mut [f32]) {
+pub fn matmul_multi(
+    par: &dyn Parallel,
+    isa: multi::Isa,
+    w: &QMatrix,
+    act: &Activations,
+    out: &mut [f32],
+) {
     use std::cell::RefCell;
     thread_local! {
         static PACKED: RefCell<multi::Packed> = RefCell::new(multi::Packed::default());
@@ -307,24 +315,25 @@ fn matmul_multi(par: &dyn Parallel, w: &QMatrix, act: &Activations, out: &mut [f
                 let tile_end = (tile + TILE_ROWS).min(r1);
                 for g in 0..packed.groups() {
                     let mut r = tile;
-                    if multi::rows_for(packed.tokens_in(g)) == 4 {
+                    let rows = isa.rows_for(packed.tokens_in(g));
+                    if rows == 4 {
                         while r + 4 <= tile_end {
-                            let v = multi::tile::<4>(w.dtype, rows4(r), packed, g);
+                            let v = multi::tile::<4>(isa, w.dtype, rows4(r), packed, g);
                             for k in 0..4 {
                                 put(g, r + k, &v.map(|t| t[k]));
                             }
                             r += 4;
                         }
                     }
-                    while r + 2 <= tile_end {
-                        let v = multi::tile::<2>(w.dtype, [w.row(r), w.row(r + 1)], packed, g);
+                    while rows >= 2 && r + 2 <= tile_end {
+                        let v = multi::tile::<2>(isa, w.dtype, [w.row(r), w.row(r + 1)], packed, g);
                         for k in 0..2 {
                             put(g, r + k, &v.map(|t| t[k]));
                         }
                         r += 2;
                     }
                     for r in r..tile_end {
-                        let v = multi::tile::<1>(w.dtype, [w.row(r)], packed, g);
+                        let v = multi::tile::<1>(isa, w.dtype, [w.row(r)], packed, g);
                         put(g, r, &v.map(|t| t[0]));
                     }
                 }

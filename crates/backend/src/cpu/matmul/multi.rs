@@ -31,16 +31,6 @@ use crate::cpu::team::{DisjointPtr, Parallel};
 /// Tokens per group (8 pairs in 512-bit registers): one pass over the weights serves them all.
 pub const TOKENS: usize = 16;
 
-/// Weight rows per kernel call for a group of `tokens` real tokens (the accumulators, rows ×
-/// pairs, must fit the 32 registers).
-pub fn rows_for(tokens: usize) -> usize {
-    if tokens <= 8 {
-        4
-    } else {
-        2
-    }
-}
-
 /// Whether this CPU can run the kernel (checked once): AVX-512 F/BW/VNNI plus the AVX2, FMA and
 /// F16C the exact kernels need anyway.
 pub fn has_avx512_vnni() -> bool {
@@ -61,9 +51,65 @@ pub fn has_avx512_vnni() -> bool {
     }
 }
 
-/// Whether [`Packed`] and [`tile`] handle `dtype` on this CPU.
-pub fn has_multi(dtype: GgmlType) -> bool {
-    has_avx512_vnni() && matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+/// The instruction set of a kernel path. Both compute the same bits (those of `dot_row`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// One token per 256-bit register, `vpmaddubsw` + `vpmaddwd` for the integer sums.
+    Avx2,
+    /// Two tokens per 512-bit register, `vpdpbusd`.
+    Avx512,
+}
+
+impl Isa {
+    /// The path this CPU runs (checked once): AVX-512 where it has F/BW/VNNI, else AVX2 (with
+    /// FMA and F16C); `None` where only the scalar one-token kernels run (or `QUIRE_NO_SIMD`).
+    pub fn detect() -> Option<Isa> {
+        if has_avx512_vnni() {
+            Some(Isa::Avx512)
+        } else if has_avx2() {
+            Some(Isa::Avx2)
+        } else {
+            None
+        }
+    }
+
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Avx2 => has_avx2(),
+            Isa::Avx512 => has_avx512_vnni(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The fewest tokens for which the path beats the one-token kernels (on AVX2, 2 and 3
+    /// tokens go faster through `rows::dot_rows4` per token: `examples/multi_matmul_bench.rs`).
+    pub fn min_tokens(self) -> usize {
+        match self {
+            Isa::Avx2 => 4,
+            Isa::Avx512 => 2,
+        }
+    }
+
+    /// Weight rows per kernel call for a group of `tokens` real tokens (the accumulators, rows ×
+    /// token registers, must fit the register file: 32 on AVX-512, 16 on AVX2).
+    pub fn rows_for(self, tokens: usize) -> usize {
+        match self {
+            Isa::Avx512 if tokens <= 8 => 4,
+            Isa::Avx512 => 2,
+            Isa::Avx2 => 1,
+        }
+    }
+}
+
+/// Whether the multi-token kernels handle `dtype` (on a CPU where [`Isa::detect`] finds one).
+pub fn supports(dtype: GgmlType) -> bool {
+    matches!(dtype, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
 }
 
 /// The quantized activations of `n` tokens laid out for [`tile`], in groups of [`TOKENS`]
@@ -165,15 +211,20 @@ impl Packed {
 }
 
 /// `out[t][r] = dot_row(dtype, w[r], x_t)` for token group `g` of `act` (its first
-/// `act.tokens_in(g)` entries are real), bit for bit; `R` rows, all with `act`'s block count.
-/// The caller checks [`has_multi`] first.
+/// `act.tokens_in(g)` entries are real), bit for bit, by path `isa`; `R` rows, all with `act`'s
+/// block count.
 pub fn tile<const R: usize>(
+    isa: Isa,
     dtype: GgmlType,
     w: [&[u8]; R],
     act: &Packed,
     g: usize,
 ) -> [[f32; R]; TOKENS] {
-    assert!(has_multi(dtype), "no multi-token kernel for {dtype:?} here");
+    assert!(
+        isa.available() && supports(dtype),
+        "no {} multi-token kernel for {dtype:?} here",
+        isa.name()
+    );
     let nb = act.nb;
     assert!(
         w.iter().all(|r| r.len() == nb * dtype.type_size()) && g < act.groups(),
@@ -188,12 +239,15 @@ pub fn tile<const R: usize>(
         init: act.init.get(base..).unwrap_or(&[]).as_ptr() as *const i32,
     };
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512 F/BW/VNNI, AVX2, FMA and F16C checked (`has_multi`); every weight row holds
-    // `nb` whole blocks of `dtype` (asserted), and the group's packed arrays hold `nb` blocks of
+    // SAFETY: the path's CPU features checked (`isa.available()`); every weight row holds `nb`
+    // whole blocks of `dtype` (asserted), and the group's packed arrays hold `nb` blocks of
     // TOKENS / 2 pairs from `base` on (`pack` sized them for whole groups; `s` is present for
     // Q4_1 and `init` for Q4_0 / Q8_0, the only ones each kernel reads).
     unsafe {
         let w = w.map(|r| r.as_ptr());
+        if isa == Isa::Avx2 {
+            return avx2_group::<R>(dtype, w, nb, &ptrs, act.tokens_in(g));
+        }
         macro_rules! by_pairs {
             ($kind:literal) => {
                 match pairs {
@@ -216,6 +270,42 @@ pub fn tile<const R: usize>(
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!("has_multi is false off x86_64")
+}
+
+/// The AVX2 kernel over a group: its tokens 8 at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_group<const R: usize>(
+    dtype: GgmlType,
+    w: [*const u8; R],
+    nb: usize,
+    a: &Ptrs,
+    tokens: usize,
+) -> [[f32; R]; TOKENS] {
+    let mut out = [[0f32; R]; TOKENS];
+    for first in (0..tokens).step_by(8) {
+        let n = (tokens - first).min(8);
+        macro_rules! by_tokens {
+            ($kind:literal) => {
+                match n {
+                    1 => avx2::tile::<R, 1, $kind>(w, nb, a, first, &mut out),
+                    2 => avx2::tile::<R, 2, $kind>(w, nb, a, first, &mut out),
+                    3 => avx2::tile::<R, 3, $kind>(w, nb, a, first, &mut out),
+                    4 => avx2::tile::<R, 4, $kind>(w, nb, a, first, &mut out),
+                    5 => avx2::tile::<R, 5, $kind>(w, nb, a, first, &mut out),
+                    6 => avx2::tile::<R, 6, $kind>(w, nb, a, first, &mut out),
+                    7 => avx2::tile::<R, 7, $kind>(w, nb, a, first, &mut out),
+                    _ => avx2::tile::<R, 8, $kind>(w, nb, a, first, &mut out),
+                }
+            };
+        }
+        match dtype {
+            GgmlType::Q4_0 => by_tokens!(0),
+            GgmlType::Q4_1 => by_tokens!(1),
+            _ => by_tokens!(2),
+        }
+    }
+    out
 }
 
 /// Where a group's packed activations start.
@@ -259,8 +349,9 @@ mod avx512 {
             let d = a.d.add(b * TOKENS * 8);
             for r in 0..R {
                 let blk = w[r].add(b * bs);
-                // [d_w, m_w] (Q4_1) or [d_w, the first quants] as f32; 4 bytes inside the block.
-                let sc = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+                // [d_w, m_w, …] (Q4_1) or [d_w, …] as f32: the 8 bytes read are inside the block
+                // (18 bytes or more), and lanes past the scales are never used.
+                let sc = _mm_cvtph_ps(_mm_loadl_epi64(blk as *const __m128i));
                 let dw = _mm512_broadcastss_ps(sc);
                 // The block's 32 quants as u8 in element order, in both halves.
                 let q = if KIND == 2 {
@@ -282,7 +373,8 @@ mod avx512 {
                     acc[r][p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), acc[r][p]);
                 }
                 if KIND == 1 {
-                    let mw = _mm512_broadcastss_ps(_mm_movehdup_ps(sc));
+                    let mw =
+                        _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(sc));
                     let s = _mm512_loadu_ps(a.s.add(b * TOKENS));
                     off[r] = _mm512_add_ps(off[r], _mm512_mul_ps(mw, s));
                 }
@@ -303,6 +395,85 @@ mod avx512 {
             }
         }
         out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Block sizes in bytes: Q4_0, Q4_1, Q8_0; and where their quants start.
+    const BLOCK: [usize; 3] = [18, 20, 34];
+    const QUANTS: [usize; 3] = [2, 4, 2];
+
+    /// 16 bytes of nibbles as 32 u8 in element order (low nibbles, then high).
+    #[inline(always)]
+    unsafe fn nibbles(qs: *const u8) -> __m256i {
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs as *const __m128i));
+        let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
+        _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+    }
+
+    /// `T` tokens from slot `first` of the group, one per register; the integer sums as in
+    /// `quant::avx2` (Q4_1: `q × a`; Q4_0 and Q8_0: `|w| × (a × sign(w))`, `w = q − 8` for Q4_0).
+    /// Writes `out[first + t][r]`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile<const R: usize, const T: usize, const KIND: u8>(
+        w: [*const u8; R],
+        nb: usize,
+        a: &Ptrs,
+        first: usize,
+        out: &mut [[f32; R]; TOKENS],
+    ) {
+        let (bs, qo) = (BLOCK[KIND as usize], QUANTS[KIND as usize]);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        // Q4_1: lane t is token first + t's offset sum.
+        let mut off = [_mm256_setzero_ps(); R];
+        for b in 0..nb {
+            let slot = b * TOKENS + first;
+            let (qs, d) = (a.qs.add(slot * 32), a.d.add(slot * 8));
+            for r in 0..R {
+                let blk = w[r].add(b * bs);
+                // As in the AVX-512 kernel: 8 bytes inside the block, lanes past the scales unused.
+                let sc = _mm_cvtph_ps(_mm_loadl_epi64(blk as *const __m128i));
+                let dw = _mm256_broadcastss_ps(sc);
+                let wq = match KIND {
+                    2 => _mm256_loadu_si256(blk.add(qo) as *const __m256i),
+                    0 => _mm256_sub_epi8(nibbles(blk.add(qo)), _mm256_set1_epi8(8)),
+                    _ => nibbles(blk.add(qo)),
+                };
+                let wabs = _mm256_sign_epi8(wq, wq);
+                for t in 0..T {
+                    let aq = _mm256_loadu_si256(qs.add(t * 32) as *const __m256i);
+                    let p16 = if KIND == 1 {
+                        _mm256_maddubs_epi16(wq, aq)
+                    } else {
+                        _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(aq, wq))
+                    };
+                    let i = _mm256_madd_epi16(p16, ones);
+                    let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(d.add(t * 8)));
+                    acc[r][t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(i), acc[r][t]);
+                }
+                if KIND == 1 {
+                    let mw =
+                        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sc), _mm256_set1_epi32(1));
+                    let s = _mm256_loadu_ps(a.s.add(b * TOKENS + first));
+                    off[r] = _mm256_add_ps(off[r], _mm256_mul_ps(mw, s));
+                }
+            }
+        }
+        for r in 0..R {
+            let mut o = [0f32; 8];
+            _mm256_storeu_ps(o.as_mut_ptr(), off[r]);
+            for t in 0..T {
+                let mut l = [0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), acc[r][t]);
+                let s = hsum8(l);
+                out[first + t][r] = if KIND == 1 { s + o[t] } else { s };
+            }
+        }
     }
 }
 
