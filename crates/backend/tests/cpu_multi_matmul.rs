@@ -13,7 +13,9 @@
 //! reported as SKIPPED on stderr.
 
 use quire_backend::cpu::matmul::multi::{self, Isa};
-use quire_backend::cpu::matmul::{matmul, matmul_multi, matmul_rows, Activations, QMatrix};
+use quire_backend::cpu::matmul::{
+    matmul, matmul_multi, matmul_multi_swiglu, matmul_rows, Activations, QMatrix,
+};
 use quire_backend::cpu::quant::{dot_row, scalar, BlockQ8A, QK};
 use quire_backend::cpu::team::Team;
 use quire_backend::TensorBytes;
@@ -237,6 +239,52 @@ fn tile_kernel_equals_dot_row_for_every_group_fill() {
                             two[r / 2][k][r % 2].to_bits(),
                             want.to_bits(),
                             "{isa:?} {dtype:?} n={n} t={t} r={r} (2 rows)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The gate/up product fused with SwiGLU and quantization (`matmul_multi_swiglu`, what a step of
+/// 2+ tokens runs) equals the unfused path bit for bit: the product, `ops::swiglu_chunked`, then
+/// `Activations::prepare`, on every path this CPU has.
+#[test]
+fn fused_multi_token_swiglu_equals_unfused_path_bit_for_bit() {
+    let isas = paths("fused_multi_token_swiglu_equals_unfused_path_bit_for_bit");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(39);
+    let team = Team::new(2);
+    for dtype in TYPES {
+        for (inter, nb) in [(32usize, 2usize), (96, 3), (160, 18)] {
+            let cols = nb * QK;
+            let gate = random_matrix(&mut rng, dtype, inter, cols);
+            let up = random_matrix(&mut rng, dtype, inter, cols);
+            let w = QMatrix::interleave_rows("gu", &gate, &up, QK).unwrap();
+            for n in [2usize, 3, 4, 5, 9, 16, 17, 40] {
+                let x = random_x(&mut rng, n, cols);
+                let mut act = Activations::default();
+                act.prepare(&team, &x, cols, dtype);
+                let mut gu = vec![f32::NAN; n * 2 * inter];
+                matmul_rows(&team, &w, &x, &act, &mut gu);
+                let mut want = vec![f32::NAN; n * inter];
+                quire_backend::cpu::ops::swiglu_chunked(&gu, inter, QK, &mut want);
+                let mut want_q = Activations::default();
+                want_q.prepare(&team, &want, inter, GgmlType::Q4_1);
+                for &isa in &isas {
+                    let mut got = vec![f32::NAN; n * inter];
+                    let mut got_q = Activations::default();
+                    matmul_multi_swiglu(&team, isa, &w, &act, &mut got, &mut got_q);
+                    let ctx = format!("{isa:?} {dtype:?} inter={inter} nb={nb} n={n}");
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{ctx} element {i}: {a} vs {b}");
+                    }
+                    assert_eq!(got_q.q.len(), want_q.q.len(), "{ctx}");
+                    for (i, (a, b)) in got_q.q.iter().zip(&want_q.q).enumerate() {
+                        assert_eq!(
+                            (a.d.to_bits(), a.s.to_bits(), a.qs),
+                            (b.d.to_bits(), b.s.to_bits(), b.qs),
+                            "{ctx} block {i}"
                         );
                     }
                 }

@@ -1,27 +1,31 @@
 //! The exact product of a few tokens (2 and up: a speculative verify step, batched decode, a
-//! prompt) with Q4_0 / Q4_1 / Q8_0 weights on AVX-512 (with VNNI).
+//! prompt) with Q4_0 / Q4_1 / Q8_0 weights, on AVX-512 (with VNNI) or AVX2.
 //!
 //! The one-token kernels (`quant::dot_row`, llama.cpp's AVX2 order) spend about ten instructions
 //! on each 32-weight block and token: unpack, an 8-lane integer sum in two steps, its conversion
 //! to f32, a scalar product of the two scales, a broadcast, an FMA, and for Q4_1 a scalar
 //! multiply-add of the offset. Only the conversion, the scale product and the FMA belong to the
 //! arithmetic llama.cpp defines; the rest is how the integers get there. Here a few weight rows
-//! × up to 16 tokens go together (4 rows for up to 8 tokens, else 2, so the accumulators stay in
-//! registers), and two tokens share each 512-bit register (token `2p` in the low half, `2p + 1`
-//! in the high half):
+//! go together with up to 16 tokens, whose quantized activations are first laid out once per
+//! product (`Packed`: each token's scale already spread over the 8 lanes it multiplies):
 //!
-//! - each weight block is unpacked once for all the tokens (into both halves);
-//! - `vpdpbusd` forms the 8 integer lanes of both tokens in one instruction (unsigned weights
-//!   times signed activations; Q4_0's `− 8` and Q8_0's sign go into an integer start value
-//!   `−8·Σa` / `−128·Σa` per lane, since the weights enter as `q` and `w + 128`);
-//! - the scale product `d_w × d_a`, the conversion and the FMA are then one instruction each for
-//!   two tokens, and Q4_1's offset `m_w × s_a` one multiply and one add for all 8.
+//! - each weight block is unpacked, and its scales converted, once for all the tokens;
+//! - AVX-512: two tokens share each 512-bit register (token `2p` in the low half, `2p + 1` in the
+//!   high half; 4 rows for up to 8 tokens, else 2, so the accumulators stay in registers), and
+//!   `vpdpbusd` forms the 8 integer lanes of both in one instruction (unsigned weights times
+//!   signed activations; Q4_0's `− 8` and Q8_0's sign go into an integer start value `−8·Σa` /
+//!   `−128·Σa` per lane, since the weights enter as `q` and `w + 128`);
+//! - AVX2: one token per 256-bit register, 1 row × up to 8 tokens, the integer sums as the
+//!   one-token kernel forms them (`vpmaddubsw`, `vpmaddwd`, the sign trick for Q4_0 and Q8_0);
+//! - then the scale product `d_w × d_a`, the conversion and the FMA are one instruction each per
+//!   register, and Q4_1's offset `m_w × s_a` one multiply and one add for 8 or 16 tokens.
 //!
-//! Every integer lane sum is exact and equals the AVX2 kernel's (the same 4 elements per lane,
-//! no saturation: `vpdpbusd` does not saturate), and every f32 operation of every output is the
-//! same as in `quant::dot_row`: the same products, the same FMA chain per lane, the same
+//! Every integer lane sum is exact and equals the one-token kernel's (the same 4 elements per
+//! lane, no saturation: `vpdpbusd` does not saturate), and every f32 operation of every output
+//! is the same as in `quant::dot_row`: the same products, the same FMA chain per lane, the same
 //! horizontal sum, then `+ off`. So results are bit-identical to the one-token kernel, whatever
-//! the batch (tested in crates/backend/tests/cpu_multi_matmul.rs).
+//! the batch (tested in crates/backend/tests/cpu_multi_matmul.rs), and `--cpu-math exact` stays
+//! llama.cpp's arithmetic.
 
 use quire_gguf::GgmlType;
 
@@ -269,7 +273,7 @@ pub fn tile<const R: usize>(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("has_multi is false off x86_64")
+    unreachable!("no path is available off x86_64")
 }
 
 /// The AVX2 kernel over a group: its tokens 8 at a time.
