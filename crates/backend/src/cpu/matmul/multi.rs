@@ -365,7 +365,7 @@ mod avx512 {
                     let q = _mm512_broadcast_i32x4(_mm_loadu_si128(blk.add(qo) as *const _));
                     _mm512_and_si512(_mm512_srlv_epi64(q, shift), _mm512_set1_epi8(0x0F))
                 };
-                for p in 0..P {
+                for (p, acc) in acc[r].iter_mut().enumerate() {
                     let aq = _mm512_loadu_si512(qs.add(p * 64) as *const _);
                     let start = if KIND == 1 {
                         _mm512_setzero_si512()
@@ -374,7 +374,7 @@ mod avx512 {
                     };
                     let i = _mm512_dpbusd_epi32(start, q, aq);
                     let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(d.add(p * 16)));
-                    acc[r][p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), acc[r][p]);
+                    *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(i), *acc);
                 }
                 if KIND == 1 {
                     let mw =
@@ -388,9 +388,9 @@ mod avx512 {
         for r in 0..R {
             let mut o = [0f32; TOKENS];
             _mm512_storeu_ps(o.as_mut_ptr(), off[r]);
-            for p in 0..P {
+            for (p, acc) in acc[r].iter().enumerate() {
                 let mut l = [0f32; 16];
-                _mm512_storeu_ps(l.as_mut_ptr(), acc[r][p]);
+                _mm512_storeu_ps(l.as_mut_ptr(), *acc);
                 for h in 0..2 {
                     let t = 2 * p + h;
                     let s = hsum8(std::array::from_fn(|i| l[8 * h + i]));
@@ -449,7 +449,7 @@ mod avx2 {
                     _ => nibbles(blk.add(qo)),
                 };
                 let wabs = _mm256_sign_epi8(wq, wq);
-                for t in 0..T {
+                for (t, acc) in acc[r].iter_mut().enumerate() {
                     let aq = _mm256_loadu_si256(qs.add(t * 32) as *const __m256i);
                     let p16 = if KIND == 1 {
                         _mm256_maddubs_epi16(wq, aq)
@@ -458,7 +458,7 @@ mod avx2 {
                     };
                     let i = _mm256_madd_epi16(p16, ones);
                     let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(d.add(t * 8)));
-                    acc[r][t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(i), acc[r][t]);
+                    *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(i), *acc);
                 }
                 if KIND == 1 {
                     let mw =
@@ -471,9 +471,9 @@ mod avx2 {
         for r in 0..R {
             let mut o = [0f32; 8];
             _mm256_storeu_ps(o.as_mut_ptr(), off[r]);
-            for t in 0..T {
+            for (t, acc) in acc[r].iter().enumerate() {
                 let mut l = [0f32; 8];
-                _mm256_storeu_ps(l.as_mut_ptr(), acc[r][t]);
+                _mm256_storeu_ps(l.as_mut_ptr(), *acc);
                 let s = hsum8(l);
                 out[first + t][r] = if KIND == 1 { s + o[t] } else { s };
             }
