@@ -12,6 +12,7 @@ use super::CpuMath;
 use crate::{BackendError, HostTensor, TensorBytes};
 
 pub mod fast_gemm;
+pub mod multi;
 
 /// A `[rows, cols]` weight matrix (rows = output features), rows contiguous in storage type.
 #[derive(Debug, Clone)]
@@ -161,7 +162,7 @@ impl Activations {
         let n = x.len() / cols;
         let nb = cols / QK;
         self.q.resize(n * nb, BlockQ8A::default());
-        if n < 8 {
+        if n < super::ops::SERIAL_ROWS {
             for (row, out) in x.chunks_exact(cols).zip(self.q.chunks_exact_mut(nb)) {
                 quantize_row_q8a(row, out);
             }
@@ -184,6 +185,23 @@ const TILE_ROWS: usize = 16;
 /// `out[t, r] = sum_i x[t, i] * w[r, i]` for every token t.
 // x: [n, cols]; xq: quantized x (if the type needs it); out: [n, rows]
 pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
+    let n = x.len() / w.cols;
+    assert_eq!(out.len(), n * w.rows);
+    if let Some(isa) = multi_isa(w, n) {
+        return matmul_multi(par, isa, w, act, out);
+    }
+    matmul_rows(par, w, x, act, out)
+}
+
+/// The multi-token path [`matmul`] takes for `n` tokens of `w`, where there is one.
+pub fn multi_isa(w: &QMatrix, n: usize) -> Option<multi::Isa> {
+    multi::Isa::detect().filter(|isa| multi::supports(w.dtype) && n >= isa.min_tokens())
+}
+
+/// [`matmul`] through the one- and four-token kernels of `quant` and `rows` only (the AVX2 and
+/// scalar paths, and the reference that `matmul_multi` is tested against).
+// x: [n, cols]; act: quantized x (if the type needs it); out: [n, rows]
+pub fn matmul_rows(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out: &mut [f32]) {
     let n = x.len() / w.cols;
     assert_eq!(out.len(), n * w.rows);
     let nb = w.cols / QK;
@@ -255,6 +273,157 @@ pub fn matmul(par: &dyn Parallel, w: &QMatrix, x: &[f32], act: &Activations, out
         }
     };
     par.run_tasks(tasks, &run);
+}
+
+/// [`matmul`] of two or more tokens by the kernels of [`multi`] on path `isa` (bit-identical
+/// to the one-token kernels; public for their tests and benchmarks). Tasks take ranges of whole
+/// tiles of rows (`multi_rows`).
+// act: the n tokens quantized; out: [n, rows]
+pub fn matmul_multi(
+    par: &dyn Parallel,
+    isa: multi::Isa,
+    w: &QMatrix,
+    act: &Activations,
+    out: &mut [f32],
+) {
+    let n = out.len() / w.rows;
+    with_packed(par, w, act, n, |packed| {
+        let tiles = w.rows.div_ceil(TILE_ROWS);
+        let tasks = (par.threads() * 4).min(tiles).max(1);
+        let tiles_per_task = tiles.div_ceil(tasks);
+        let out_ptr = DisjointPtr::new(out);
+        par.run_tasks(tasks, &|task| {
+            let r0 = task * tiles_per_task * TILE_ROWS;
+            let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
+            multi_rows(isa, w, packed, r0..r1, &mut |t, r, v| {
+                // SAFETY: (t, r) is written by exactly one task (r in its rows); t < n and
+                // r < rows, so the index is inside `out`.
+                unsafe { *out_ptr.at(t * w.rows + r) = v };
+            });
+        });
+    });
+}
+
+/// The gate/up product of two or more tokens fused with SwiGLU and the 8-bit quantization of
+/// its output, as [`matmul_swiglu`] does for one token: `w` is gate and up interleaved in chunks
+/// of 32 rows, a task takes whole chunk pairs and turns each into one quantized block of every
+/// token's down-projection input, so SwiGLU runs on all threads. Every value equals the unfused
+/// path's ([`matmul`], `ops::swiglu_chunked`, `Activations::prepare`).
+// w: [2 * inter, cols] chunk-interleaved; act: the n tokens quantized; out: [n, inter];
+// out_q: out quantized, resized to n * inter / 32 blocks
+pub fn matmul_multi_swiglu(
+    par: &dyn Parallel,
+    isa: multi::Isa,
+    w: &QMatrix,
+    act: &Activations,
+    out: &mut [f32],
+    out_q: &mut Activations,
+) {
+    let inter = w.rows / 2;
+    assert!(w.interleaved == Some(QK) && inter.is_multiple_of(QK));
+    let n = out.len() / inter;
+    let chunks = inter / QK;
+    out_q.q.resize(n * chunks, BlockQ8A::default());
+    with_packed(par, w, act, n, |packed| {
+        let per_task = chunks.div_ceil((par.threads() * 4).min(chunks).max(1));
+        let (o, oq) = (DisjointPtr::new(out), DisjointPtr::new(&mut out_q.q));
+        par.run_tasks(chunks.div_ceil(per_task), &|task| {
+            let mut gu = vec![0f32; n * 2 * QK];
+            for c in task * per_task..((task + 1) * per_task).min(chunks) {
+                let r0 = 2 * QK * c;
+                multi_rows(isa, w, packed, r0..r0 + 2 * QK, &mut |t, r, v| {
+                    gu[t * 2 * QK + r - r0] = v
+                });
+                for (t, gu) in gu.chunks_exact(2 * QK).enumerate() {
+                    // SAFETY: block c of every token (32 outputs) belongs to this task alone;
+                    // t < n and c < chunks.
+                    let (dst, dq) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(o.at(t * inter + c * QK), QK),
+                            std::slice::from_raw_parts_mut(oq.at(t * chunks + c), 1),
+                        )
+                    };
+                    super::ops::swiglu_full(&gu[..QK], &gu[QK..], dst);
+                    quantize_row_q8a(dst, dq);
+                }
+            }
+        });
+    });
+}
+
+/// Runs `f` with `act`'s first `n` token rows packed for `w` (a per-thread buffer, reused).
+fn with_packed(
+    par: &dyn Parallel,
+    w: &QMatrix,
+    act: &Activations,
+    n: usize,
+    f: impl FnOnce(&multi::Packed),
+) {
+    use std::cell::RefCell;
+    thread_local! {
+        static PACKED: RefCell<multi::Packed> = RefCell::new(multi::Packed::default());
+    }
+    let nb = w.cols / QK;
+    PACKED.with(|packed| {
+        let mut packed = packed.borrow_mut();
+        packed.pack(par, w.dtype, &act.q[..n * nb], nb, n);
+        f(&packed)
+    });
+}
+
+/// Rows `rows` of `w` against every token of `packed`, `put(t, r, value)` for each, a tile of
+/// 16 rows at a time: every group of 16 tokens passes over the tile while it is in L1, so the
+/// weights are read from memory once whatever the number of tokens. The first group asks for
+/// the rows one tile ahead of those it computes (a hint for the memory).
+fn multi_rows(
+    isa: multi::Isa,
+    w: &QMatrix,
+    packed: &multi::Packed,
+    rows: std::ops::Range<usize>,
+    put: &mut dyn FnMut(usize, usize, f32),
+) {
+    let mut emit = |g: usize, r: usize, v: &[f32]| {
+        for (k, &v) in v.iter().enumerate().take(packed.tokens_in(g)) {
+            put(g * multi::TOKENS + k, r, v);
+        }
+    };
+    let ahead = |g: usize, r: usize, k: usize| {
+        if g == 0 {
+            let a = (r + TILE_ROWS).min(w.rows);
+            prefetch_rows(w, a, (a + k).min(w.rows));
+        }
+    };
+    let mut tile = rows.start;
+    while tile < rows.end {
+        let tile_end = (tile + TILE_ROWS).min(rows.end);
+        for g in 0..packed.groups() {
+            let mut r = tile;
+            let step = isa.rows_for(packed.tokens_in(g));
+            while step == 4 && r + 4 <= tile_end {
+                ahead(g, r, 4);
+                let rows = std::array::from_fn(|k| w.row(r + k));
+                let v = multi::tile::<4>(isa, w.dtype, rows, packed, g);
+                for k in 0..4 {
+                    emit(g, r + k, &v.map(|t| t[k]));
+                }
+                r += 4;
+            }
+            while step >= 2 && r + 2 <= tile_end {
+                ahead(g, r, 2);
+                let v = multi::tile::<2>(isa, w.dtype, [w.row(r), w.row(r + 1)], packed, g);
+                for k in 0..2 {
+                    emit(g, r + k, &v.map(|t| t[k]));
+                }
+                r += 2;
+            }
+            for r in r..tile_end {
+                ahead(g, r, 1);
+                let v = multi::tile::<1>(isa, w.dtype, [w.row(r)], packed, g);
+                emit(g, r, &v.map(|t| t[0]));
+            }
+        }
+        tile = tile_end;
+    }
 }
 
 /// [`matmul`] in arithmetic mode `math`: `Fast` computes batches of 4 or more tokens with the

@@ -17,6 +17,10 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// Row counts below which the row-wise ops (RMSNorm, activation quantization) stay on the
+/// calling thread.
+pub const SERIAL_ROWS: usize = 32;
+
 /// `rms_norm` with the rows of a prefill spread over the pool (rows are independent).
 pub fn rms_norm_par(
     par: &dyn super::team::Parallel,
@@ -27,7 +31,9 @@ pub fn rms_norm_par(
 ) {
     let dim = weight.len();
     let n = x.len() / dim;
-    if n < 8 {
+    // A few rows (a verify step, a small batch) take a few µs here: less than a parallel
+    // section, which on a busy machine can wait a scheduler slice for its other thread.
+    if n < SERIAL_ROWS {
         return rms_norm(x, weight, eps, out);
     }
     let o = super::team::DisjointPtr::new(out);

@@ -9,7 +9,9 @@ use quire_core::ModelConfig;
 use quire_gguf::GgmlType;
 
 use super::attention::{paged_attention_math, AttnParams, KvElem};
-use super::matmul::{matmul_math, matmul_swiglu, Activations, QMatrix};
+use super::matmul::{
+    matmul_math, matmul_multi_swiglu, matmul_swiglu, multi_isa, Activations, QMatrix,
+};
 use super::moe::{MoeLayer, MoeScratch};
 use super::ops;
 use super::profile::Profiler;
@@ -265,11 +267,19 @@ impl LayerOps for CpuStep<'_> {
         let (n, inter) = (self.n(), self.c.intermediate_size);
         let (pool, s) = (self.pool, &mut *self.s);
         let (b, f) = mm_cost(gate_up, n);
-        if n == 1 && gate_up.interleaved == Some(QK) && needs_q8(down.dtype) {
-            self.prof.time("matmul_gate_up", Some(layer), b, f, || {
-                matmul_swiglu(pool, gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
-            });
-            return Ok(());
+        if gate_up.interleaved == Some(QK) && needs_q8(down.dtype) {
+            if n == 1 {
+                self.prof.time("matmul_gate_up", Some(layer), b, f, || {
+                    matmul_swiglu(pool, gate_up, &s.h, &s.q8, &mut s.act, &mut s.q8_act)
+                });
+                return Ok(());
+            }
+            if let Some(isa) = multi_isa(gate_up, n) {
+                self.prof.time("matmul_gate_up", Some(layer), b, f, || {
+                    matmul_multi_swiglu(pool, isa, gate_up, &s.q8, &mut s.act, &mut s.q8_act)
+                });
+                return Ok(());
+            }
         }
         self.prof.time("matmul_gate_up", Some(layer), b, f, || {
             matmul_math(pool, self.math, gate_up, &s.h, &s.q8, &mut s.gu)
