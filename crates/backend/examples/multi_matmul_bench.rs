@@ -12,7 +12,6 @@ use std::time::Instant;
 use quire_backend::cpu::matmul::multi::Isa;
 use quire_backend::cpu::matmul::{matmul_multi, matmul_rows, Activations, QMatrix};
 use quire_backend::cpu::team::Team;
-use quire_backend::TensorBytes;
 use quire_gguf::GgmlType;
 
 fn rand_vals(seed: &mut u64, n: usize) -> Vec<f32> {
@@ -27,17 +26,7 @@ fn rand_vals(seed: &mut u64, n: usize) -> Vec<f32> {
 }
 
 fn matrix(seed: &mut u64, name: &str, dtype: GgmlType, rows: usize, cols: usize) -> QMatrix {
-    let mut bytes = Vec::new();
-    quire_gguf::quantize_row(dtype, &rand_vals(seed, rows * cols), &mut bytes).unwrap();
-    QMatrix {
-        name: name.into(),
-        dtype,
-        rows,
-        cols,
-        row_bytes: bytes.len() / rows,
-        data: TensorBytes::owned(bytes),
-        interleaved: None,
-    }
+    QMatrix::quantized(name, dtype, rows, cols, &rand_vals(seed, rows * cols)).unwrap()
 }
 
 fn main() {

@@ -13,7 +13,6 @@ use quire_backend::cpu::matmul::{fast_gemm, matmul_fast_tiled, matmul_math, Acti
 use quire_backend::cpu::quant::{scalar, BlockQ8A, QK};
 use quire_backend::cpu::team::Team;
 use quire_backend::cpu::CpuMath;
-use quire_backend::TensorBytes;
 use quire_gguf::{BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
 use rand::{Rng, SeedableRng};
 
@@ -83,17 +82,7 @@ fn random_matrix(
     let vals: Vec<f32> = (0..rows * cols)
         .map(|_| rng.random_range(-1.0f32..1.0))
         .collect();
-    let mut bytes = Vec::new();
-    quire_gguf::quantize_row(dtype, &vals, &mut bytes).unwrap();
-    QMatrix {
-        name: "w".into(),
-        dtype,
-        rows,
-        cols,
-        row_bytes: bytes.len() / rows,
-        data: TensorBytes::owned(bytes),
-        interleaved: None,
-    }
+    QMatrix::quantized("w", dtype, rows, cols, &vals).unwrap()
 }
 
 quire_testkit::simd_test! {

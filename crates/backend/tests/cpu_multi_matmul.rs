@@ -18,7 +18,6 @@ use quire_backend::cpu::matmul::{
 };
 use quire_backend::cpu::quant::{dot_row, scalar, BlockQ8A, QK};
 use quire_backend::cpu::team::Team;
-use quire_backend::TensorBytes;
 use quire_gguf::{BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
 use rand::{Rng, SeedableRng};
 
@@ -54,17 +53,7 @@ fn random_matrix(
             }
         })
         .collect();
-    let mut bytes = Vec::new();
-    quire_gguf::quantize_row(dtype, &vals, &mut bytes).unwrap();
-    QMatrix {
-        name: "w".into(),
-        dtype,
-        rows,
-        cols,
-        row_bytes: bytes.len() / rows,
-        data: TensorBytes::owned(bytes),
-        interleaved: None,
-    }
+    QMatrix::quantized("w", dtype, rows, cols, &vals).unwrap()
 }
 
 /// Activations of `n` tokens, with a zero token and a large one among them.

@@ -69,6 +69,27 @@ impl QMatrix {
         })
     }
 
+    /// A `[rows, cols]` matrix of `dtype` made from `vals` (row-major f32, quantized by the gguf
+    /// crate's reference quantizer): test and benchmark inputs.
+    pub fn quantized(
+        name: &str,
+        dtype: GgmlType,
+        rows: usize,
+        cols: usize,
+        vals: &[f32],
+    ) -> Result<Self, BackendError> {
+        let mut bytes = Vec::new();
+        quire_gguf::quantize_row(dtype, vals, &mut bytes)
+            .map_err(|e| BackendError::Config(format!("{name}: {e}")))?;
+        let t = HostTensor {
+            name: name.into(),
+            dtype,
+            dims: vec![cols, rows],
+            bytes: TensorBytes::owned(bytes),
+        };
+        Self::from_tensor(&t, cols, rows)
+    }
+
     /// Stacks matrices with the same type and row length (e.g. Q, K and V) into one, so one
     /// threaded launch computes all of them.
     pub fn concat_rows(name: &str, parts: &[QMatrix]) -> Result<Self, BackendError> {
@@ -604,17 +625,7 @@ mod tests {
         let vals: Vec<f32> = (0..rows * cols)
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
-        let mut bytes = Vec::new();
-        quire_gguf::quantize_row(dtype, &vals, &mut bytes).unwrap();
-        QMatrix {
-            name: "w".into(),
-            dtype,
-            rows,
-            cols,
-            row_bytes: bytes.len() / rows,
-            data: TensorBytes::owned(bytes),
-            interleaved: None,
-        }
+        QMatrix::quantized("w", dtype, rows, cols, &vals).unwrap()
     }
 
     /// The fused decode gate/up + SwiGLU + quantization, and the chunk-interleaved layout through
