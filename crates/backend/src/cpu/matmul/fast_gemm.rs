@@ -141,7 +141,7 @@ const fn quants_at(kind: u8) -> usize {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use super::*;
     use std::arch::x86_64::*;
 
@@ -150,7 +150,7 @@ mod avx2 {
 
     /// 16 bytes of nibbles as 32 u8 in element order (low nibbles, then high).
     #[inline(always)]
-    unsafe fn nibbles(qs: *const u8) -> __m256i {
+    pub(in crate::cpu::matmul) unsafe fn nibbles(qs: *const u8) -> __m256i {
         let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs as *const __m128i));
         let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
         _mm256_and_si256(q, _mm256_set1_epi8(0x0F))

@@ -411,13 +411,7 @@ mod avx2 {
     const BLOCK: [usize; 3] = [18, 20, 34];
     const QUANTS: [usize; 3] = [2, 4, 2];
 
-    /// 16 bytes of nibbles as 32 u8 in element order (low nibbles, then high).
-    #[inline(always)]
-    unsafe fn nibbles(qs: *const u8) -> __m256i {
-        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs as *const __m128i));
-        let q = _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4));
-        _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
-    }
+    use crate::cpu::matmul::fast_gemm::avx2::nibbles;
 
     /// `T` tokens from slot `first` of the group, one per register; the integer sums as in
     /// `quant::avx2` (Q4_1: `q × a`; Q4_0 and Q8_0: `|w| × (a × sign(w))`, `w = q − 8` for Q4_0).
