@@ -13,7 +13,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use half::f16;
-use quire_backend::cpu::attention::{dense_reference, paged_attention, AttnParams, KvElem};
+use quire_backend::cpu::attention::{dense_reference, paged_attention_math, AttnParams, KvElem};
+use quire_backend::cpu::CpuMath;
 use quire_backend::SeqBatch;
 use quire_perf::output::csv_line;
 use quire_perf::{RunStamp, Summary, Table};
@@ -66,6 +67,11 @@ pub struct AttnBenchArgs {
     /// Compute backend
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "wgpu"])]
     pub backend: String,
+    /// CPU arithmetic, as in the engine commands: `fast` (the default) times the kernel every
+    /// engine step uses by default (vectorized over keys, split over the threads); `exact` times
+    /// llama.cpp's arithmetic (with --f16-accum, its f16 accumulator)
+    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
+    pub cpu_math: String,
     /// wgpu: the adapter, by its index in `quire adapters` or a substring of its name
     #[arg(long)]
     pub adapter: Option<String>,
@@ -142,6 +148,7 @@ pub(crate) fn bench_batch<T: CacheElem>(
 /// dense run (same kernel, same work split, so paged / dense is the cost of the block tables).
 fn kernel<'a, T: KvElem>(
     pool: &'a rayon::ThreadPool,
+    math: CpuMath,
     p: &'a AttnParams,
     q: &'a [f32],
     g: &'a mut PagedBatch<T>,
@@ -159,8 +166,9 @@ fn kernel<'a, T: KvElem>(
     let sb = seq_batches(seqs);
     let q_row = p.num_heads * p.head_dim;
     move |out: &mut [f32]| {
-        paged_attention(
+        paged_attention_math(
             pool,
+            math,
             p,
             q,
             q_row,
@@ -315,8 +323,9 @@ fn bench<T: KvElem + CacheElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
             dense_reference(&p, qs, &s.keys, &s.values, seq_len)
         })
         .collect();
-    let mut paged = kernel(&pool, &p, &q, &mut paged_batch);
-    let mut dense = kernel(&pool, &p, &q, &mut dense_batch);
+    let math: CpuMath = a.cpu_math.parse().unwrap_or_default();
+    let mut paged = kernel(&pool, math, &p, &q, &mut paged_batch);
+    let mut dense = kernel(&pool, math, &p, &q, &mut dense_batch);
     let mut parity = Vec::new();
     for (name, kernel) in [
         ("paged", &mut paged as &mut dyn FnMut(&mut [f32])),
@@ -382,7 +391,7 @@ fn bench<T: KvElem + CacheElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
                 "batch": b, "q_heads": a.q_heads, "kv_heads": a.kv_heads, "head_dim": d,
                 "block_size": bs, "max_blocks": a.max_blocks, "active_blocks": a.active_blocks,
                 "repeats": a.repeats, "dtype": dtype, "mode": a.mode, "query_len": qlen,
-                "threads": threads, "seed": a.seed, "backend": a.backend,
+                "threads": threads, "seed": a.seed, "backend": a.backend, "cpu_math": a.cpu_math,
             },
             "parity": parity.iter().map(|(n, abs, rel, _)| serde_json::json!({
                 "kernel": n, "max_abs_err": abs, "max_rel_err": rel})).collect::<Vec<_>>(),
@@ -399,8 +408,8 @@ fn bench<T: KvElem + CacheElem>(a: &AttnBenchArgs, dtype: &str) -> Result<()> {
 
     println!(
         "\n{} mode: {b} seqs × {qlen} new tokens, context {seq_len} ({} blocks of {bs} scattered over {pool_blocks}), \
-         {} q / {} kv heads × {d}, {dtype} KV, {threads} threads, {} dispatches per kernel",
-        a.mode, a.active_blocks, a.q_heads, a.kv_heads, a.repeats
+         {} q / {} kv heads × {d}, {dtype} KV, {} CPU math, {threads} threads, {} dispatches per kernel",
+        a.mode, a.active_blocks, a.q_heads, a.kv_heads, a.cpu_math, a.repeats
     );
     println!(
         "per dispatch: {:.2} MiB moved ({:.2} MiB of KV), {:.3} GFLOP, intensity {:.2} FLOP/B\n",

@@ -69,12 +69,13 @@ pub struct EngineArgs {
     /// accumulator to f16 as llama.cpp's CPU flash attention does; f32 is exact f32 attention
     #[arg(long, default_value = "f16", value_parser = ["f32", "f16"])]
     pub kv_dtype: String,
-    /// Most sequences in one step
-    #[arg(long, default_value_t = 64)]
-    pub max_num_seqs: usize,
-    /// Token budget of one step (prompt chunks plus decodes)
-    #[arg(long, default_value_t = 512)]
-    pub max_num_batched_tokens: usize,
+    /// Most sequences in one step [default: 256 with --backend cuda, 64 otherwise]
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Token budget of one step (prompt chunks plus decodes) [default: 8192 with --backend cuda,
+    /// 512 otherwise]
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// Turn off prefix caching (reuse of cached KV blocks of shared prompt prefixes)
     #[arg(long)]
     pub no_prefix_cache: bool,
@@ -82,6 +83,23 @@ pub struct EngineArgs {
     /// the KV cache's size]
     #[arg(long)]
     pub max_model_len: Option<usize>,
+}
+
+impl EngineArgs {
+    /// `--max-num-seqs`, or the backend's default: a GPU step of 64 sequences and 512 tokens
+    /// leaves an H100 mostly idle under load (8B f16, 256 requests in flight: 24.8 req/s against
+    /// 36.3 with 256 and 8192 on an H200), while on a CPU a larger step only lengthens every
+    /// request's time per token.
+    pub fn max_num_seqs(&self, backend: &str) -> usize {
+        self.max_num_seqs
+            .unwrap_or(if backend == "cuda" { 256 } else { 64 })
+    }
+
+    /// `--max-num-batched-tokens`, or the backend's default (see [`EngineArgs::max_num_seqs`]).
+    pub fn max_num_batched_tokens(&self, backend: &str) -> usize {
+        self.max_num_batched_tokens
+            .unwrap_or(if backend == "cuda" { 8192 } else { 512 })
+    }
 }
 
 pub fn load_model(args: &ModelArgs) -> Result<LoadedModel> {
@@ -318,7 +336,7 @@ pub fn build_engine(
             m,
             (e.num_blocks, e.block_size),
             &e.kv_dtype,
-            e.max_num_batched_tokens,
+            e.max_num_batched_tokens(&m.backend),
         )?
     } else {
         executor(model, m, kv_spec(model, e)?, &e.kv_dtype)?
@@ -332,15 +350,19 @@ pub fn build_engine(
         .max_model_len
         .unwrap_or(ctx)
         .min(kv.num_blocks * kv.block_size);
-    if e.max_num_seqs == 0 || e.max_num_batched_tokens == 0 {
+    let (max_num_seqs, max_num_batched_tokens) = (
+        e.max_num_seqs(&m.backend),
+        e.max_num_batched_tokens(&m.backend),
+    );
+    if max_num_seqs == 0 || max_num_batched_tokens == 0 {
         bail!("--max-num-seqs and --max-num-batched-tokens must be at least 1");
     }
     Ok(Engine::new(
         exec,
         model.tokenizer.clone(),
         EngineConfig {
-            max_num_seqs: e.max_num_seqs,
-            max_num_batched_tokens: e.max_num_batched_tokens,
+            max_num_seqs,
+            max_num_batched_tokens,
             enable_prefix_caching: !e.no_prefix_cache,
             max_model_len,
             top_logprobs,

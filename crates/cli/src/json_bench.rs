@@ -115,7 +115,7 @@ pub fn run(a: &BenchArgs, schema_path: &Path) -> Result<()> {
     }
     let mut eargs = crate::spec_bench::engine_args(a)?;
     let bmax = batches.iter().copied().max().unwrap_or(1);
-    eargs.max_num_seqs = eargs.max_num_seqs.max(bmax);
+    eargs.max_num_seqs = Some(eargs.max_num_seqs(&margs.backend).max(bmax));
     let mut engine = build_engine(&model, &margs, &eargs, 0)?;
     let prompts: Vec<Vec<TokenId>> = TOPICS
         .iter()

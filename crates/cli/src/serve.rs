@@ -103,10 +103,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let mut engine = build_engine(&model, &a.model, &a.engine, 0)?;
     a.spec.apply(&mut engine, &a.model, &a.engine)?;
     eprintln!(
-        "model loaded in {:.0} ms, peak host RSS {}, peak GPU memory {}",
+        "model loaded in {:.0} ms, peak host RSS {}, peak GPU memory {}; steps of at most {} sequences and {} tokens",
         t_load.elapsed().as_secs_f64() * 1e3,
         quire_perf::mem::fmt_mib(quire_perf::mem::peak_rss_bytes()),
-        quire_perf::mem::fmt_mib(engine.executor().device_memory_peak())
+        quire_perf::mem::fmt_mib(engine.executor().device_memory_peak()),
+        a.engine.max_num_seqs(&a.model.backend),
+        a.engine.max_num_batched_tokens(&a.model.backend),
     );
     let model_id = a.served_model_name.clone().unwrap_or_else(|| {
         model

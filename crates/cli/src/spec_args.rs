@@ -81,7 +81,7 @@ pub fn attach_draft(engine: &mut Engine, path: &Path, m: &ModelArgs, e: &EngineA
             &dargs,
             (e.num_blocks, e.block_size),
             &e.kv_dtype,
-            e.max_num_batched_tokens,
+            e.max_num_batched_tokens(&m.backend),
         )?
     } else {
         executor(&draft, &dargs, kv_spec(&draft, e)?, &e.kv_dtype)?

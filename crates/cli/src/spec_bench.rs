@@ -299,11 +299,11 @@ fn verify_cost(a: &BenchArgs, ks: &[usize]) -> Result<()> {
     println!("|---:|---:|---:|---:|---:|---:|");
     for &depth in &a.depth {
         for &b in &batches {
-            if b == 0 || b * (kmax + 1) > eargs.max_num_batched_tokens {
+            let budget = eargs.max_num_batched_tokens(&margs.backend);
+            if b == 0 || b * (kmax + 1) > budget {
                 bail!(
-                    "--spec verify: batch {b} x (K + 1 = {}) tokens must be in 1..={} (the step budget)",
+                    "--spec verify: batch {b} x (K + 1 = {}) tokens must be in 1..={budget} (the step budget)",
                     kmax + 1,
-                    eargs.max_num_batched_tokens
                 );
             }
             let ctx = Filled::fill(exec, depth, b, kmax, a.seed)?;
