@@ -167,68 +167,88 @@ pub fn decode_attention<T: KvElem>(
     let group = p.num_heads / p.num_kv_heads;
     assert!(group <= MAX_G, "GQA group above {MAX_G}");
     let part = group * (d + 2);
-    // (sequence, kv head, keys, first partial) per task; partials of one (sequence, kv head) are
-    // consecutive, in key order.
+    // A task takes one key range of one sequence for `heads` consecutive KV heads: all of them
+    // when there are enough ranges to keep the threads busy, so that a task walks each cache
+    // row whole (the KV heads of a slot lie side by side) instead of a third of it; one
+    // otherwise. A head's arithmetic is the same either way.
+    let ranges: usize = seqs
+        .iter()
+        .map(|s| {
+            let pos = s.seq_len - 1;
+            pos / SPLIT_KEYS - p.first_key(pos) / SPLIT_KEYS + 1
+        })
+        .sum();
+    let heads = if ranges >= 4 * par.threads() {
+        p.num_kv_heads
+    } else {
+        1
+    };
+    // (sequence, first kv head, keys) per task; a task's partials are its heads' in order.
     let mut tasks: Vec<(usize, usize, Range<usize>)> = Vec::new();
+    // (sequence, kv head, tasks): the partials of one (sequence, kv head), in key order.
     let mut groups: Vec<(usize, usize, Range<usize>)> = Vec::new();
     for (si, s) in seqs.iter().enumerate() {
         debug_assert_eq!(s.query_len, 1);
         let pos = s.seq_len - 1;
         let keys = p.first_key(pos)..pos + 1;
-        for kvh in 0..p.num_kv_heads {
+        for kvh0 in (0..p.num_kv_heads).step_by(heads) {
             let first = tasks.len();
             let mut a = keys.start;
             while a < keys.end {
                 let b = ((a / SPLIT_KEYS + 1) * SPLIT_KEYS).min(keys.end);
-                tasks.push((si, kvh, a..b));
+                tasks.push((si, kvh0, a..b));
                 a = b;
             }
-            groups.push((si, kvh, first..tasks.len()));
+            for kvh in kvh0..kvh0 + heads {
+                groups.push((si, kvh, first..tasks.len()));
+            }
         }
     }
-    let mut partials = vec![0f32; tasks.len() * part];
+    let task_part = heads * part;
+    let mut partials = vec![0f32; tasks.len() * task_part];
     let dst = DisjointPtr::new(&mut partials);
     par.run_tasks(tasks.len(), &|i| {
-        let (si, kvh, ref keys) = tasks[i];
+        let (si, kvh0, ref keys) = tasks[i];
         let s = &seqs[si];
-        // SAFETY: task `i` writes only its own `part` floats, inside `partials`.
-        let pt = unsafe { std::slice::from_raw_parts_mut(dst.at(i * part), part) };
-        let (ml, acc) = pt.split_at_mut(2 * group);
-        let (m, l) = ml.split_at_mut(group);
-        let qh = &q[s.query_start * q_stride + kvh * group * d..][..group * d];
+        // SAFETY: task `i` writes only its own `task_part` floats, inside `partials`.
+        let pt = unsafe { std::slice::from_raw_parts_mut(dst.at(i * task_part), task_part) };
+        let qh = &q[s.query_start * q_stride + kvh0 * group * d..][..heads * group * d];
         let range = KeyRange {
             keys: keys.clone(),
             block_table: s.block_table,
-            kvh,
+            kvh: kvh0..kvh0 + heads,
         };
-        attend_range(isa, p, qh, &range, k_cache, v_cache, m, l, acc);
+        attend_range(isa, p, qh, &range, k_cache, v_cache, pt);
     });
     let q_row = p.num_heads * d;
+    let mut parts: Vec<&[f32]> = Vec::new();
     for (si, kvh, ts) in groups {
         let o = &mut out[seqs[si].query_start * q_row + kvh * group * d..][..group * d];
-        merge(&partials[ts.start * part..ts.end * part], group, d, o);
+        let h = kvh % heads;
+        parts.clear();
+        parts.extend(ts.map(|t| &partials[t * task_part + h * part..][..part]));
+        merge(&parts, group, d, o);
     }
 }
 
-/// One task's keys: positions `keys` of a sequence with `block_table`, KV head `kvh`.
+/// One task's keys: positions `keys` of a sequence with `block_table`, KV heads `kvh`.
 struct KeyRange<'a> {
     keys: Range<usize>,
     block_table: &'a [BlockId],
-    kvh: usize,
+    kvh: Range<usize>,
 }
 
 /// Combines partials `[m[group] | l[group] | acc[group * d]]`, in order, into `out`.
-fn merge(parts: &[f32], group: usize, d: usize, out: &mut [f32]) {
-    let part = group * (d + 2);
+fn merge(parts: &[&[f32]], group: usize, d: usize, out: &mut [f32]) {
     for g in 0..group {
         let mx = parts
-            .chunks_exact(part)
+            .iter()
             .map(|pt| pt[g])
             .fold(f32::NEG_INFINITY, f32::max);
         let o = &mut out[g * d..(g + 1) * d];
         o.fill(0.0);
         let mut l = 0f32;
-        for pt in parts.chunks_exact(part) {
+        for pt in parts {
             if pt[g] == f32::NEG_INFINITY {
                 continue;
             }
@@ -244,9 +264,11 @@ fn merge(parts: &[f32], group: usize, d: usize, out: &mut [f32]) {
     }
 }
 
-/// Online softmax of `group` query heads (`q`: [group, d]) over `r`'s keys: leaves each head's
-/// running maximum in `m`, sum of exponentials in `l` and unnormalized output in `acc`.
-#[allow(clippy::too_many_arguments)]
+/// Online softmax of the query heads of `r.kvh`'s KV heads (`q`: [heads, group, d]) over `r`'s
+/// keys: leaves each KV head's partial `[m[group] | l[group] | acc[group * d]]` (running maxima,
+/// sums of exponentials, unnormalized outputs) in `parts`, one after the other. The keys go in
+/// chunks of `CHUNK`, every KV head of a chunk before the next chunk, so a task reads its rows
+/// of the cache front to back.
 fn attend_range<T: KvElem>(
     isa: Isa,
     p: &AttnParams,
@@ -254,59 +276,70 @@ fn attend_range<T: KvElem>(
     r: &KeyRange,
     k_cache: &[T],
     v_cache: &[T],
-    m: &mut [f32],
-    l: &mut [f32],
-    acc: &mut [f32],
+    parts: &mut [f32],
 ) {
     let d = p.head_dim;
-    let group = m.len();
+    let heads = r.kvh.len();
+    let group = q.len() / (heads * d);
+    let part = group * (d + 2);
     let kv_row = p.num_kv_heads * d;
     let mut qs = [0f32; MAX_G * MAX_D];
-    for (a, &b) in qs[..group * d].iter_mut().zip(q) {
-        *a = b * p.scale;
-    }
     let mut kbuf = [0f32; CHUNK * MAX_D];
     let mut vbuf = [0f32; CHUNK * MAX_D];
     let mut s = [0f32; CHUNK];
-    m.fill(f32::NEG_INFINITY);
-    l.fill(0.0);
-    acc.fill(0.0);
-    let row_of = |pos: usize| {
+    for pt in parts.chunks_exact_mut(part) {
+        let (m, rest) = pt.split_at_mut(group);
+        let (l, acc) = rest.split_at_mut(group);
+        m.fill(f32::NEG_INFINITY);
+        l.fill(0.0);
+        acc.fill(0.0);
+    }
+    // The first element of the slot of position `pos` (its KV heads side by side).
+    let slot_of = |pos: usize| {
         let slot = r.block_table[pos / p.block_size].as_usize() * p.block_size + pos % p.block_size;
-        slot * kv_row + r.kvh * d
+        slot * kv_row
     };
+    // The span of a slot's row this task reads: its KV heads, contiguous.
+    let (span0, span) = (r.kvh.start * d, heads * d);
+    let k = kernels(isa);
     let mut j = r.keys.start;
     while j < r.keys.end {
         let n = CHUNK.min(r.keys.end - j);
         // The next chunk's rows are requested now, so that they arrive while this one is worked
-        // on: the blocks lie anywhere, and the rows of one KV head are strided, so the hardware
-        // prefetchers do not see them coming (at depth 8192 the conversion's first load was a
-        // third of the kernel's time without this).
+        // on: the blocks lie anywhere, so the hardware prefetchers do not see them coming (at
+        // depth 8192 the conversion's first load was a third of the kernel's time without this).
         for pos in j + n..(j + n + CHUNK).min(r.keys.end) {
-            let row = row_of(pos);
-            prefetch_row(&k_cache[row..row + d]);
-            prefetch_row(&v_cache[row..row + d]);
+            let row = slot_of(pos) + span0;
+            prefetch_row(&k_cache[row..row + span]);
+            prefetch_row(&v_cache[row..row + span]);
         }
-        for i in 0..n {
-            let row = row_of(j + i);
-            to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
-            to_f32(isa, &v_cache[row..row + d], &mut vbuf[i * d..(i + 1) * d]);
-        }
-        let k = kernels(isa);
-        for g in 0..group {
-            let ag = &mut acc[g * d..(g + 1) * d];
-            k.scores(&qs[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
-            // The padding past `n` adds nothing to the maximum or (as exp(−∞) = 0) the sum.
-            s[n..].fill(f32::NEG_INFINITY);
-            let cmax = k.max(&s);
-            if cmax > m[g] {
-                let corr = exp_poly(m[g] - cmax);
-                ag.iter_mut().for_each(|a| *a *= corr);
-                l[g] *= corr;
-                m[g] = cmax;
+        for (h, pt) in r.kvh.clone().zip(parts.chunks_exact_mut(part)) {
+            let (m, rest) = pt.split_at_mut(group);
+            let (l, acc) = rest.split_at_mut(group);
+            let qh = &q[(h - r.kvh.start) * group * d..][..group * d];
+            for (a, &b) in qs[..group * d].iter_mut().zip(qh) {
+                *a = b * p.scale;
             }
-            l[g] += k.exp_sum(&mut s, m[g]);
-            k.axpy(ag, &s[..n], &vbuf[..n * d]);
+            for i in 0..n {
+                let row = slot_of(j + i) + h * d;
+                to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
+                to_f32(isa, &v_cache[row..row + d], &mut vbuf[i * d..(i + 1) * d]);
+            }
+            for g in 0..group {
+                let ag = &mut acc[g * d..(g + 1) * d];
+                k.scores(&qs[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
+                // The padding past `n` adds nothing to the maximum or (as exp(−∞) = 0) the sum.
+                s[n..].fill(f32::NEG_INFINITY);
+                let cmax = k.max(&s);
+                if cmax > m[g] {
+                    let corr = exp_poly(m[g] - cmax);
+                    ag.iter_mut().for_each(|a| *a *= corr);
+                    l[g] *= corr;
+                    m[g] = cmax;
+                }
+                l[g] += k.exp_sum(&mut s, m[g]);
+                k.axpy(ag, &s[..n], &vbuf[..n * d]);
+            }
         }
         j += n;
     }
