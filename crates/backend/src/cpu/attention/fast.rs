@@ -17,6 +17,7 @@
 //! scalar); every path runs the same algorithm, and each is tested against the dense f64
 //! reference and against the scalar path (crates/backend/tests/cpu_fast_attention.rs).
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -283,10 +284,6 @@ fn attend_range<T: KvElem>(
     let group = q.len() / (heads * d);
     let part = group * (d + 2);
     let kv_row = p.num_kv_heads * d;
-    let mut qs = [0f32; MAX_G * MAX_D];
-    let mut kbuf = [0f32; CHUNK * MAX_D];
-    let mut vbuf = [0f32; CHUNK * MAX_D];
-    let mut s = [0f32; CHUNK];
     for pt in parts.chunks_exact_mut(part) {
         let (m, rest) = pt.split_at_mut(group);
         let (l, acc) = rest.split_at_mut(group);
@@ -299,50 +296,75 @@ fn attend_range<T: KvElem>(
         let slot = r.block_table[pos / p.block_size].as_usize() * p.block_size + pos % p.block_size;
         slot * kv_row
     };
+    // The slots of this chunk's keys and of the next one's, each looked up once.
+    let mut rows = [0usize; CHUNK];
+    let mut next = [0usize; CHUNK];
+    for (i, row) in rows.iter_mut().enumerate() {
+        *row = slot_of((r.keys.start + i).min(r.keys.end - 1));
+    }
     // The span of a slot's row this task reads: its KV heads, contiguous.
     let (span0, span) = (r.kvh.start * d, heads * d);
     let k = kernels(isa);
-    let mut j = r.keys.start;
-    while j < r.keys.end {
-        let n = CHUNK.min(r.keys.end - j);
-        // The next chunk's rows are requested now, so that they arrive while this one is worked
-        // on: the blocks lie anywhere, so the hardware prefetchers do not see them coming (at
-        // depth 8192 the conversion's first load was a third of the kernel's time without this).
-        for pos in j + n..(j + n + CHUNK).min(r.keys.end) {
-            let row = slot_of(pos) + span0;
-            prefetch_row(&k_cache[row..row + span]);
-            prefetch_row(&v_cache[row..row + span]);
+    SCRATCH.with_borrow_mut(|buf| {
+        // Reused from task to task: zeroing ~80 KB of stack arrays per task showed in profiles.
+        if buf.len() < (group + 2 * CHUNK) * d {
+            buf.resize((group + 2 * CHUNK) * d, 0.0);
         }
-        for (h, pt) in r.kvh.clone().zip(parts.chunks_exact_mut(part)) {
-            let (m, rest) = pt.split_at_mut(group);
-            let (l, acc) = rest.split_at_mut(group);
-            let qh = &q[(h - r.kvh.start) * group * d..][..group * d];
-            for (a, &b) in qs[..group * d].iter_mut().zip(qh) {
-                *a = b * p.scale;
+        let (qs, rest) = buf.split_at_mut(group * d);
+        let (kbuf, rest) = rest.split_at_mut(CHUNK * d);
+        let vbuf = &mut rest[..CHUNK * d];
+        let mut s = [0f32; CHUNK];
+        let mut j = r.keys.start;
+        while j < r.keys.end {
+            let n = CHUNK.min(r.keys.end - j);
+            // The next chunk's rows are requested now, so that they arrive while this one is
+            // worked on: the blocks lie anywhere, so the hardware prefetchers do not see them
+            // coming (at depth 8192 the conversion's first load was a third of the kernel's
+            // time without this).
+            let nn = CHUNK.min(r.keys.end.saturating_sub(j + n));
+            for (i, row) in next[..nn].iter_mut().enumerate() {
+                *row = slot_of(j + n + i);
+                prefetch_row(&k_cache[*row + span0..][..span]);
+                prefetch_row(&v_cache[*row + span0..][..span]);
             }
-            for i in 0..n {
-                let row = slot_of(j + i) + h * d;
-                to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
-                to_f32(isa, &v_cache[row..row + d], &mut vbuf[i * d..(i + 1) * d]);
-            }
-            for g in 0..group {
-                let ag = &mut acc[g * d..(g + 1) * d];
-                k.scores(&qs[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
-                // The padding past `n` adds nothing to the maximum or (as exp(−∞) = 0) the sum.
-                s[n..].fill(f32::NEG_INFINITY);
-                let cmax = k.max(&s);
-                if cmax > m[g] {
-                    let corr = exp_poly(m[g] - cmax);
-                    ag.iter_mut().for_each(|a| *a *= corr);
-                    l[g] *= corr;
-                    m[g] = cmax;
+            for (h, pt) in r.kvh.clone().zip(parts.chunks_exact_mut(part)) {
+                let (m, rest) = pt.split_at_mut(group);
+                let (l, acc) = rest.split_at_mut(group);
+                let qh = &q[(h - r.kvh.start) * group * d..][..group * d];
+                for (a, &b) in qs.iter_mut().zip(qh) {
+                    *a = b * p.scale;
                 }
-                l[g] += k.exp_sum(&mut s, m[g]);
-                k.axpy(ag, &s[..n], &vbuf[..n * d]);
+                for (i, &row) in rows[..n].iter().enumerate() {
+                    let row = row + h * d;
+                    to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
+                    to_f32(isa, &v_cache[row..row + d], &mut vbuf[i * d..(i + 1) * d]);
+                }
+                for g in 0..group {
+                    let ag = &mut acc[g * d..(g + 1) * d];
+                    k.scores(&qs[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
+                    // The padding past `n` adds nothing to the maximum or (as exp(−∞) = 0) the
+                    // sum.
+                    s[n..].fill(f32::NEG_INFINITY);
+                    let cmax = k.max(&s);
+                    if cmax > m[g] {
+                        let corr = exp_poly(m[g] - cmax);
+                        ag.iter_mut().for_each(|a| *a *= corr);
+                        l[g] *= corr;
+                        m[g] = cmax;
+                    }
+                    l[g] += k.exp_sum(&mut s, m[g]);
+                    k.axpy(ag, &s[..n], &vbuf[..n * d]);
+                }
             }
+            std::mem::swap(&mut rows, &mut next);
+            j += n;
         }
-        j += n;
-    }
+    });
+}
+
+thread_local! {
+    /// `attend_range`'s scratch on each thread: prescaled queries, a chunk's K and V rows in f32.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Asks for the cache lines of `row` to be brought into the cache (a hint: no effect on results).
