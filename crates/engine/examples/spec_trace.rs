@@ -9,7 +9,10 @@
 //! expected speed-up from a verify-cost table (`quire bench --spec verify:1,2,4,8,16` on the 2-core
 //! development VM: a step of n tokens costs `verify_cost(n)` plain steps). `-v` prints every step.
 //! The greedy outputs are cached in `target/spec_trace_outputs.json` (delete it after changing the
-//! model or the prompts).
+//! model or the prompts). Each prompt is replayed with the old stateless lookup
+//! ([`quire_engine::spec::ngram_propose`]) and with [`NgramProposer`]. Besides the bench's three
+//! prompts, two edits of other passages (`spec_prompts/*.txt`, also usable with `quire generate
+//! --chat -p "$(cat FILE)"`): renaming a person and a weekday, and correcting spelling mistakes.
 
 use quire_backend::cpu::{CpuExecutor, CpuOptions};
 use quire_backend::KvCacheSpec;
@@ -31,28 +34,6 @@ every boat had returned, and the villagers climbed the hill to thank her. Today 
 is a museum, and children who visit it can still climb the spiral stairs and look out over the \
 water that the light once guarded.";
 
-/// Another passage for edits the bench does not ask for.
-const BAKERY: &str = "Anna opened her bakery on the corner of Mill Street every Tuesday at six \
-in the morning. She baked rye bread, small almond cakes and a dark honey loaf that her \
-grandmother had taught her to make. The first customers were usually the postman and two nurses \
-from the hospital across the road, who bought warm rolls on their way home after the night \
-shift. By nine the shelves were half empty, and Anna started a second batch while her brother \
-served the queue. In winter the shop smelled of cinnamon and cloves, and people stayed longer \
-than they needed to, talking about the weather and the football results. When the old mill \
-closed, many families left the town, but Anna kept the bakery open and lowered her prices so \
-that nobody had to go without bread. Years later the town gave her a small brass plaque, which \
-still hangs beside the door.";
-
-/// A passage with spelling mistakes to correct.
-const TYPOS: &str = "The river runs thruogh the middle of the valley and devides the town into \
-two halves. On the east bank stand the old church, the market hall and a row of narow houses \
-with red roofs. On the west bank the new quarter has wide streets, a library and a schol that \
-opened last year. Three bridges conect the two sides; the oldest is made of stone and is more \
-than four hundered years old. Every summer the town holds a festival on the water, with boats \
-decorated with flowers and lanterns, and in the evening there is music on both banks untill \
-midnight. Visitors often say that the best view of the valley is from the hill behind the \
-church, where a small path leads to a bench under an oak tree.";
-
 fn prompts() -> Vec<(&'static str, String)> {
     vec![
         (
@@ -70,17 +51,12 @@ fn prompts() -> Vec<(&'static str, String)> {
             "continue",
             format!("{PASSAGE}\n\nNow write the passage above again:\n\n"),
         ),
+        // Edits the bench does not ask for, on other passages (also for `quire generate`).
         (
             "rename",
-            format!(
-                "Rewrite the following text with the name Anna changed to Margaret and Tuesday \
-                 changed to Saturday. Keep everything else as it is.\n\n{BAKERY}"
-            ),
+            include_str!("spec_prompts/rename.txt").to_string(),
         ),
-        (
-            "typos",
-            format!("Correct the spelling mistakes in the following text.\n\n{TYPOS}"),
-        ),
+        ("typos", include_str!("spec_prompts/typos.txt").to_string()),
     ]
 }
 
