@@ -13,9 +13,10 @@ use crate::common::{cuda_executor, executor, kv_spec, load_model, EngineArgs, Mo
 #[derive(Args, Debug, Clone)]
 pub struct SpecArgs {
     /// Speculative decoding: propose up to K tokens per step by prompt lookup (the continuation
-    /// of the latest earlier occurrence of the last few tokens) and verify them in one forward
-    /// pass. Greedy output is unchanged and sampled output keeps its distribution; it pays off
-    /// when the output repeats the prompt (editing, copying, code). 0 = off
+    /// of the earlier text the output is copying, followed across steps; fewer after a miss)
+    /// and verify them in one forward pass. Greedy output is unchanged and sampled output keeps
+    /// its distribution; it pays off when the output repeats the prompt (editing, copying,
+    /// code). 0 = off
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub speculative_tokens: usize,
     /// Shortest and longest n-gram the prompt lookup matches, longest tried first

@@ -177,7 +177,7 @@ impl Engine {
             stats: EngineStats::default(),
             grammars: None,
             spec: SpecConfig::default(),
-            proposer: Box::new(NgramProposer),
+            proposer: Box::new(NgramProposer::default()),
         }
     }
 

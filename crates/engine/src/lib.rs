@@ -5,6 +5,7 @@
 pub mod constrain;
 pub mod draft;
 pub mod engine;
+pub mod lookup;
 pub mod proposer;
 pub mod runner;
 pub mod sampler;

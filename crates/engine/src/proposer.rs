@@ -4,9 +4,12 @@
 //! ([`crate::draft::DraftModel`]). Both propose a single token per position (a point mass), which is
 //! what the rejection sampling in [`crate::spec`] assumes.
 
+use std::collections::HashMap;
+
 use quire_core::{SeqId, TokenId};
 
-use crate::spec::{ngram_propose, SpecConfig};
+use crate::lookup::CopyTracker;
+use crate::spec::SpecConfig;
 use crate::EngineError;
 
 /// One request in decode that may speculate: all its known tokens (prompt and output so far).
@@ -43,9 +46,13 @@ pub trait Proposer: Send {
     }
 }
 
-/// Prompt lookup: the continuation of the latest earlier occurrence of the last few tokens.
+/// Prompt lookup: the continuation of the earlier text the output is copying, followed per
+/// sequence across steps ([`CopyTracker`]: it resumes past an edited span and proposes fewer
+/// tokens after a miss).
 #[derive(Debug, Default)]
-pub struct NgramProposer;
+pub struct NgramProposer {
+    copies: HashMap<SeqId, CopyTracker>,
+}
 
 impl Proposer for NgramProposer {
     fn name(&self) -> &'static str {
@@ -59,7 +66,56 @@ impl Proposer for NgramProposer {
     ) -> Result<Vec<Vec<TokenId>>, EngineError> {
         Ok(rows
             .iter()
-            .map(|r| ngram_propose(r.tokens, spec.ngram_min, spec.ngram_max, spec.num_tokens))
+            .map(|r| {
+                self.copies.entry(r.id).or_default().propose(
+                    r.tokens,
+                    spec.ngram_min,
+                    spec.ngram_max,
+                    spec.num_tokens,
+                )
+            })
             .collect())
+    }
+
+    fn release(&mut self, id: SeqId) {
+        self.copies.remove(&id);
+    }
+
+    fn retain(&mut self, live: &[SeqId]) {
+        self.copies.retain(|id, _| live.contains(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_state_is_kept_per_sequence_and_released() {
+        let mut p = NgramProposer::default();
+        let spec = SpecConfig {
+            num_tokens: 4,
+            ..SpecConfig::default()
+        };
+        let a: Vec<TokenId> = [1, 2, 3, 4, 5, 1].map(TokenId).to_vec();
+        let b: Vec<TokenId> = [7, 8, 9, 7].map(TokenId).to_vec();
+        let rows = [
+            ProposalRow {
+                id: SeqId(1),
+                tokens: &a,
+            },
+            ProposalRow {
+                id: SeqId(2),
+                tokens: &b,
+            },
+        ];
+        let got = p.propose(&rows, &spec).unwrap();
+        assert_eq!(got[0], [2, 3, 4, 5].map(TokenId).to_vec());
+        assert_eq!(got[1], [8, 9, 7].map(TokenId).to_vec());
+        assert_eq!(p.copies.len(), 2);
+        p.retain(&[SeqId(2), SeqId(3)]);
+        assert_eq!(p.copies.keys().copied().collect::<Vec<_>>(), vec![SeqId(2)]);
+        p.release(SeqId(2));
+        assert!(p.copies.is_empty());
     }
 }
