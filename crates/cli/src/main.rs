@@ -8,6 +8,7 @@ mod attn_bench_cuda;
 #[cfg(feature = "wgpu")]
 mod attn_bench_wgpu;
 mod bench;
+mod bench_report;
 mod common;
 mod compare;
 mod generate;

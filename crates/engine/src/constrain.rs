@@ -127,7 +127,10 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(refuse(format!("the grammar is not accepted: {e}")));
         }
-        Ok(Guide { matcher })
+        Ok(Guide {
+            matcher,
+            pending: None,
+        })
     }
 
     /// Sets every logit the mask forbids to −∞ (tokens past the tokenizer's vocabulary, which a
@@ -179,6 +182,8 @@ impl Grammars {
 #[derive(Clone)]
 pub struct Guide {
     matcher: Matcher,
+    /// A picked token not yet consumed ([`Guide::defer`]).
+    pending: Option<TokenId>,
 }
 
 impl Guide {
@@ -199,6 +204,29 @@ impl Guide {
 
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Records a picked token to be consumed by [`Guide::catch_up`], which the next step's mask
+    /// task runs first, on rayon's threads during the forward pass: so the engine thread does
+    /// not wait for the grammar to advance between steps. A stop token is not recorded (it ends
+    /// the request).
+    pub fn defer(&mut self, grammars: &Grammars, t: TokenId) {
+        if !grammars.is_stop_token(t) {
+            self.pending = Some(t);
+        }
+    }
+
+    /// Consumes the deferred token, if any: `Some(Grammar)` when the grammar refuses it,
+    /// `Some(Stop)` when it completes the grammar (the request then ends without another token).
+    pub fn catch_up(&mut self) -> Option<FinishReason> {
+        let t = self.pending.take()?;
+        if self.consume(t).is_err() {
+            Some(FinishReason::Grammar)
+        } else if self.is_stopped() {
+            Some(FinishReason::Stop)
+        } else {
+            None
+        }
     }
 
     /// Moves the grammar past a sampled token: a stop token leaves it as it is, a token it
@@ -247,7 +275,8 @@ pub fn greedy_picks(
                     (r.id, TokenId(t))
                 }
                 None => {
-                    *r.end = Some(FinishReason::Grammar);
+                    // A grammar that ended before this step keeps its reason.
+                    r.end.get_or_insert(FinishReason::Grammar);
                     (r.id, dead_end)
                 }
             }

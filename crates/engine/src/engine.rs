@@ -89,6 +89,9 @@ struct RequestState {
     /// Set when the grammar ends the request after this step's token: `Stop` (complete),
     /// `Grammar` (a dead end: no token allowed).
     grammar_end: Option<FinishReason>,
+    /// The grammar ended before this step's pick (its deferred token completed or broke it:
+    /// `Guide::catch_up`): the pick is a placeholder, not output.
+    grammar_ended_before: bool,
     spec_proposed: usize,
     spec_accepted: usize,
 }
@@ -265,6 +268,7 @@ impl Engine {
                 num_output: 0,
                 guide,
                 grammar_end: None,
+                grammar_ended_before: false,
                 spec_proposed: 0,
                 spec_accepted: 0,
             },
@@ -540,8 +544,9 @@ impl Engine {
                     Err(_) => 0,
                 };
                 if allowed == 0 {
-                    // A dead end: finish the request instead of sampling from nothing.
-                    req.grammar_end = Some(FinishReason::Grammar);
+                    // A dead end: finish the request instead of sampling from nothing (a grammar
+                    // that ended before this step keeps its reason).
+                    req.grammar_end.get_or_insert(FinishReason::Grammar);
                     let token = self.stop_tokens.first().copied().unwrap_or(TokenId(0));
                     picks.push((id, vec![plain_pick(token)]));
                     continue;
@@ -680,9 +685,10 @@ impl RequestState {
         let mut finish = None;
         let mut cut = false;
         let mut tokens = Vec::new();
-        if self.grammar_end == Some(FinishReason::Grammar) {
-            // No token was allowed: the pick is a placeholder, not output.
-            finish = Some(FinishReason::Grammar);
+        if self.grammar_end == Some(FinishReason::Grammar) || self.grammar_ended_before {
+            // No token was allowed, or the grammar had already ended: the pick is a
+            // placeholder, not output.
+            finish = self.grammar_end.take().or(Some(FinishReason::Grammar));
         } else if is_stop_token {
             finish = Some(FinishReason::Stop);
         } else {

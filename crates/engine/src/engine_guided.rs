@@ -35,8 +35,9 @@ pub(super) struct MaskJob {
 
 /// What the task hands back.
 struct MaskDone {
-    /// Per guided row: its request, first logits row, grammar and next-token mask.
-    rows: Vec<(SeqId, usize, Guide, MaskResult)>,
+    /// Per guided row: its request, first logits row, grammar, next-token mask, and how its
+    /// grammar ended if its deferred token ended it (`Guide::catch_up`; the mask is then an error).
+    rows: Vec<(SeqId, usize, Guide, MaskResult, Option<FinishReason>)>,
     /// The task's own seconds.
     mask_s: f64,
 }
@@ -62,10 +63,14 @@ impl MaskJob {
             let rows = rows
                 .into_par_iter()
                 .map(|(id, row, mut g)| {
-                    // A grammar that panics ends its request (no mask), not the engine.
-                    let m = catch_unwind(AssertUnwindSafe(|| g.mask()))
-                        .unwrap_or_else(|_| Err("the mask computation panicked".into()));
-                    (id, row, g, m)
+                    // The previous step's token first (deferred so the engine thread did not
+                    // wait for it); a grammar that panics ends its request, not the engine.
+                    let (m, ended) = catch_unwind(AssertUnwindSafe(|| match g.catch_up() {
+                        Some(end) => (Err("the grammar has ended".into()), Some(end)),
+                        None => (g.mask(), None),
+                    }))
+                    .unwrap_or_else(|_| (Err("the mask computation panicked".into()), None));
+                    (id, row, g, m, ended)
                 })
                 .collect();
             let mask_s = t0.elapsed().as_secs_f64();
@@ -103,7 +108,7 @@ impl MaskJob {
             return Vec::new();
         };
         let mut dead = Vec::new();
-        for (_, row, _, m) in &done.rows {
+        for (_, row, _, m, _) in &done.rows {
             let Some(w) = out.get_mut(row * words..(row + 1) * words) else {
                 // Not the executor's layout: the row may not go unmasked.
                 dead.push(*row);
@@ -138,9 +143,13 @@ impl MaskJob {
             return (HashMap::new(), 0.0, self.wait_s);
         };
         let mut masks = HashMap::with_capacity(done.rows.len());
-        for (id, _, guide, m) in done.rows {
+        for (id, _, guide, m, ended) in done.rows {
             if let Some(r) = requests.get_mut(&id) {
                 r.guide = Some(guide);
+                if ended.is_some() {
+                    r.grammar_end = ended;
+                    r.grammar_ended_before = true;
+                }
             }
             masks.insert(id, m);
         }
@@ -151,9 +160,11 @@ impl MaskJob {
 impl Engine {
     /// A step whose every row the executor may pick on the device, some of them under grammar
     /// masks (no penalties, log-probabilities or proposals in it): the masks are computed while
-    /// the forward pass runs, handed to the executor when it asks for them, and the grammars
-    /// advanced past the picks (in parallel). A guided row whose mask allows nothing ends its
-    /// request (`Grammar`) with a placeholder token.
+    /// the forward pass runs, handed to the executor when it asks for them, and each pick handed
+    /// to its grammar to be consumed at the start of the next step's mask task (`Guide::defer`):
+    /// a grammar the pick completes ends its request one step later, with a placeholder token
+    /// that is not output. A guided row whose mask allows nothing ends its request (`Grammar`)
+    /// with a placeholder token.
     ///
     /// `params`: one per logits row.
     pub(super) fn execute_guided_on_device(
@@ -194,21 +205,19 @@ impl Engine {
         };
         let dead_end = self.stop_tokens.first().copied().unwrap_or(TokenId(0));
         let row_of: HashMap<SeqId, usize> = sampling.iter().copied().collect();
-        // The guided rows that picked a token advance their grammars, in parallel; dead ends end.
-        let mut advance = Vec::with_capacity(masks.len());
+        // The guided rows that picked a token hand it to their grammars, to be consumed by the
+        // next step's mask task during its forward pass (off this thread's path from one step to
+        // the next); dead ends end (a grammar that ended before this step keeps its reason).
         for (id, r) in self.requests.iter_mut() {
             let (Some(&row), Some(guide)) = (row_of.get(id), r.guide.as_mut()) else {
                 continue;
             };
             if dead.contains(&row) || masks.get(id).is_none_or(|m| m.is_err()) {
-                r.grammar_end = Some(FinishReason::Grammar);
+                r.grammar_end.get_or_insert(FinishReason::Grammar);
                 continue;
             }
-            advance.push((guide, &mut r.grammar_end, TokenId(ids[row])));
+            guide.defer(grammars, TokenId(ids[row]));
         }
-        advance
-            .into_par_iter()
-            .for_each(|(guide, end, t)| guide.advance(grammars, end, t));
         let picks = sampling
             .iter()
             .map(|&(id, row)| {
