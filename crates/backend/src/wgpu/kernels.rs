@@ -177,7 +177,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             v.push((
                 format!("attn_decode_g{group}_d{head_dim}{suffix}"),
                 d.source(),
-                vec!["split", "merge"],
+                vec!["decode"],
             ));
         }
     }
@@ -207,9 +207,8 @@ pub struct Kernels {
     /// The tiled prompt attention, and whether its row sums go through subgroups.
     pub attention: wgpu::ComputePipeline,
     pub attention_subgroup: bool,
-    /// The split decode kernel's pipelines, one per head geometry (made on first use).
+    /// The decode attention kernel's pipelines, one per head geometry (made on first use).
     pub attn_split: DecodeSplit,
-    pub attn_merge: wgpu::ComputePipeline,
     pub swiglu: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
     /// Whether the GEMV sums with subgroup operations.
@@ -274,11 +273,6 @@ impl Kernels {
                 subgroup: gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo),
                 pipes: Default::default(),
             },
-            attn_merge: gpu.pipeline(
-                "attn_decode",
-                &DecodeKernel::new(None, 1, 8).source(),
-                "merge",
-            )?,
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
             subgroup,
@@ -544,21 +538,23 @@ pub fn attn_groups(s: &HeadShape, tiles: usize) -> [u32; 3] {
     [s.kv_heads as u32, tiles as u32, 1]
 }
 
-/// The unit of the split decode kernel's key ranges, and the most key ranges one row is split
-/// into.
-pub const SPLIT_TILE: usize = 128;
-pub const MAX_SPLITS: usize = 32;
-/// Workgroups the split decode kernel aims for (enough to fill a large GPU several times over).
-const SPLIT_TARGET_GROUPS: usize = 2048;
+/// The most key ranges one decode row is split into (attn_decode.wgsl's MAX_SPLITS).
+pub const MAX_SPLITS: usize = 64;
+/// Workgroups the decode kernel aims for: enough for every SM of a large GPU to hold several
+/// while each still takes a few steps of keys.
+const SPLIT_TARGET_GROUPS: usize = 1024;
+/// Block-table entries a range keeps in workgroup memory (attn_decode.wgsl's TB).
+const SPLIT_TABLE: usize = 256;
 
-/// One instance of the split decode kernel (attn_decode.wgsl): the query heads per KV head, the
-/// lanes that share a key and the 16-byte chunks each lane reads of a K or V row, and whether
-/// the lanes sum through subgroups.
+/// One instance of the decode attention kernel (attn_decode.wgsl): the query heads per KV head,
+/// the lanes that share a key, the 16-byte chunks each lane reads of a K or V row, the keys each
+/// key group takes per step, and whether the lanes sum through subgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeKernel {
     pub group: usize,
     pub lanes: usize,
     pub chunks_per_lane: usize,
+    pub keys: usize,
     pub subgroup: bool,
 }
 
@@ -568,24 +564,55 @@ impl DecodeKernel {
     /// subgroup size the layout cannot use). Lanes per key: 16 (a 256-byte f16 row of head dim
     /// 128 in one sweep of 16-byte loads), fewer where subgroups are smaller, so that a key's
     /// lanes lie in one subgroup. Subgroups of fewer than 8 (at most 16 key groups, whose
-    /// partials the kernel merges in workgroup memory) take the workgroup-memory sums.
+    /// partials the kernel merges in workgroup memory) take the workgroup-memory sums. Keys per
+    /// step: as many as keep a lane's registers for K/V in flight, Q and the V sums bounded
+    /// (4 for GQA 2 at head dim 128, 2 for GQA 4); one for the workgroup-memory sums.
     pub fn new(subgroup: Option<u32>, group: usize, head_dim: usize) -> DecodeKernel {
         let sg = subgroup.filter(|&s| s.is_power_of_two() && (8..=128).contains(&s));
         let lanes = sg.map_or(16, |s| s.min(16) as usize);
+        let chunks_per_lane = (head_dim / 8).div_ceil(lanes).max(1);
+        let keys = match (sg, group * chunks_per_lane) {
+            (None, _) => 1,
+            (Some(_), w) if w <= 2 => 4,
+            (Some(_), w) if w <= 4 => 2,
+            _ => 1,
+        };
         DecodeKernel {
             group,
             lanes,
-            chunks_per_lane: (head_dim / 8).div_ceil(lanes).max(1),
+            chunks_per_lane,
+            keys,
             subgroup: sg.is_some(),
         }
+    }
+
+    /// This instance taking `keys` keys per key group and step (benchmarks compare them; the
+    /// workgroup-memory sums take at most 16 / group).
+    pub fn with_keys(self, keys: usize) -> DecodeKernel {
+        let most = if self.subgroup {
+            16
+        } else {
+            (16 / self.group).max(1)
+        };
+        DecodeKernel {
+            keys: keys.clamp(1, most),
+            ..self
+        }
+    }
+
+    /// Keys one workgroup takes per step.
+    pub fn step_keys(&self) -> usize {
+        128 / self.lanes * self.keys
     }
 
     /// How it runs, in words (for benchmark output).
     pub fn describe(&self) -> String {
         format!(
-            "{} lanes x {} 16-byte chunks per key row; GQA {}; lane sums through {}",
+            "{} lanes x {} 16-byte chunks per key row, {} keys per group and step; GQA {}; lane \
+             sums through {}; ranges merged by the last workgroup",
             self.lanes,
             self.chunks_per_lane,
+            self.keys,
             self.group,
             if self.subgroup {
                 "subgroup shuffles"
@@ -604,7 +631,8 @@ impl DecodeKernel {
         let body = prelude
             .replace("GROUPu", &format!("{}u", self.group))
             .replace("LANESu", &format!("{}u", self.lanes))
-            .replace("CPLu", &format!("{}u", self.chunks_per_lane));
+            .replace("CPLu", &format!("{}u", self.chunks_per_lane))
+            .replace("KEYSu", &format!("{}u", self.keys));
         format!("{body}\n{sums}")
     }
 }
@@ -615,8 +643,8 @@ pub fn split_fits(s: &HeadShape) -> bool {
     s.head_dim.is_multiple_of(8)
 }
 
-/// The split decode kernel's pipelines, one per head geometry, made on first use (a model has
-/// one: its first decode step makes it) and kept.
+/// The decode kernel's pipelines, one per instance, made on first use (a model has one: its
+/// first decode step makes it) and kept.
 pub struct DecodeSplit {
     /// The smallest subgroup size where the kernel sums through subgroups.
     pub subgroup: Option<u32>,
@@ -631,22 +659,30 @@ impl DecodeSplit {
 
     /// The pipeline for heads of `s`.
     pub fn pipe(&self, gpu: &Gpu, s: &HeadShape) -> Result<wgpu::ComputePipeline, BackendError> {
-        let d = self.kernel(s);
+        self.pipe_of(gpu, self.kernel(s))
+    }
+
+    /// The pipeline of instance `d`.
+    pub fn pipe_of(
+        &self,
+        gpu: &Gpu,
+        d: DecodeKernel,
+    ) -> Result<wgpu::ComputePipeline, BackendError> {
         let mut pipes = self.pipes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pipes.get(&d) {
             return Ok(p.clone());
         }
         let name = format!(
-            "attn_decode_g{}_l{}_c{}",
-            d.group, d.lanes, d.chunks_per_lane
+            "attn_decode_g{}_l{}_c{}_u{}",
+            d.group, d.lanes, d.chunks_per_lane, d.keys
         );
-        let pipe = gpu.pipeline(&name, &d.source(), "split")?;
+        let pipe = gpu.pipeline(&name, &d.source(), "decode")?;
         pipes.insert(d, pipe.clone());
         Ok(pipe)
     }
 }
 
-/// How the split decode kernel divides the keys of `rows` decode rows of at most `max_keys` keys.
+/// How the decode kernel divides the keys of `rows` decode rows of at most `max_keys` keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
     pub splits: usize,
@@ -654,13 +690,38 @@ pub struct SplitPlan {
 }
 
 impl SplitPlan {
-    /// Ranges of whole tiles, as many as fill about [`SPLIT_TARGET_GROUPS`] workgroups over the
-    /// rows and KV heads, at most [`MAX_SPLITS`] and no more than the longest row has tiles.
-    pub fn new(s: &HeadShape, rows: usize, max_keys: usize) -> SplitPlan {
-        let tiles = max_keys.div_ceil(SPLIT_TILE).max(1);
-        let want = SPLIT_TARGET_GROUPS.div_ceil((rows * s.kv_heads).max(1));
-        let splits = want.clamp(1, MAX_SPLITS).min(tiles);
-        let split_keys = tiles.div_ceil(splits) * SPLIT_TILE;
+    /// Ranges of whole steps of kernel `d`, as many as fill about [`SPLIT_TARGET_GROUPS`]
+    /// workgroups over the rows and KV heads, at most [`MAX_SPLITS`], no more than the longest
+    /// row has steps, and short enough that a range's block-table entries fit workgroup memory
+    /// where the context allows.
+    pub fn new(
+        d: &DecodeKernel,
+        s: &HeadShape,
+        rows: usize,
+        max_keys: usize,
+        block_size: usize,
+    ) -> SplitPlan {
+        SplitPlan::with_target(d, s, rows, max_keys, block_size, SPLIT_TARGET_GROUPS)
+    }
+
+    /// [`SplitPlan::new`] aiming at `target` workgroups (benchmarks compare targets).
+    pub fn with_target(
+        d: &DecodeKernel,
+        s: &HeadShape,
+        rows: usize,
+        max_keys: usize,
+        block_size: usize,
+        target: usize,
+    ) -> SplitPlan {
+        let unit = d.step_keys();
+        let steps = max_keys.div_ceil(unit).max(1);
+        let want = target.div_ceil((rows * s.kv_heads).max(1));
+        // Ranges whose blocks fit the kernel's table (two entries spare for ranges that start
+        // mid-block).
+        let fit = ((SPLIT_TABLE - 2) * block_size.max(1) / unit).max(1);
+        let least = steps.div_ceil(fit);
+        let splits = want.max(least).clamp(1, MAX_SPLITS).min(steps);
+        let split_keys = steps.div_ceil(splits) * unit;
         SplitPlan {
             splits: max_keys.div_ceil(split_keys).max(1),
             split_keys,
@@ -674,26 +735,24 @@ impl SplitPlan {
     }
 }
 
-/// The split decode kernels' parameters (both entry points read the same block).
+/// The decode kernel's parameters; `ml_off`: where the (max, sum) pairs start in its scratch.
 pub fn split_params(
     s: &HeadShape,
     n: usize,
     block_size: usize,
     window: usize,
     plan: SplitPlan,
+    ml_off: usize,
 ) -> Params {
     let mut p = attn_params(s, n, block_size, window);
     p[12] = plan.splits as u32;
     p[13] = plan.split_keys as u32;
+    p[14] = ml_off as u32;
     p
 }
 
 pub fn split_groups(s: &HeadShape, n: usize, plan: SplitPlan) -> [u32; 3] {
     [s.kv_heads as u32, n as u32, plan.splits as u32]
-}
-
-pub fn merge_groups(s: &HeadShape, n: usize) -> [u32; 3] {
-    [s.q_heads as u32, n as u32, 1]
 }
 
 /// Words per token of the attention kernel's token table.
@@ -821,7 +880,12 @@ pub fn encode(enc: &mut wgpu::CommandEncoder, list: &[Dispatch]) {
         label: Some("quire step"),
         timestamp_writes: None,
     });
+    record_all(&mut pass, list);
+}
+
+/// Records the dispatches of `list` that run into `pass`.
+pub fn record_all(pass: &mut wgpu::ComputePass<'_>, list: &[Dispatch]) {
     for d in list.iter().filter(|d| d.runs()) {
-        record(&mut pass, d);
+        record(pass, d);
     }
 }
