@@ -250,8 +250,9 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
     );
     if bracketed > 0.0 {
         println!(
-            "paged, timed instead with a timestamp pair around each run (as profiles time \
-             dispatches): median {bracketed:.1} µs — the difference is the timestamps' cost"
+            "paged, timed instead with a timestamp pair around each run: median {bracketed:.1} \
+             µs (where a timestamp drains the GPU, as on NVIDIA's Vulkan driver, the difference \
+             is the timestamps' own cost)"
         );
     }
     println!("{}", stamp.line());
