@@ -220,6 +220,16 @@ pub trait Executor: Send {
     fn set_profiling(&mut self, on: bool);
     /// Per-op statistics gathered since the last call; resets them.
     fn take_profile(&mut self) -> Vec<OpStat>;
+    /// The wall time of the last profiled step without the profile's own work, for an executor
+    /// that times ops by extra runs of the step (wgpu); `None`: the call's wall time is the
+    /// step's.
+    fn profiled_step_ns(&self) -> Option<u64> {
+        None
+    }
+    /// A line on how the last profile was measured, for profiles to print beside it.
+    fn profile_note(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Writes a step's allowed-token masks: see [`Executor::forward_sample`].

@@ -14,7 +14,9 @@ use {
     half::f16,
     quire_backend::wgpu::gemm::GemmPath,
     quire_backend::wgpu::gemv::{gemv_pipeline, Gemv, SLOT_FOLD},
-    quire_backend::wgpu::kernels::{bind, encode, Dispatch, HeadShape, Kernels, MmShape},
+    quire_backend::wgpu::kernels::{
+        bind, encode, Dispatch, HeadShape, Kernels, MmShape, SplitPlan,
+    },
     quire_backend::wgpu::probe::{AttnInput, Probe},
     quire_backend::wgpu::weights::DMatrix,
     quire_backend::HostTensor,
@@ -193,11 +195,21 @@ type AttnCase = (HeadShape, usize, Option<usize>, Vec<(usize, usize)>);
 /// Runs `case` through the probe (the kernel the executor would pick for it) against the f64
 /// reference, checks the fused KV write bit for bit, and returns what ran.
 #[cfg(feature = "wgpu")]
-fn check_attention(
+fn check_attention(p: &mut Probe, rng: &mut StdRng, case: &AttnCase) -> Option<SplitPlan> {
+    check_attention_as(p, rng, case, None, None)
+}
+
+/// [`check_attention`] with the decode kernel's split and keys per step forced (decode rows);
+/// also runs the kernel three more times back to back and checks the output is the same bits
+/// (the last-arriver counters are left at zero for the next dispatch).
+#[cfg(feature = "wgpu")]
+fn check_attention_as(
     p: &mut Probe,
     rng: &mut StdRng,
     case: &AttnCase,
-) -> Option<quire_backend::wgpu::kernels::SplitPlan> {
+    plan: Option<SplitPlan>,
+    keys: Option<usize>,
+) -> Option<SplitPlan> {
     let (shape, bs, window, seqs) = case;
     let (shape, bs, window) = (*shape, *bs, *window);
     let case = PagedCase {
@@ -239,10 +251,19 @@ fn check_attention(
         v_cache: &b.v_cache,
         tokens: &tokens,
         tables: &tables,
+        plan,
+        keys,
     };
     let run = p.attention_run(&input).unwrap();
     let plan = run.plan;
     let out = p.attention(&input).unwrap();
+    p.time_back_to_back(&run.list, 3, 1).unwrap();
+    let again = p.attention_read(&run).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(
+        bits(&again.out) == bits(&out.out),
+        "{shape:?} split {plan:?} keys {keys:?}: repeated runs differ"
+    );
     let want = reference(&b, &q, shape, window.unwrap_or(0));
     let mut e = RelL2::default();
     e.add(&out.out, &want);
@@ -315,6 +336,35 @@ quire_testkit::wgpu_test! {
 }
 
 quire_testkit::wgpu_test! {
+    fn decode_attention_variants_and_many_ranges_match_dense_attention() {
+        let mut p = probe();
+        let mut rng = StdRng::seed_from_u64(11);
+        // GQA 4 at head dim 64, block 16: a long row (294 blocks: one range of it outgrows the
+        // kernel's table in workgroup memory), a short one (most of its ranges empty) and a
+        // middling one.
+        let shape = HeadShape { q_heads: 8, kv_heads: 2, head_dim: 64 };
+        let case: AttnCase = (shape, 16, None, vec![(4700, 1), (36, 1), (1029, 1)]);
+        // The engine's split, one range per row (written straight to the output), and the most
+        // ranges, of an odd length, merged by the last workgroup to finish.
+        let plans = [
+            None,
+            Some(SplitPlan { splits: 1, split_keys: 4701 }),
+            Some(SplitPlan { splits: 64, split_keys: 75 }),
+        ];
+        let has_subgroups = p.gpu.caps.subgroup.is_some();
+        for subgroup in [has_subgroups, false] {
+            p.k = Kernels::with_subgroups(&p.gpu, subgroup).unwrap();
+            for keys in [1, 2, 4, 8] {
+                for plan in plans {
+                    check_attention_as(&mut p, &mut rng, &case, plan, Some(keys))
+                        .expect("decode rows split");
+                }
+            }
+        }
+    }
+}
+
+quire_testkit::wgpu_test! {
     fn timed_attention_runs_give_positive_times_and_the_same_output() {
         let mut p = probe();
         let mut rng = StdRng::seed_from_u64(8);
@@ -338,7 +388,7 @@ quire_testkit::wgpu_test! {
         }
         let input = AttnInput {
             shape, block_size: 16, window: 0, qkv: &qkv, k_cache: &b.k_cache,
-            v_cache: &b.v_cache, tokens: &tokens, tables: &tables,
+            v_cache: &b.v_cache, tokens: &tokens, tables: &tables, plan: None, keys: None,
         };
         let run = p.attention_run(&input).unwrap();
         let (ns, gpu) = p.time(&run.list, 5).unwrap();

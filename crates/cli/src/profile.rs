@@ -67,6 +67,8 @@ struct Phase {
     step_ns: u64,
     layers: Vec<Row>,
     ops: Vec<Row>,
+    /// How the executor measured the ops, where it says.
+    note: Option<String>,
 }
 
 /// The roofs ops are placed under: the device's memory bandwidth and compute peaks (GOP/s) for
@@ -244,6 +246,7 @@ fn profile_phase(
     let bs = exec.kv_spec().block_size;
     let vocab = exec.vocab_size() as u32;
     let mut runs: Vec<(u64, Vec<OpStat>)> = Vec::with_capacity(reps);
+    let mut note = None;
     for _ in 0..reps {
         let mut seqs = fresh_seqs(1, depth + tokens, bs);
         exec.set_profiling(false);
@@ -254,8 +257,10 @@ fn profile_phase(
         let t0 = Instant::now();
         st.step(exec, &mut seqs, &[&toks])?;
         let ns = t0.elapsed().as_nanos() as u64;
+        let ns = exec.profiled_step_ns().unwrap_or(ns);
         exec.set_profiling(false);
         runs.push((ns, exec.take_profile()));
+        note = exec.profile_note();
     }
     let samples_ns: Vec<u64> = runs.iter().map(|r| r.0).collect();
     runs.sort_by_key(|r| r.0);
@@ -269,6 +274,7 @@ fn profile_phase(
         step_ns,
         layers,
         ops,
+        note,
     })
 }
 
@@ -469,6 +475,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
                 "p10_ns": s.p10,
                 "p90_ns": s.p90,
                 "tok_s": p.tokens as f64 * 1e9 / p.step_ns as f64,
+                "timing_note": p.note,
                 "ops": p.ops.iter().map(|r| derived(r, p.step_ns, &ceil)).collect::<Vec<_>>(),
                 "layers": p.layers.iter().map(|r| derived(r, p.step_ns, &ceil)).collect::<Vec<_>>(),
             })
@@ -519,6 +526,9 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             pj["tok_s"].as_f64().unwrap_or(0.0)
         );
         println!("{}", phase_table(p, &ceil));
+        if let Some(n) = &p.note {
+            println!("{n}\n");
+        }
     }
     println!("{}", stamp.line());
     Ok(())

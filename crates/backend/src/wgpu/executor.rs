@@ -39,15 +39,30 @@ pub struct WgpuExecutor {
     logits: Vec<f32>,
     profiling: bool,
     profile: Vec<OpStat>,
-    /// The split decode attention's scratch (partial V sums, partial maxima and sums), grown to
-    /// the largest decode step seen.
-    scratch: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    /// The decode attention's scratch, grown to the largest decode step seen.
+    scratch: Option<Scratch>,
     /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
     timer: Option<Timer>,
+    /// The last profiled step: its device time (timestamps at its start and end) and its wall
+    /// time (without the profile's timing passes).
+    step_device_ns: Option<u64>,
+    step_wall_ns: Option<u64>,
     /// Whether a decode step's down GEMV takes the SwiGLU into its input (on by default; off
     /// only to compare the two forms).
     fuse_swiglu: bool,
 }
+
+/// The decode attention's scratch: every range's partial (V sums, then from `ml_off` the maxima
+/// and sums) and the per-(row, KV head) counters of finished ranges, for up to `rows` rows.
+struct Scratch {
+    part: wgpu::Buffer,
+    done: wgpu::Buffer,
+    ml_off: usize,
+    rows: usize,
+}
+
+/// Rounds of a profiled step's timing passes (each op's cost is a difference of medians).
+const OMISSION_ROUNDS: usize = 5;
 
 /// Dispatches per submission of an unprofiled step: small enough that the device starts early
 /// and the host's encoding of the rest overlaps the device's work, large enough that the cost of
@@ -196,6 +211,8 @@ impl WgpuExecutor {
             profiling: false,
             profile: Vec::new(),
             timer: None,
+            step_device_ns: None,
+            step_wall_ns: None,
             scratch: None,
             // QUIRE_WGPU_UNFUSED=1 runs every op as its own dispatch, to compare the forms.
             fuse_swiglu: std::env::var_os("QUIRE_WGPU_UNFUSED")
@@ -251,7 +268,7 @@ impl WgpuExecutor {
     }
 
     /// The split of decode attention for a step of decode rows only (`None` for other steps),
-    /// with its scratch buffers grown to fit.
+    /// with its scratch grown to fit.
     fn plan_split(
         &mut self,
         batch: &ForwardBatch,
@@ -261,18 +278,15 @@ impl WgpuExecutor {
             return Ok(None);
         }
         let n = batch.num_tokens();
-        let plan = kernels::SplitPlan::new(&self.shape, n, max_keys);
-        let (pw, mw) = plan.scratch_words(&self.shape, n);
-        let fits = self
-            .scratch
-            .as_ref()
-            .is_some_and(|(p, m)| p.size() >= (pw * 4) as u64 && m.size() >= (mw * 4) as u64);
+        let d = self.k.attn_split.kernel(&self.shape);
+        let plan = kernels::SplitPlan::new(&d, &self.shape, n, max_keys, self.kv.block_size);
+        let fits = self.scratch.as_ref().is_some_and(|s| s.rows >= n);
         if !fits {
-            if let Some((p, m)) = self.scratch.take() {
-                self.gpu.release(&p);
-                self.gpu.release(&m);
+            if let Some(s) = self.scratch.take() {
+                self.gpu.release(&s.part);
+                self.gpu.release(&s.done);
             }
-            // Room for the whole split of twice these rows, so growing stays rare.
+            // Room for the most ranges of twice these rows, so growing stays rare.
             let rows = (2 * n).max(16);
             let most = kernels::SplitPlan {
                 splits: kernels::MAX_SPLITS,
@@ -280,13 +294,21 @@ impl WgpuExecutor {
             };
             let (pw, mw) = most.scratch_words(&self.shape, rows);
             let usage = wgpu::BufferUsages::STORAGE;
-            let p = self
+            let part = self
                 .gpu
-                .buffer("attention partial sums", (pw * 4) as u64, usage)?;
-            let m = self
-                .gpu
-                .buffer("attention partial maxima", (mw * 4) as u64, usage)?;
-            self.scratch = Some((p, m));
+                .buffer("attention partials", ((pw + mw) * 4) as u64, usage)?;
+            // Zero on creation (wgpu clears new buffers); each dispatch leaves it zero.
+            let done = self.gpu.buffer(
+                "attention range counters",
+                (rows * self.shape.kv_heads * 4) as u64,
+                usage,
+            )?;
+            self.scratch = Some(Scratch {
+                part,
+                done,
+                ml_off: pw,
+                rows,
+            });
             self.binder.clear();
         }
         Ok(Some(plan))
@@ -387,8 +409,8 @@ impl WgpuExecutor {
             fuse_swiglu: self.fuse_swiglu,
             swiglu_pending: false,
             split: plan.map(|p| {
-                let (part, ml) = self.scratch.as_ref().expect("planned");
-                (p, part, ml)
+                let s = self.scratch.as_ref().expect("planned");
+                (p, &s.part, &s.done, s.ml_off)
             }),
         };
         let output = self.output.as_ref().unwrap_or(&self.embed);
@@ -410,43 +432,34 @@ impl WgpuExecutor {
             self.logits.clear();
             return Ok(Vec::new());
         }
+        let t0 = Instant::now();
         let keys = self.upload_step(batch)?;
         self.record(batch, keys, 0, matches!(want, Want::Ids))?;
-        let timed = self.profiling && self.gpu.caps.timestamps != Timestamps::None;
-        if self.profiling && !timed {
-            self.time_each()?;
-        }
-        if timed {
-            let runs = self.list.iter().filter(|d| d.runs()).count();
-            if self.timer.as_ref().is_none_or(|t| t.cap < runs) {
-                self.timer = self.gpu.timer(runs)?;
+        // The profile's own runs are left out of the step's wall time.
+        let t_prof = Instant::now();
+        if self.profiling {
+            if self.gpu.caps.timestamps == Timestamps::None {
+                self.time_each()?;
+            } else {
+                self.time_by_omission()?;
             }
         }
+        let profiling_ns = t_prof.elapsed().as_nanos() as u64;
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-        let order = match (&self.timer, timed) {
-            (Some(t), true) => {
-                let order = kernels::encode_timed(&mut enc, &self.list, t);
-                t.resolve(&mut enc, order.len());
-                order
+        // All but the last chunk go to the device as soon as they are encoded, so it starts on
+        // the first layers while the host encodes the rest (wgpu costs the host microseconds
+        // per dispatch, and a step has hundreds).
+        let mut chunks = self.list.chunks(SUBMIT_EVERY).peekable();
+        while let Some(c) = chunks.next() {
+            if chunks.peek().is_none() {
+                kernels::encode(&mut enc, c);
+            } else {
+                let mut e = self.gpu.device.create_command_encoder(&Default::default());
+                kernels::encode(&mut e, c);
+                self.gpu.queue.submit([e.finish()]);
             }
-            _ => {
-                // All but the last chunk go to the device as soon as they are encoded, so it
-                // starts on the first layers while the host encodes the rest (wgpu costs the
-                // host microseconds per dispatch, and a step has hundreds).
-                let mut chunks = self.list.chunks(SUBMIT_EVERY).peekable();
-                while let Some(c) = chunks.next() {
-                    if chunks.peek().is_none() {
-                        kernels::encode(&mut enc, c);
-                    } else {
-                        let mut e = self.gpu.device.create_command_encoder(&Default::default());
-                        kernels::encode(&mut e, c);
-                        self.gpu.queue.submit([e.finish()]);
-                    }
-                }
-                Vec::new()
-            }
-        };
+        }
         let (src, dst, bytes) = match want {
             Want::Logits => (
                 &bufs.logits,
@@ -464,17 +477,9 @@ impl WgpuExecutor {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        if !order.is_empty() {
-            let ns = self
-                .timer
-                .as_ref()
-                .expect("timed")
-                .read(&self.gpu, order.len())?;
-            for (&i, ns) in order.iter().zip(ns) {
-                let d = &self.list[i];
-                let (name, bytes, flops) = (d.name, d.bytes, d.flops);
-                self.add_stat(name, ns.round() as u64, bytes, flops);
-            }
+        if self.profiling {
+            let wall = t0.elapsed().as_nanos() as u64;
+            self.step_wall_ns = Some(wall.saturating_sub(profiling_ns));
         }
         match want {
             Want::Logits => {
@@ -581,6 +586,74 @@ impl WgpuExecutor {
         Ok(())
     }
 
+    /// Profiling with timestamps: what each op costs the step, measured as the device time of
+    /// the whole step (one timestamp at its start, one at its end) minus that of the step with
+    /// the op's dispatches left out, medians of [`OMISSION_ROUNDS`] rounds, before the step runs
+    /// as usual. A timestamp pair around each dispatch would be simpler, but on NVIDIA's Vulkan
+    /// driver each pair drains the GPU and adds microseconds to every dispatch, more than many
+    /// of them take. Leaving dispatches out changes the values the rest compute, never their
+    /// time (no kernel's work depends on the values), and the real step then recomputes
+    /// everything, its K/V writes included.
+    fn time_by_omission(&mut self) -> Result<(), BackendError> {
+        let mut names: Vec<&'static str> = Vec::new();
+        for d in self.list.iter().filter(|d| d.runs()) {
+            if !names.contains(&d.name) {
+                names.push(d.name);
+            }
+        }
+        let passes = names.len() + 1;
+        if self.timer.as_ref().is_none_or(|t| t.cap < passes) {
+            self.timer = self.gpu.timer(passes)?;
+        }
+        let timer = self.timer.as_ref().expect("the device has timestamps");
+        let mut samples = vec![Vec::new(); passes];
+        for _ in 0..OMISSION_ROUNDS {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            for k in 0..passes {
+                let skip = k.checked_sub(1).map(|i| names[i]);
+                let list: Vec<kernels::Dispatch> = self
+                    .list
+                    .iter()
+                    .filter(|d| Some(d.name) != skip)
+                    .cloned()
+                    .collect();
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("quire step (profiled)"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &timer.set,
+                        beginning_of_pass_write_index: Some(2 * k as u32),
+                        end_of_pass_write_index: Some(2 * k as u32 + 1),
+                    }),
+                });
+                kernels::record_all(&mut pass, &list);
+            }
+            timer.resolve(&mut enc, passes);
+            self.gpu.submit_wait(enc.finish())?;
+            for (k, ns) in timer.read(&self.gpu, passes)?.into_iter().enumerate() {
+                samples[k].push(ns);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let full = median(&mut samples[0]);
+        self.step_device_ns = Some(full.round() as u64);
+        for (i, name) in names.into_iter().enumerate() {
+            let ns = (full - median(&mut samples[i + 1])).max(0.0).round() as u64;
+            let of = |f: fn(&kernels::Dispatch) -> u64| -> u64 {
+                self.list.iter().filter(|d| d.name == name).map(f).sum()
+            };
+            let calls = of(|d| d.runs() as u64);
+            let (bytes, flops) = (of(|d| d.bytes), of(|d| d.flops));
+            self.add_stat(name, ns, bytes, flops);
+            if let Some(s) = self.profile.iter_mut().find(|s| s.name == name) {
+                s.calls += calls - 1;
+            }
+        }
+        Ok(())
+    }
+
     fn add_stat(&mut self, name: &str, ns: u64, bytes: u64, flops: u64) {
         match self.profile.iter_mut().find(|s| s.name == name) {
             Some(s) => {
@@ -603,8 +676,9 @@ impl WgpuExecutor {
     /// How profiled steps are timed on this device, in words (for tools to print).
     pub fn timing(&self) -> &'static str {
         match self.gpu.caps.timestamps {
-            Timestamps::InsidePasses => "GPU timestamps around each dispatch",
-            Timestamps::PassBoundaries => "GPU timestamps, one compute pass per dispatch",
+            Timestamps::InsidePasses | Timestamps::PassBoundaries => {
+                "GPU timestamps around the whole step, with and without each op's dispatches"
+            }
             Timestamps::None => {
                 "no timestamp queries on this adapter: wall clock around one submission per dispatch"
             }
@@ -666,5 +740,20 @@ impl Executor for WgpuExecutor {
 
     fn take_profile(&mut self) -> Vec<OpStat> {
         std::mem::take(&mut self.profile)
+    }
+
+    fn profiled_step_ns(&self) -> Option<u64> {
+        self.step_wall_ns
+    }
+
+    fn profile_note(&self) -> Option<String> {
+        let dev = self.step_device_ns?;
+        Some(format!(
+            "wgpu: each op's time is what leaving its dispatches out saves the step on the device \
+             (GPU timestamps at the step's start and end, medians of {OMISSION_ROUNDS}); the whole \
+             step took {:.3} ms on the device; the step time above is its wall time without the \
+             profile's timing runs, so \"(outside ops)\" is host work and dispatch gaps",
+            dev as f64 / 1e6
+        ))
     }
 }

@@ -177,7 +177,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             v.push((
                 format!("attn_decode_g{group}_d{head_dim}{suffix}"),
                 d.source(),
-                vec!["split", "merge"],
+                vec!["decode"],
             ));
         }
     }
@@ -207,9 +207,8 @@ pub struct Kernels {
     /// The tiled prompt attention, and whether its row sums go through subgroups.
     pub attention: wgpu::ComputePipeline,
     pub attention_subgroup: bool,
-    /// The split decode kernel's pipelines, one per head geometry (made on first use).
+    /// The decode attention kernel's pipelines, one per head geometry (made on first use).
     pub attn_split: DecodeSplit,
-    pub attn_merge: wgpu::ComputePipeline,
     pub swiglu: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
     /// Whether the GEMV sums with subgroup operations.
@@ -270,15 +269,7 @@ impl Kernels {
                 "main",
             )?,
             attention_subgroup: subgroup && attn_subgroup_fits(gpu),
-            attn_split: DecodeSplit {
-                subgroup: gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo),
-                pipes: Default::default(),
-            },
-            attn_merge: gpu.pipeline(
-                "attn_decode",
-                &DecodeKernel::new(None, 1, 8).source(),
-                "merge",
-            )?,
+            attn_split: DecodeSplit::new(gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo)),
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
             subgroup,
@@ -544,157 +535,9 @@ pub fn attn_groups(s: &HeadShape, tiles: usize) -> [u32; 3] {
     [s.kv_heads as u32, tiles as u32, 1]
 }
 
-/// The unit of the split decode kernel's key ranges, and the most key ranges one row is split
-/// into.
-pub const SPLIT_TILE: usize = 128;
-pub const MAX_SPLITS: usize = 32;
-/// Workgroups the split decode kernel aims for (enough to fill a large GPU several times over).
-const SPLIT_TARGET_GROUPS: usize = 2048;
-
-/// One instance of the split decode kernel (attn_decode.wgsl): the query heads per KV head, the
-/// lanes that share a key and the 16-byte chunks each lane reads of a K or V row, and whether
-/// the lanes sum through subgroups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DecodeKernel {
-    pub group: usize,
-    pub lanes: usize,
-    pub chunks_per_lane: usize,
-    pub subgroup: bool,
-}
-
-impl DecodeKernel {
-    /// The instance for `group` query heads per KV head of `head_dim` (a multiple of 8) on a
-    /// device whose smallest subgroup is `subgroup` (`None`: no subgroup operations, or a
-    /// subgroup size the layout cannot use). Lanes per key: 16 (a 256-byte f16 row of head dim
-    /// 128 in one sweep of 16-byte loads), fewer where subgroups are smaller, so that a key's
-    /// lanes lie in one subgroup. Subgroups of fewer than 8 (at most 16 key groups, whose
-    /// partials the kernel merges in workgroup memory) take the workgroup-memory sums.
-    pub fn new(subgroup: Option<u32>, group: usize, head_dim: usize) -> DecodeKernel {
-        let sg = subgroup.filter(|&s| s.is_power_of_two() && (8..=128).contains(&s));
-        let lanes = sg.map_or(16, |s| s.min(16) as usize);
-        DecodeKernel {
-            group,
-            lanes,
-            chunks_per_lane: (head_dim / 8).div_ceil(lanes).max(1),
-            subgroup: sg.is_some(),
-        }
-    }
-
-    /// How it runs, in words (for benchmark output).
-    pub fn describe(&self) -> String {
-        format!(
-            "{} lanes x {} 16-byte chunks per key row; GQA {}; lane sums through {}",
-            self.lanes,
-            self.chunks_per_lane,
-            self.group,
-            if self.subgroup {
-                "subgroup shuffles"
-            } else {
-                "workgroup memory"
-            }
-        )
-    }
-
-    /// The WGSL module: the kernel with its sizes filled in and its lane sums.
-    pub fn source(&self) -> String {
-        let (prelude, sums) = section(
-            ATTN_DECODE,
-            if self.subgroup { "SUBGROUP" } else { "SHARED" },
-        );
-        let body = prelude
-            .replace("GROUPu", &format!("{}u", self.group))
-            .replace("LANESu", &format!("{}u", self.lanes))
-            .replace("CPLu", &format!("{}u", self.chunks_per_lane));
-        format!("{body}\n{sums}")
-    }
-}
-
-/// Whether the split decode kernel takes heads of `s` (16-byte chunks of K and V rows); other
-/// shapes' decode rows take the general attention kernel.
-pub fn split_fits(s: &HeadShape) -> bool {
-    s.head_dim.is_multiple_of(8)
-}
-
-/// The split decode kernel's pipelines, one per head geometry, made on first use (a model has
-/// one: its first decode step makes it) and kept.
-pub struct DecodeSplit {
-    /// The smallest subgroup size where the kernel sums through subgroups.
-    pub subgroup: Option<u32>,
-    pipes: std::sync::Mutex<std::collections::HashMap<DecodeKernel, wgpu::ComputePipeline>>,
-}
-
-impl DecodeSplit {
-    /// The instance for heads of `s`.
-    pub fn kernel(&self, s: &HeadShape) -> DecodeKernel {
-        DecodeKernel::new(self.subgroup, s.q_heads / s.kv_heads, s.head_dim)
-    }
-
-    /// The pipeline for heads of `s`.
-    pub fn pipe(&self, gpu: &Gpu, s: &HeadShape) -> Result<wgpu::ComputePipeline, BackendError> {
-        let d = self.kernel(s);
-        let mut pipes = self.pipes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = pipes.get(&d) {
-            return Ok(p.clone());
-        }
-        let name = format!(
-            "attn_decode_g{}_l{}_c{}",
-            d.group, d.lanes, d.chunks_per_lane
-        );
-        let pipe = gpu.pipeline(&name, &d.source(), "split")?;
-        pipes.insert(d, pipe.clone());
-        Ok(pipe)
-    }
-}
-
-/// How the split decode kernel divides the keys of `rows` decode rows of at most `max_keys` keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SplitPlan {
-    pub splits: usize,
-    pub split_keys: usize,
-}
-
-impl SplitPlan {
-    /// Ranges of whole tiles, as many as fill about [`SPLIT_TARGET_GROUPS`] workgroups over the
-    /// rows and KV heads, at most [`MAX_SPLITS`] and no more than the longest row has tiles.
-    pub fn new(s: &HeadShape, rows: usize, max_keys: usize) -> SplitPlan {
-        let tiles = max_keys.div_ceil(SPLIT_TILE).max(1);
-        let want = SPLIT_TARGET_GROUPS.div_ceil((rows * s.kv_heads).max(1));
-        let splits = want.clamp(1, MAX_SPLITS).min(tiles);
-        let split_keys = tiles.div_ceil(splits) * SPLIT_TILE;
-        SplitPlan {
-            splits: max_keys.div_ceil(split_keys).max(1),
-            split_keys,
-        }
-    }
-
-    /// f32 words of the partial V sums, and of the (max, sum) pairs, for `rows` rows.
-    pub fn scratch_words(&self, s: &HeadShape, rows: usize) -> (usize, usize) {
-        let parts = rows * s.q_heads * self.splits;
-        (parts * s.head_dim, parts * 2)
-    }
-}
-
-/// The split decode kernels' parameters (both entry points read the same block).
-pub fn split_params(
-    s: &HeadShape,
-    n: usize,
-    block_size: usize,
-    window: usize,
-    plan: SplitPlan,
-) -> Params {
-    let mut p = attn_params(s, n, block_size, window);
-    p[12] = plan.splits as u32;
-    p[13] = plan.split_keys as u32;
-    p
-}
-
-pub fn split_groups(s: &HeadShape, n: usize, plan: SplitPlan) -> [u32; 3] {
-    [s.kv_heads as u32, n as u32, plan.splits as u32]
-}
-
-pub fn merge_groups(s: &HeadShape, n: usize) -> [u32; 3] {
-    [s.q_heads as u32, n as u32, 1]
-}
+pub use super::decode::{
+    split_fits, split_groups, split_params, DecodeKernel, DecodeSplit, SplitPlan, MAX_SPLITS,
+};
 
 /// Words per token of the attention kernel's token table.
 pub const TOK_WORDS: usize = 8;
@@ -821,7 +664,12 @@ pub fn encode(enc: &mut wgpu::CommandEncoder, list: &[Dispatch]) {
         label: Some("quire step"),
         timestamp_writes: None,
     });
+    record_all(&mut pass, list);
+}
+
+/// Records the dispatches of `list` that run into `pass`.
+pub fn record_all(pass: &mut wgpu::ComputePass<'_>, list: &[Dispatch]) {
     for d in list.iter().filter(|d| d.runs()) {
-        record(&mut pass, d);
+        record(pass, d);
     }
 }

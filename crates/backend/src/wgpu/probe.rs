@@ -50,6 +50,11 @@ pub struct AttnInput<'a> {
     /// token, offset of its block table in `tables`.
     pub tokens: &'a [[u32; 5]],
     pub tables: &'a [u32],
+    /// Decode rows: the split to run instead of the executor's plan, and the keys per key group
+    /// and step instead of the kernel's own (for benchmarks comparing them; `None`: as the
+    /// executor runs it).
+    pub plan: Option<kernels::SplitPlan>,
+    pub keys: Option<usize>,
 }
 
 /// The attention kernels of one step on the device, ready to run.
@@ -66,6 +71,7 @@ pub struct AttnRun {
     pub bytes: u64,
     pub flops: u64,
     _keep: [wgpu::Buffer; 4],
+    _scratch: Vec<wgpu::Buffer>,
 }
 
 /// The attention kernel's outputs: `[n, q]` f32, and the caches after its KV write.
@@ -422,6 +428,7 @@ impl Probe {
         };
         let total: usize = a.tokens.iter().map(keys).sum();
         let (bytes, flops) = super::step::attn_cost(&a.shape, n, total);
+        let mut scratch = Vec::new();
         let dispatch = |name, pipe: &wgpu::ComputePipeline, bind, groups, bytes, flops| Dispatch {
             name,
             pipe: pipe.clone(),
@@ -431,18 +438,24 @@ impl Probe {
             flops,
         };
         let (list, plan) = if decode && n > 0 && kernels::split_fits(&a.shape) {
-            let plan =
-                kernels::SplitPlan::new(&a.shape, n, a.tokens.iter().map(keys).max().unwrap_or(1));
+            let d = self.k.attn_split.kernel(&a.shape);
+            let max_keys = a.tokens.iter().map(keys).max().unwrap_or(1);
+            let plan = a.plan.unwrap_or_else(|| {
+                kernels::SplitPlan::new(&d, &a.shape, n, max_keys, a.block_size)
+            });
+            let d = a.keys.map_or(d, |u| d.with_keys(u));
             let (pw, mw) = plan.scratch_words(&a.shape, n);
-            let part = self.output("partial sums", pw)?;
-            let ml = self.output("partial maxima", mw)?;
-            let p = kernels::split_params(&a.shape, n, a.block_size, window, plan);
+            let part = self.output("partials", pw + mw)?;
+            let usage = wgpu::BufferUsages::STORAGE;
+            let done =
+                self.gpu
+                    .buffer("range counters", (n * a.shape.kv_heads * 4) as u64, usage)?;
+            let p = kernels::split_params(&a.shape, n, a.block_size, window, plan, pw);
             self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
-            let k = &self.k;
-            let split = k.attn_split.pipe(&self.gpu, &a.shape)?;
-            let sb = bind(
+            let pipe = self.k.attn_split.pipe_of(&self.gpu, d)?;
+            let b = bind(
                 &self.gpu,
-                &split,
+                &pipe,
                 (&pbuf, 0),
                 &[
                     (1, &qb),
@@ -451,34 +464,19 @@ impl Probe {
                     (4, &tb),
                     (5, &tab),
                     (6, &part),
-                    (7, &ml),
+                    (7, &done),
+                    (8, &out),
                 ],
             );
-            let mb = bind(
-                &self.gpu,
-                &k.attn_merge,
-                (&pbuf, 0),
-                &[(6, &part), (7, &ml), (8, &out)],
-            );
-            let merge_bytes = (pw + mw + n * a.shape.q_size()) * 4;
-            let list = vec![
-                dispatch(
-                    "attn_split",
-                    &split,
-                    sb,
-                    kernels::split_groups(&a.shape, n, plan),
-                    bytes as u64,
-                    flops as u64,
-                ),
-                dispatch(
-                    "attn_merge",
-                    &k.attn_merge,
-                    mb,
-                    kernels::merge_groups(&a.shape, n),
-                    merge_bytes as u64,
-                    0,
-                ),
-            ];
+            let list = vec![dispatch(
+                "attn_decode",
+                &pipe,
+                b,
+                kernels::split_groups(&a.shape, n, plan),
+                bytes as u64,
+                flops as u64,
+            )];
+            scratch.extend([part, done]);
             (list, Some(plan))
         } else {
             let p = kernels::attn_params(&a.shape, n, a.block_size, window);
@@ -511,6 +509,7 @@ impl Probe {
             bytes: bytes as u64,
             flops: flops as u64,
             _keep: [qb, tb, tab, pbuf],
+            _scratch: scratch,
         })
     }
 
@@ -560,6 +559,55 @@ impl Probe {
             self.gpu.submit_wait(enc.finish())?;
             let spans = timer.read_spans(&self.gpu, order.len())?;
             out.extend(spans.chunks_exact(k).map(|c| c[k - 1].1 - c[0].0));
+        }
+        Ok((out, true))
+    }
+
+    /// Runs `list` `per` times back to back in one compute pass, as a step runs its dispatches
+    /// (wgpu orders them with the same barriers), `samples` times, and returns each sample's
+    /// nanoseconds per run of `list`: by GPU timestamps at the pass's start and end where the
+    /// device has them, else by the wall clock around the sample's submission (the bool says
+    /// which). Unlike [`Probe::time`], no timestamp sits between the dispatches: on NVIDIA's
+    /// Vulkan driver a timestamp inside a pass drains the GPU, which adds microseconds to every
+    /// short dispatch it brackets.
+    pub fn time_back_to_back(
+        &mut self,
+        list: &[Dispatch],
+        per: usize,
+        samples: usize,
+    ) -> Result<(Vec<f64>, bool), BackendError> {
+        let per = per.max(1);
+        let all: Vec<Dispatch> = (0..per).flat_map(|_| list.iter().cloned()).collect();
+        let Some(timer) = self.gpu.timer(samples.clamp(1, super::gpu::MAX_TIMED))? else {
+            let mut out = Vec::with_capacity(samples);
+            for _ in 0..samples {
+                let t = std::time::Instant::now();
+                let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+                kernels::encode(&mut enc, &all);
+                self.gpu.submit_wait(enc.finish())?;
+                out.push(t.elapsed().as_nanos() as f64 / per as f64);
+            }
+            return Ok((out, false));
+        };
+        let mut out = Vec::with_capacity(samples);
+        while out.len() < samples {
+            let m = timer.cap.min(samples - out.len());
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            for k in 0..m {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("back to back"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &timer.set,
+                        beginning_of_pass_write_index: Some(2 * k as u32),
+                        end_of_pass_write_index: Some(2 * k as u32 + 1),
+                    }),
+                });
+                kernels::record_all(&mut pass, &all);
+            }
+            timer.resolve(&mut enc, m);
+            self.gpu.submit_wait(enc.finish())?;
+            let ns = timer.read(&self.gpu, m)?;
+            out.extend(ns.iter().map(|t| t / per as f64));
         }
         Ok((out, true))
     }

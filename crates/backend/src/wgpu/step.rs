@@ -34,7 +34,6 @@ pub enum Key {
     QkvPost(usize),
     Attention(usize),
     AttnSplit(usize),
-    AttnMerge,
     Swiglu,
     Argmax,
 }
@@ -262,9 +261,14 @@ pub struct Step<'a> {
     /// records no activation dispatch), and whether gate_up left it pending.
     pub fuse_swiglu: bool,
     pub swiglu_pending: bool,
-    /// Decode rows only: the split of the decode attention kernels and their scratch buffers
-    /// (partial V sums, partial maxima and sums).
-    pub split: Option<(kernels::SplitPlan, &'a wgpu::Buffer, &'a wgpu::Buffer)>,
+    /// Decode rows only: the split of the decode attention kernel, its scratch (partials, with
+    /// the maxima and sums from the given word) and its range counters.
+    pub split: Option<(
+        kernels::SplitPlan,
+        &'a wgpu::Buffer,
+        &'a wgpu::Buffer,
+        usize,
+    )>,
 }
 
 impl<'a> Step<'a> {
@@ -535,10 +539,10 @@ impl LayerOps for Step<'_> {
         let b = self.bufs;
         let (kc, vc) = &self.cache[layer];
         let split = self.split.filter(|_| kernels::split_fits(&self.shape));
-        if let Some((plan, part, ml)) = split {
+        if let Some((plan, part, done, ml_off)) = split {
             let (s, n) = (self.shape, self.n);
             let window = self.cfg.sliding_window.unwrap_or(0);
-            let p = kernels::split_params(&s, n, self.kv.block_size, window, plan);
+            let p = kernels::split_params(&s, n, self.kv.block_size, window, plan, ml_off);
             let k = self.k;
             let buffers = [
                 (1, &b.qkv),
@@ -547,26 +551,16 @@ impl LayerOps for Step<'_> {
                 (4, &b.tok),
                 (5, &b.tables),
                 (6, part),
-                (7, ml),
+                (7, done),
+                (8, &b.attn),
             ];
             let groups = kernels::split_groups(&s, n, plan);
             let key = Key::AttnSplit(layer);
             let pipe = k.attn_split.pipe(self.gpu, &s)?;
-            self.push("attn_split", key, &pipe, &buffers, p, groups)?;
+            self.push("attn_decode", key, &pipe, &buffers, p, groups)?;
             let (bytes, flops) = attn_cost(&s, n, self.keys);
-            self.cost(bytes, flops);
-            let buffers = [(6, part), (7, ml), (8, &b.attn)];
-            let groups = kernels::merge_groups(&s, n);
-            self.push(
-                "attn_merge",
-                Key::AttnMerge,
-                &k.attn_merge,
-                &buffers,
-                p,
-                groups,
-            )?;
             let (pw, mw) = plan.scratch_words(&s, n);
-            self.cost((pw + mw + n * s.q_size()) * 4, 0);
+            self.cost(bytes + 2 * (pw + mw) * 4, flops);
             return Ok(());
         }
         let p = kernels::attn_params(

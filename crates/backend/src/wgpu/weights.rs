@@ -4,8 +4,8 @@
 //! at a time: blocks whose size is not a multiple of 16 bytes (Q8_0, Q4_0, Q4_1, Q6_K) are
 //! stored without their scales, which follow all the part's blocks (types.wgsl says where).
 //! A matrix is a list of parts, each in a buffer of its own: the stacked matrices (Q/K/V,
-//! gate/up) keep one part per source tensor (so their types may differ), and a tensor larger
-//! than one storage binding (128 MiB on lavapipe, 2 GiB on NVIDIA) is split by rows.
+//! gate/up) keep one part per run of source tensors of one type (their types may differ), and a
+//! part larger than one storage binding (128 MiB on lavapipe, 2 GiB on NVIDIA) is split by rows.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -146,15 +146,19 @@ fn device_layout(ty: WType, src: &[u8]) -> Vec<u8> {
 }
 
 impl DMatrix {
-    /// The tensors `ts` (each `[rows_i, cols]`) stacked by rows into one matrix.
+    /// The tensors `ts` (each `[rows_i, cols]`) stacked by rows into one matrix. Consecutive
+    /// tensors of one device type share a part (Q, K and V; gate and up), so a product over the
+    /// stack is one dispatch per type rather than one per tensor (each dispatch costs a decode
+    /// step a few microseconds of its own); a part larger than one storage binding is split by
+    /// rows.
     pub fn stack(
         gpu: &mut Gpu,
         name: &str,
         ts: &[&HostTensor],
         cols: usize,
     ) -> Result<DMatrix, BackendError> {
-        let mut parts = Vec::new();
-        let mut y_off = 0;
+        // Runs of rows of one type: (type, bytes, rows, names).
+        let mut runs: Vec<(WType, Vec<u8>, usize, String)> = Vec::new();
         for t in ts {
             if t.row_len() != cols {
                 return Err(BackendError::Shape {
@@ -163,8 +167,19 @@ impl DMatrix {
                     expected: vec![cols, t.rows()],
                 });
             }
-            let rows = t.rows();
             let (ty, bytes) = host_rows(t, cols)?;
+            match runs.last_mut() {
+                Some(r) if r.0 == ty => {
+                    r.1.extend_from_slice(&bytes);
+                    r.2 += t.rows();
+                    r.3 = format!("{}+{}", r.3, t.name);
+                }
+                _ => runs.push((ty, bytes, t.rows(), t.name.clone())),
+            }
+        }
+        let mut parts = Vec::new();
+        let mut y_off = 0;
+        for (ty, bytes, rows, what) in runs {
             // GGUF's bytes per row equal the device's (the layouts only move bytes within a part).
             let row_bytes = ty.row_bytes(cols);
             let room = (gpu.max_binding() as usize).saturating_sub(16) / 16 * 16;
@@ -172,9 +187,9 @@ impl DMatrix {
             let mut row0 = 0;
             while row0 < rows {
                 let n = per_part.min(rows - row0);
-                let what = format!("{} rows {row0}..{}", t.name, row0 + n);
+                let label = format!("{what} rows {row0}..{}", row0 + n);
                 let rows_bytes = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
-                let buf = gpu.upload(&what, &device_layout(ty, rows_bytes))?;
+                let buf = gpu.upload(&label, &device_layout(ty, rows_bytes))?;
                 parts.push(Part {
                     id: next_id(),
                     ty,

@@ -155,6 +155,8 @@ impl Ops for WgpuOps {
             v_cache: &b.v_cache,
             tokens: &tokens,
             tables: &tables,
+            plan: None,
+            keys: None,
         }));
         Ok(AttnOut {
             out: out.out,

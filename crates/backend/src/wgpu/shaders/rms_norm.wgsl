@@ -16,6 +16,12 @@ struct P {
 
 var<workgroup> red: array<f32, 256>;
 
+const WG: u32 = 256u;
+// Loads each invocation has in flight at once: a decode step's row (4096 values) is 16 per
+// invocation, and taking them one at a time put 16 memory latencies in a row (11.5 µs on an
+// H100 through Vulkan, against 3.9 for an empty dispatch).
+const B: u32 = 8u;
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
     let i = wg.x;
@@ -25,9 +31,17 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     }
     let xb = src * p.dim;
     var s = 0.0;
-    for (var c = li; c < p.dim; c += 256u) {
-        let v = x[xb + c];
-        s += v * v;
+    for (var c0 = 0u; c0 < p.dim; c0 += WG * B) {
+        var v: array<f32, B>;
+        for (var k = 0u; k < B; k++) {
+            let c = c0 + k * WG + li;
+            if c < p.dim {
+                v[k] = x[xb + c];
+            }
+        }
+        for (var k = 0u; k < B; k++) {
+            s += v[k] * v[k];
+        }
     }
     red[li] = s;
     workgroupBarrier();
@@ -38,7 +52,21 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         workgroupBarrier();
     }
     let scale = 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
-    for (var c = li; c < p.dim; c += 256u) {
-        y[i * p.dim + c] = x[xb + c] * scale * wt[c];
+    for (var c0 = 0u; c0 < p.dim; c0 += WG * B) {
+        var v: array<f32, B>;
+        var w: array<f32, B>;
+        for (var k = 0u; k < B; k++) {
+            let c = c0 + k * WG + li;
+            if c < p.dim {
+                v[k] = x[xb + c];
+                w[k] = wt[c];
+            }
+        }
+        for (var k = 0u; k < B; k++) {
+            let c = c0 + k * WG + li;
+            if c < p.dim {
+                y[i * p.dim + c] = v[k] * scale * w[k];
+            }
+        }
     }
 }
