@@ -167,6 +167,7 @@ impl Engine {
             },
         );
         let stop_tokens = tokenizer.stop_tokens();
+        let proposer = Box::new(NgramProposer::for_backend(exec.backend_name()));
         Self {
             exec,
             sched,
@@ -180,7 +181,7 @@ impl Engine {
             stats: EngineStats::default(),
             grammars: None,
             spec: SpecConfig::default(),
-            proposer: Box::new(NgramProposer::default()),
+            proposer,
         }
     }
 

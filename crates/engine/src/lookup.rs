@@ -48,9 +48,21 @@ pub struct CopyTracker {
     streak: usize,
     /// `streak` when the copy last broke off.
     before: usize,
+    /// Propose all `k` tokens of a copy, not one more than its streak: for executors whose
+    /// verify step costs about what a one-token step does whatever its width (a GPU).
+    full_guesses: bool,
 }
 
 impl CopyTracker {
+    /// A tracker that proposes all `k` tokens of a copy (`full_guesses`) or one more than its
+    /// streak.
+    pub fn new(full_guesses: bool) -> Self {
+        Self {
+            full_guesses,
+            ..Self::default()
+        }
+    }
+
     /// Up to `k` guesses for the tokens after `tokens` (the sequence so far), matching n-grams of
     /// `min_n..=max_n` tokens.
     pub fn propose(
@@ -90,14 +102,22 @@ impl CopyTracker {
             self.streak = 3 * n;
         }
         let from = self.src.expect("set above");
-        let n = k.min(self.streak + 1);
+        let n = if self.full_guesses {
+            k
+        } else {
+            k.min(self.streak + 1)
+        };
         tokens[from..(from + n).min(len)].to_vec()
     }
 
     /// Advances the copy over the tokens written since the last call; notes where it broke off.
     fn follow(&mut self, tokens: &[TokenId]) {
         if tokens.len() < self.seen {
-            *self = Self::default(); // not the same sequence any more
+            // Not the same sequence any more.
+            *self = Self {
+                full_guesses: self.full_guesses,
+                ..Self::default()
+            };
         }
         for i in self.seen..tokens.len() {
             match self.src {

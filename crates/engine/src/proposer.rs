@@ -52,6 +52,23 @@ pub trait Proposer: Send {
 #[derive(Debug, Default)]
 pub struct NgramProposer {
     copies: HashMap<SeqId, CopyTracker>,
+    /// Every row proposes its full K ([`CopyTracker::new`]).
+    full_guesses: bool,
+}
+
+impl NgramProposer {
+    /// The proposer for an executor named `backend`. On the CPU a wider verify step costs more
+    /// (9 tokens ~1.9 one-token steps on the default model), so a copy proposes one more token
+    /// than it has predicted right in a row; on a GPU a step of up to 17 tokens costs about what
+    /// one token does (the weights are read once either way), so a wasted guess costs nothing
+    /// and it proposes the full K (on an H100 the default model's edit prompt reached 1.78x
+    /// with the shorter guesses against 1.83x with the full K of a stateless lookup).
+    pub fn for_backend(backend: &str) -> Self {
+        Self {
+            copies: HashMap::new(),
+            full_guesses: backend != "cpu",
+        }
+    }
 }
 
 impl Proposer for NgramProposer {
@@ -67,12 +84,11 @@ impl Proposer for NgramProposer {
         Ok(rows
             .iter()
             .map(|r| {
-                self.copies.entry(r.id).or_default().propose(
-                    r.tokens,
-                    spec.ngram_min,
-                    spec.ngram_max,
-                    spec.num_tokens,
-                )
+                let full_guesses = self.full_guesses;
+                self.copies
+                    .entry(r.id)
+                    .or_insert_with(|| CopyTracker::new(full_guesses))
+                    .propose(r.tokens, spec.ngram_min, spec.ngram_max, spec.num_tokens)
             })
             .collect())
     }
