@@ -20,44 +20,16 @@ use quire_core::{SamplingParams, SeqId, TokenId};
 use quire_engine::{Engine, EngineConfig, NgramProposer, ProposalRow, Proposer, SpecConfig};
 use quire_tokenizer::ChatMessage;
 
-/// The passage of `quire bench --spec` (crates/cli/src/spec_bench.rs).
-const PASSAGE: &str = "The old lighthouse stood on the northern cliff for two hundred years. \
-Every night its keeper climbed the spiral stairs, trimmed the wick and polished the great lens, \
-so that the fishing boats could find their way home through fog and storm. When the keeper grew \
-old, his daughter took over the work, and she kept the light burning for forty more winters. \
-The village below depended on that light. Fishermen left the harbour before dawn and came back \
-after dark, and on winter evenings the sea turned grey and wild within minutes. More than once \
-the beam was the only thing that told a crew where the rocks were. In the spring of the great \
-flood the keeper's daughter stayed awake for three nights, feeding the lamp with the last of \
-the oil, while the water rose around the foot of the tower. When the weather finally cleared, \
-every boat had returned, and the villagers climbed the hill to thank her. Today the lighthouse \
-is a museum, and children who visit it can still climb the spiral stairs and look out over the \
-water that the light once guarded.";
-
+/// The bench's prompts, then edits the bench does not ask for, on other passages (also for
+/// `quire generate`).
 fn prompts() -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "repeat",
-            format!("Repeat the following passage word for word.\n\n{PASSAGE}"),
-        ),
-        (
-            "edit",
-            format!(
-                "Rewrite the following passage, replacing 'lighthouse' with 'tower' and \
-                 changing nothing else.\n\n{PASSAGE}"
-            ),
-        ),
-        (
-            "continue",
-            format!("{PASSAGE}\n\nNow write the passage above again:\n\n"),
-        ),
-        // Edits the bench does not ask for, on other passages (also for `quire generate`).
-        (
-            "rename",
-            include_str!("spec_prompts/rename.txt").to_string(),
-        ),
-        ("typos", include_str!("spec_prompts/typos.txt").to_string()),
-    ]
+    let mut v = quire_engine::spec_prompts::prompts();
+    v.push((
+        "rename",
+        include_str!("spec_prompts/rename.txt").to_string(),
+    ));
+    v.push(("typos", include_str!("spec_prompts/typos.txt").to_string()));
+    v
 }
 
 /// A verify step of `n` tokens (1 = a plain step) in plain steps, default model, batch 1.

@@ -10,6 +10,7 @@ pub mod proposer;
 pub mod runner;
 pub mod sampler;
 pub mod spec;
+pub mod spec_prompts;
 pub mod stop;
 
 pub use draft::DraftModel;
