@@ -173,12 +173,22 @@ fn run_decode<T: KvElem + CacheElem>(
     gen: &PagedBatch<T>,
     q: &[f32],
 ) -> Vec<f32> {
+    run_decode_on(&pool(), isa, c, gen, q)
+}
+
+fn run_decode_on<T: KvElem + CacheElem>(
+    pool: &rayon::ThreadPool,
+    isa: Isa,
+    c: &Case,
+    gen: &PagedBatch<T>,
+    q: &[f32],
+) -> Vec<f32> {
     let p = c.params();
     let q_row = c.num_heads * c.head_dim;
     let mut out = vec![f32::NAN; gen.positions.len() * q_row];
     let seqs = seq_batches(gen);
     fast::decode_attention(
-        &pool(),
+        pool,
         isa,
         &p,
         q,
@@ -267,26 +277,12 @@ fn fast_decode_does_not_depend_on_threads() {
     let (gen, q) = generate::<f16>(c, 77);
     let isa = Isa::detect();
     let two = run_decode(isa, c, &gen, &q);
-    let p = c.params();
-    let q_row = c.num_heads * c.head_dim;
-    let seqs = seq_batches(&gen);
     for threads in [1, 16] {
-        let mut out = vec![0f32; two.len()];
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap();
-        fast::decode_attention(
-            &pool,
-            isa,
-            &p,
-            &q,
-            q_row,
-            &seqs,
-            &gen.k_cache,
-            &gen.v_cache,
-            &mut out,
-        );
+        let out = run_decode_on(&pool, isa, c, &gen, &q);
         assert_eq!(
             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             two.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),

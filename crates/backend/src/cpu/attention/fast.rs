@@ -307,10 +307,14 @@ fn attend_range<T: KvElem>(
     let k = kernels(isa);
     SCRATCH.with_borrow_mut(|buf| {
         // Reused from task to task: zeroing ~80 KB of stack arrays per task showed in profiles.
-        if buf.len() < (group + 2 * CHUNK) * d {
-            buf.resize((group + 2 * CHUNK) * d, 0.0);
+        if buf.len() < (heads * group + 2 * CHUNK) * d {
+            buf.resize((heads * group + 2 * CHUNK) * d, 0.0);
         }
-        let (qs, rest) = buf.split_at_mut(group * d);
+        let (qs, rest) = buf.split_at_mut(heads * group * d);
+        // Every head's query, prescaled once for the whole range.
+        for (a, &b) in qs.iter_mut().zip(q) {
+            *a = b * p.scale;
+        }
         let (kbuf, rest) = rest.split_at_mut(CHUNK * d);
         let vbuf = &mut rest[..CHUNK * d];
         let mut s = [0f32; CHUNK];
@@ -330,10 +334,7 @@ fn attend_range<T: KvElem>(
             for (h, pt) in r.kvh.clone().zip(parts.chunks_exact_mut(part)) {
                 let (m, rest) = pt.split_at_mut(group);
                 let (l, acc) = rest.split_at_mut(group);
-                let qh = &q[(h - r.kvh.start) * group * d..][..group * d];
-                for (a, &b) in qs.iter_mut().zip(qh) {
-                    *a = b * p.scale;
-                }
+                let qs = &qs[(h - r.kvh.start) * group * d..][..group * d];
                 for (i, &row) in rows[..n].iter().enumerate() {
                     let row = row + h * d;
                     to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
