@@ -291,19 +291,74 @@ fn fast_decode_does_not_depend_on_threads() {
     }
 }
 
+/// On AVX-512 an f16 cache with rows of 64 or 128 goes through a fused pass (each row converted
+/// once into registers for every head of its group); any other cache takes the step by step
+/// route. Their operations are the same, so an f32 copy of the cache (f16 to f32 is exact) must
+/// give the same bits, for every GQA group the cases have.
+#[test]
+fn fused_f16_pass_equals_the_step_by_step_path() {
+    let test = "fused_f16_pass_equals_the_step_by_step_path";
+    if !runs(Isa::Avx512, test) {
+        return;
+    }
+    let mut checked = 0;
+    for (i, c) in cases().iter().enumerate() {
+        if ![64, 128].contains(&c.head_dim) {
+            continue;
+        }
+        let (gen, q) = generate::<f16>(c, 500 + i as u64);
+        let wide = PagedBatch::<f32> {
+            num_blocks: gen.num_blocks,
+            block_size: gen.block_size,
+            kv_row: gen.kv_row,
+            seqs: gen.seqs.clone(),
+            positions: gen.positions.clone(),
+            slot_mapping: gen.slot_mapping.clone(),
+            k_new: gen.k_new.clone(),
+            v_new: gen.v_new.clone(),
+            k_cache: gen.k_cache.iter().map(|x| x.to_f32()).collect(),
+            v_cache: gen.v_cache.iter().map(|x| x.to_f32()).collect(),
+        };
+        let fused = run_decode(Isa::Avx512, c, &gen, &q);
+        let steps = run_decode(Isa::Avx512, c, &wide, &q);
+        assert!(fused.iter().all(|x| x.is_finite()));
+        assert_eq!(
+            fused.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            steps.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "gqa {}/{} d{} bs{} window {:?}",
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.block_size,
+            c.window
+        );
+        checked += 1;
+    }
+    assert!(checked > 0);
+}
+
 /// With `CpuMath::Fast` a row's output depends only on its query and its keys: prompt chunks
 /// computed in one call equal the same rows computed one per call (as after a prefix-cache hit,
 /// which can leave a prompt's last token alone in its step), bit for bit.
 #[test]
 fn fast_mode_rows_do_not_depend_on_the_chunking() {
-    let c = Case {
-        num_heads: 9,
-        num_kv_heads: 3,
-        head_dim: 64,
-        block_size: 16,
-        window: None,
-        seqs: vec![(63, 13), (0, 37), (300, 1)],
-    };
+    // Short prompts, and prompts deep enough that neighbouring rows share whole key ranges
+    // (walked once for all of them) beside ranges of their own, with and without a window.
+    let short = vec![(63, 13), (0, 37), (300, 1)];
+    let deep = vec![(600, 40), (500, 30), (2 * SPLIT_KEYS - 3, 7)];
+    for (window, seqs) in [(None, short), (None, deep.clone()), (Some(300), deep)] {
+        rows_do_not_depend_on_the_chunking(Case {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            block_size: 16,
+            window,
+            seqs,
+        });
+    }
+}
+
+fn rows_do_not_depend_on_the_chunking(c: Case) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(900);
     let (p, kv_row, q_row) = (
         c.params(),
@@ -367,7 +422,9 @@ fn fast_mode_rows_do_not_depend_on_the_chunking() {
     assert_eq!(
         whole.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
         rows.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        "a chunk's rows differ from the same rows one at a time"
+        "a chunk's rows differ from the same rows one at a time (window {:?}, {:?})",
+        c.window,
+        c.seqs
     );
 }
 

@@ -4,14 +4,18 @@
 //! memory, bounds decode. This kernel gives up bit-equality for speed:
 //!
 //! - keys go in chunks of `CHUNK`: their K and V rows (f16 or f32 in the cache) are converted to
-//!   f32 once per chunk (F16C / AVX-512 `vcvtph2ps`) and shared by all query heads of the group;
+//!   f32 once per chunk (F16C / AVX-512 `vcvtph2ps`) and shared by all query heads of the group
+//!   (on AVX-512 an f16 row goes straight into registers, `fast_x86::avx512::chunk_f16`: the
+//!   conversion through memory had made decode compute-bound on this kind of 2-core VM);
 //! - scores are f32 dot products with vector accumulators, Q prescaled by the softmax scale;
 //! - the softmax is online in f32, its exponentials by `exp_poly` (below) a vector at a time;
 //! - V is accumulated in f32 with the accumulator held in registers over a chunk;
 //! - the keys of each sequence are cut into fixed ranges of `SPLIT_KEYS` (absolute positions, so
 //!   the result does not depend on the thread count or the batch), each range × KV head is one
 //!   task, and the ranges' partial (max, sum, accumulator) are merged in range order. So one
-//!   sequence at batch 1 spreads over every thread.
+//!   sequence at batch 1 spreads over every thread;
+//! - the rows of a prompt chunk share the ranges they all have whole: one task walks such a range
+//!   once for several rows (`fast_plan.rs`), each row's partial unchanged.
 //!
 //! The instruction set is picked once by `Isa::detect` (AVX-512F, else AVX2+FMA+F16C, else
 //! scalar); every path runs the same algorithm, and each is tested against the dense f64
@@ -21,11 +25,10 @@ use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use quire_core::BlockId;
-
 use super::{AttnParams, KvElem};
 use crate::cpu::team::{DisjointPtr, Parallel};
 use crate::SeqBatch;
+use plan::Plan;
 
 /// Keys per task: each sequence's keys are cut at multiples of this (absolute positions).
 pub const SPLIT_KEYS: usize = 256;
@@ -35,6 +38,8 @@ const CHUNK: usize = 32;
 const _: () = assert!(CHUNK.is_multiple_of(16));
 const MAX_D: usize = 256;
 const MAX_G: usize = 16;
+/// Query heads one task feeds from a chunk (rows × GQA group) at most.
+const MAX_H: usize = 16;
 
 /// The instruction set a kernel path uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,74 +173,47 @@ pub fn decode_attention<T: KvElem>(
     let group = p.num_heads / p.num_kv_heads;
     assert!(group <= MAX_G, "GQA group above {MAX_G}");
     let part = group * (d + 2);
-    // A task takes one key range of one sequence for `heads` consecutive KV heads: all of them
-    // when there are enough ranges to keep the threads busy, so that a task walks each cache
-    // row whole (the KV heads of a slot lie side by side) instead of a third of it; one
-    // otherwise. A head's arithmetic is the same either way.
-    let ranges: usize = seqs
-        .iter()
-        .map(|s| {
-            let pos = s.seq_len - 1;
-            pos / SPLIT_KEYS - p.first_key(pos) / SPLIT_KEYS + 1
-        })
-        .sum();
-    let heads = if ranges >= 4 * par.threads() {
-        p.num_kv_heads
-    } else {
-        1
-    };
-    // (sequence, first kv head, keys) per task; a task's partials are its heads' in order.
-    let mut tasks: Vec<(usize, usize, Range<usize>)> = Vec::new();
-    // (sequence, kv head, tasks): the partials of one (sequence, kv head), in key order.
-    let mut groups: Vec<(usize, usize, Range<usize>)> = Vec::new();
-    for (si, s) in seqs.iter().enumerate() {
-        debug_assert_eq!(s.query_len, 1);
-        let pos = s.seq_len - 1;
-        let keys = p.first_key(pos)..pos + 1;
-        for kvh0 in (0..p.num_kv_heads).step_by(heads) {
-            let first = tasks.len();
-            let mut a = keys.start;
-            while a < keys.end {
-                let b = ((a / SPLIT_KEYS + 1) * SPLIT_KEYS).min(keys.end);
-                tasks.push((si, kvh0, a..b));
-                a = b;
-            }
-            for kvh in kvh0..kvh0 + heads {
-                groups.push((si, kvh, first..tasks.len()));
-            }
-        }
-    }
-    let task_part = heads * part;
-    let mut partials = vec![0f32; tasks.len() * task_part];
+    // Consecutive rows of a sequence share a task where their key ranges agree: as many rows as
+    // the fused pass holds query heads for.
+    let plan = Plan::new(p, seqs, par.threads(), (MAX_H / group).max(1));
+    let heads = plan.heads;
+    let mut partials = vec![0f32; plan.offsets[plan.tasks.len()] * part];
     let dst = DisjointPtr::new(&mut partials);
-    par.run_tasks(tasks.len(), &|i| {
-        let (si, kvh0, ref keys) = tasks[i];
-        let s = &seqs[si];
-        // SAFETY: task `i` writes only its own `task_part` floats, inside `partials`.
-        let pt = unsafe { std::slice::from_raw_parts_mut(dst.at(i * task_part), task_part) };
-        let qh = &q[s.query_start * q_stride + kvh0 * group * d..][..heads * group * d];
-        let range = KeyRange {
-            keys: keys.clone(),
-            block_table: s.block_table,
-            kvh: kvh0..kvh0 + heads,
+    par.run_tasks(plan.tasks.len(), &|i| {
+        let t = &plan.tasks[i];
+        let (a, b) = (plan.offsets[i] * part, plan.offsets[i + 1] * part);
+        // SAFETY: task `i` writes only its own partials, `a..b`, inside `partials`.
+        let pt = unsafe { std::slice::from_raw_parts_mut(dst.at(a), b - a) };
+        let work = Work {
+            q,
+            q_stride,
+            rows: &seqs[t.rows.clone()],
+            keys: t.keys.clone(),
+            kvh: t.kvh0..t.kvh0 + heads,
         };
-        attend_range(isa, p, qh, &range, k_cache, v_cache, pt);
+        attend_range(isa, p, &work, k_cache, v_cache, pt);
     });
     let q_row = p.num_heads * d;
     let mut parts: Vec<&[f32]> = Vec::new();
-    for (si, kvh, ts) in groups {
-        let o = &mut out[seqs[si].query_start * q_row + kvh * group * d..][..group * d];
-        let h = kvh % heads;
+    for (row, kvh, rr) in &plan.groups {
+        let o = &mut out[seqs[*row].query_start * q_row + kvh * group * d..][..group * d];
         parts.clear();
-        parts.extend(ts.map(|t| &partials[t * task_part + h * part..][..part]));
+        parts.extend(
+            plan.refs[rr.clone()]
+                .iter()
+                .map(|&x| &partials[x * part..][..part]),
+        );
         merge(&parts, group, d, o);
     }
 }
 
-/// One task's keys: positions `keys` of a sequence with `block_table`, KV heads `kvh`.
-struct KeyRange<'a> {
+/// One task's work: key range `keys` for the query rows `rows` (one sequence, consecutive
+/// positions; `q` and `q_stride` locate their queries), KV heads `kvh`.
+struct Work<'a> {
+    q: &'a [f32],
+    q_stride: usize,
+    rows: &'a [SeqBatch<'a>],
     keys: Range<usize>,
-    block_table: &'a [BlockId],
     kvh: Range<usize>,
 }
 
@@ -265,100 +243,131 @@ fn merge(parts: &[&[f32]], group: usize, d: usize, out: &mut [f32]) {
     }
 }
 
-/// Online softmax of the query heads of `r.kvh`'s KV heads (`q`: [heads, group, d]) over `r`'s
-/// keys: leaves each KV head's partial `[m[group] | l[group] | acc[group * d]]` (running maxima,
-/// sums of exponentials, unnormalized outputs) in `parts`, one after the other. The keys go in
-/// chunks of `CHUNK`, every KV head of a chunk before the next chunk, so a task reads its rows
-/// of the cache front to back.
+/// Online softmax of the query heads of `w.kvh`'s KV heads, for each of `w.rows`, over `w.keys`:
+/// leaves each (row, KV head)'s partial `[m[group] | l[group] | acc[group * d]]` (running
+/// maxima, sums of exponentials, unnormalized outputs) in `parts`, `[row][head]`. The keys go in
+/// chunks of `CHUNK`, every KV head of a chunk before the next chunk, so a task reads its rows of
+/// the cache front to back; each chunk serves every row's query heads of a KV head at once.
 fn attend_range<T: KvElem>(
     isa: Isa,
     p: &AttnParams,
-    q: &[f32],
-    r: &KeyRange,
+    w: &Work,
     k_cache: &[T],
     v_cache: &[T],
     parts: &mut [f32],
 ) {
     let d = p.head_dim;
-    let heads = r.kvh.len();
-    let group = q.len() / (heads * d);
+    let heads = w.kvh.len();
+    let group = p.num_heads / p.num_kv_heads;
+    // Query heads per KV head: every row's group.
+    let hq = w.rows.len() * group;
     let part = group * (d + 2);
     let kv_row = p.num_kv_heads * d;
-    for pt in parts.chunks_exact_mut(part) {
-        let (m, rest) = pt.split_at_mut(group);
-        let (l, acc) = rest.split_at_mut(group);
-        m.fill(f32::NEG_INFINITY);
-        l.fill(0.0);
-        acc.fill(0.0);
-    }
+    let block_table = w.rows[0].block_table;
     // The first element of the slot of position `pos` (its KV heads side by side).
     let slot_of = |pos: usize| {
-        let slot = r.block_table[pos / p.block_size].as_usize() * p.block_size + pos % p.block_size;
+        let slot = block_table[pos / p.block_size].as_usize() * p.block_size + pos % p.block_size;
         slot * kv_row
     };
     // The slots of this chunk's keys and of the next one's, each looked up once.
     let mut rows = [0usize; CHUNK];
     let mut next = [0usize; CHUNK];
     for (i, row) in rows.iter_mut().enumerate() {
-        *row = slot_of((r.keys.start + i).min(r.keys.end - 1));
+        *row = slot_of((w.keys.start + i).min(w.keys.end - 1));
     }
     // The span of a slot's row this task reads: its KV heads, contiguous.
-    let (span0, span) = (r.kvh.start * d, heads * d);
+    let (span0, span) = (w.kvh.start * d, heads * d);
     let k = kernels(isa);
     SCRATCH.with_borrow_mut(|buf| {
         // Reused from task to task: zeroing ~80 KB of stack arrays per task showed in profiles.
-        if buf.len() < (heads * group + 2 * CHUNK) * d {
-            buf.resize((heads * group + 2 * CHUNK) * d, 0.0);
+        let need = heads * hq * (2 * d + 2) + 2 * CHUNK * d + hq * CHUNK * 16;
+        if buf.len() < need {
+            buf.resize(need, 0.0);
         }
-        let (qs, rest) = buf.split_at_mut(heads * group * d);
-        // Every head's query, prescaled once for the whole range.
-        for (a, &b) in qs.iter_mut().zip(q) {
-            *a = b * p.scale;
-        }
+        let (qs, rest) = buf.split_at_mut(heads * hq * d);
+        let (ms, rest) = rest.split_at_mut(heads * hq);
+        let (ls, rest) = rest.split_at_mut(heads * hq);
+        let (accs, rest) = rest.split_at_mut(heads * hq * d);
         let (kbuf, rest) = rest.split_at_mut(CHUNK * d);
-        let vbuf = &mut rest[..CHUNK * d];
+        let (vbuf, fused_part) = rest.split_at_mut(CHUNK * d);
+        // Every query head, `[kv head][row][group][d]`, prescaled once for the whole range.
+        for hi in 0..heads {
+            for (ri, row) in w.rows.iter().enumerate() {
+                let src = &w.q[row.query_start * w.q_stride + (w.kvh.start + hi) * group * d..];
+                let dst = &mut qs[(hi * hq + ri * group) * d..][..group * d];
+                for (a, &b) in dst.iter_mut().zip(src) {
+                    *a = b * p.scale;
+                }
+            }
+        }
+        ms.fill(f32::NEG_INFINITY);
+        ls.fill(0.0);
+        accs.fill(0.0);
         let mut s = [0f32; CHUNK];
-        let mut j = r.keys.start;
-        while j < r.keys.end {
-            let n = CHUNK.min(r.keys.end - j);
+        let mut j = w.keys.start;
+        while j < w.keys.end {
+            let n = CHUNK.min(w.keys.end - j);
             // The next chunk's rows are requested now, so that they arrive while this one is
             // worked on: the blocks lie anywhere, so the hardware prefetchers do not see them
             // coming (at depth 8192 the conversion's first load was a third of the kernel's
             // time without this).
-            let nn = CHUNK.min(r.keys.end.saturating_sub(j + n));
+            let nn = CHUNK.min(w.keys.end.saturating_sub(j + n));
             for (i, row) in next[..nn].iter_mut().enumerate() {
                 *row = slot_of(j + n + i);
                 prefetch_row(&k_cache[*row + span0..][..span]);
                 prefetch_row(&v_cache[*row + span0..][..span]);
             }
-            for (h, pt) in r.kvh.clone().zip(parts.chunks_exact_mut(part)) {
-                let (m, rest) = pt.split_at_mut(group);
-                let (l, acc) = rest.split_at_mut(group);
-                let qs = &qs[(h - r.kvh.start) * group * d..][..group * d];
-                for (i, &row) in rows[..n].iter().enumerate() {
-                    let row = row + h * d;
-                    to_f32(isa, &k_cache[row..row + d], &mut kbuf[i * d..(i + 1) * d]);
-                    to_f32(isa, &v_cache[row..row + d], &mut vbuf[i * d..(i + 1) * d]);
+            for hi in 0..heads {
+                let h = w.kvh.start + hi;
+                let qh = &qs[hi * hq * d..][..hq * d];
+                let mut st = Online {
+                    m: &mut ms[hi * hq..][..hq],
+                    l: &mut ls[hi * hq..][..hq],
+                    acc: &mut accs[hi * hq * d..][..hq * d],
+                };
+                if fused_chunk(
+                    isa,
+                    qh,
+                    k_cache,
+                    v_cache,
+                    &rows[..n],
+                    h * d,
+                    &mut st,
+                    fused_part,
+                ) {
+                    continue;
                 }
-                for g in 0..group {
-                    let ag = &mut acc[g * d..(g + 1) * d];
-                    k.scores(&qs[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
+                rows_to_f32(isa, k_cache, &rows[..n], h * d, &mut kbuf[..n * d]);
+                rows_to_f32(isa, v_cache, &rows[..n], h * d, &mut vbuf[..n * d]);
+                for g in 0..hq {
+                    let ag = &mut st.acc[g * d..(g + 1) * d];
+                    k.scores(&qh[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
                     // The padding past `n` adds nothing to the maximum or (as exp(−∞) = 0) the
                     // sum.
                     s[n..].fill(f32::NEG_INFINITY);
                     let cmax = k.max(&s);
-                    if cmax > m[g] {
-                        let corr = exp_poly(m[g] - cmax);
+                    if cmax > st.m[g] {
+                        let corr = exp_poly(st.m[g] - cmax);
                         ag.iter_mut().for_each(|a| *a *= corr);
-                        l[g] *= corr;
-                        m[g] = cmax;
+                        st.l[g] *= corr;
+                        st.m[g] = cmax;
                     }
-                    l[g] += k.exp_sum(&mut s, m[g]);
+                    st.l[g] += k.exp_sum(&mut s, st.m[g]);
                     k.axpy(ag, &s[..n], &vbuf[..n * d]);
                 }
             }
             std::mem::swap(&mut rows, &mut next);
             j += n;
+        }
+        // Each (row, head)'s partial to its place.
+        for hi in 0..heads {
+            for ri in 0..w.rows.len() {
+                let pt = &mut parts[(ri * heads + hi) * part..][..part];
+                let at = hi * hq + ri * group;
+                pt[..group].copy_from_slice(&ms[at..at + group]);
+                pt[group..2 * group].copy_from_slice(&ls[at..at + group]);
+                pt[2 * group..].copy_from_slice(&accs[at * d..(at + group) * d]);
+            }
         }
     });
 }
@@ -386,26 +395,68 @@ fn prefetch_row<T>(row: &[T]) {
     let _ = row;
 }
 
-/// A cache row in f32.
+/// One head group's running softmax over the keys so far: maxima and sums `[group]`,
+/// unnormalized outputs `acc` `[group, d]`.
+struct Online<'a> {
+    m: &'a mut [f32],
+    l: &'a mut [f32],
+    acc: &'a mut [f32],
+}
+
+/// The chunk step of `attend_range` for head offset `off` in one pass over the f16 cache rows,
+/// where this path has such a kernel (AVX-512, rows of 64 or 128); false when it has not.
+#[allow(clippy::too_many_arguments)]
 #[inline]
-fn to_f32<T: KvElem>(isa: Isa, src: &[T], dst: &mut [f32]) {
-    if let Some(f) = T::as_f32(src) {
-        dst.copy_from_slice(f);
+fn fused_chunk<T: KvElem>(
+    isa: Isa,
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
+    rows: &[usize],
+    off: usize,
+    st: &mut Online,
+    part: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512, Some(k), Some(v)) = (isa, T::as_f16(k_cache), T::as_f16(v_cache)) {
+        let mut shifted = [0usize; CHUNK];
+        for (a, &b) in shifted.iter_mut().zip(rows) {
+            *a = b + off;
+        }
+        // SAFETY: the path was checked available; the rows are slots of the cache (and
+        // `chunk_f16` checks their bounds).
+        return unsafe { x86::avx512::chunk_f16(q, k, v, &shifted[..rows.len()], st, part) };
+    }
+    let _ = (isa, q, k_cache, v_cache, rows, off, st, part);
+    false
+}
+
+/// Rows `rows[i] + off .. + d` of `cache` in f32, one after the other in `dst` (`rows.len() × d`):
+/// one call per chunk and head, so that the f16 loop runs inside the vector path.
+#[inline]
+fn rows_to_f32<T: KvElem>(isa: Isa, cache: &[T], rows: &[usize], off: usize, dst: &mut [f32]) {
+    let d = dst.len() / rows.len().max(1);
+    if let Some(f) = T::as_f32(cache) {
+        for (&r, o) in rows.iter().zip(dst.chunks_exact_mut(d)) {
+            o.copy_from_slice(&f[r + off..][..d]);
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if let Some(h) = T::as_f16(src) {
+    if let Some(h) = T::as_f16(cache) {
         match isa {
             // SAFETY: the path was checked available; `supports` makes d a multiple of the width.
-            Isa::Avx512 => return unsafe { x86::avx512::f16_to_f32(h, dst) },
+            Isa::Avx512 => return unsafe { x86::avx512::rows_f16_to_f32(h, rows, off, dst) },
             // SAFETY: as above.
-            Isa::Avx2 => return unsafe { x86::avx2::f16_to_f32(h, dst) },
+            Isa::Avx2 => return unsafe { x86::avx2::rows_f16_to_f32(h, rows, off, dst) },
             Isa::Scalar => {}
         }
     }
     let _ = isa;
-    for (a, b) in dst.iter_mut().zip(src) {
-        *a = b.to_f32();
+    for (&r, o) in rows.iter().zip(dst.chunks_exact_mut(d)) {
+        for (a, b) in o.iter_mut().zip(&cache[r + off..][..d]) {
+            *a = b.to_f32();
+        }
     }
 }
 
@@ -462,3 +513,6 @@ fn kernels(isa: Isa) -> &'static dyn Kernels {
 #[cfg(target_arch = "x86_64")]
 #[path = "fast_x86.rs"]
 mod x86;
+
+#[path = "fast_plan.rs"]
+mod plan;

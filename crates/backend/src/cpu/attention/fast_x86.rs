@@ -2,7 +2,7 @@
 //! its scalar path, 8 or 16 lanes at a time. Row lengths are multiples of the vector width
 //! (`Isa::supports`); the exponential is `exp_poly`'s steps lane by lane.
 
-use super::{Kernels, C, CHUNK, EXP_MIN, LN2_HI, LN2_LO, LOG2E};
+use super::{Kernels, Online, C, CHUNK, EXP_MIN, LN2_HI, LN2_LO, LOG2E};
 
 pub(super) mod avx2 {
     use super::*;
@@ -27,14 +27,25 @@ pub(super) mod avx2 {
         }
     }
 
+    /// Rows `rows[i] + off ..` of `src`, `d = dst.len() / rows.len()` long, in f32 into `dst`.
+    ///
     /// # Safety
-    /// AVX2/F16C present; `dst.len()` a multiple of 8, `src` at least as long.
+    /// AVX2/F16C present; `d` a multiple of 8.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(in super::super) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
-        assert!(src.len() >= dst.len() && dst.len().is_multiple_of(8));
-        for i in (0..dst.len()).step_by(8) {
-            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+    pub(in super::super) unsafe fn rows_f16_to_f32(
+        src: &[f16],
+        rows: &[usize],
+        off: usize,
+        dst: &mut [f32],
+    ) {
+        let d = dst.len() / rows.len().max(1);
+        assert!(d.is_multiple_of(8));
+        for (&r, o) in rows.iter().zip(dst.chunks_exact_mut(d)) {
+            let s = &src[r + off..][..d];
+            for i in (0..d).step_by(8) {
+                let h = _mm_loadu_si128(s.as_ptr().add(i).cast());
+                _mm256_storeu_ps(o.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
         }
     }
 
@@ -193,14 +204,25 @@ pub(super) mod avx512 {
         _mm512_reduce_add_ps(sum)
     }
 
+    /// Rows `rows[i] + off ..` of `src`, `d = dst.len() / rows.len()` long, in f32 into `dst`.
+    ///
     /// # Safety
-    /// AVX-512F present; `dst.len()` a multiple of 16, `src` at least as long.
+    /// AVX-512F present; `d` a multiple of 16.
     #[target_feature(enable = "avx512f")]
-    pub(in super::super) unsafe fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
-        assert!(src.len() >= dst.len() && dst.len().is_multiple_of(16));
-        for i in (0..dst.len()).step_by(16) {
-            let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
-            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+    pub(in super::super) unsafe fn rows_f16_to_f32(
+        src: &[f16],
+        rows: &[usize],
+        off: usize,
+        dst: &mut [f32],
+    ) {
+        let d = dst.len() / rows.len().max(1);
+        assert!(d.is_multiple_of(16));
+        for (&r, o) in rows.iter().zip(dst.chunks_exact_mut(d)) {
+            let s = &src[r + off..][..d];
+            for i in (0..d).step_by(16) {
+                let h = _mm256_loadu_si256(s.as_ptr().add(i).cast());
+                _mm512_storeu_ps(o.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
+            }
         }
     }
 
@@ -346,5 +368,150 @@ pub(super) mod avx512 {
             6 => axpy_regs::<6>(ap.add(c), w, vp.add(c), d),
             _ => axpy_regs::<7>(ap.add(c), w, vp.add(c), d),
         }
+    }
+
+    /// One chunk of keys for the query heads of one KV head, read straight from an f16 cache: each
+    /// key's K row is converted once into registers and serves every head of the group, and so is
+    /// its V row; nothing goes through a converted copy in memory. The same operations in the same
+    /// order as `scores`, the softmax steps and `axpy` over converted rows, so the same bits.
+    /// Handles rows of 64 and 128 (returns false otherwise, having done nothing).
+    ///
+    /// `q`: [group, d] prescaled; `rows[i]`: the first element of key i's row of this head in `k`
+    /// and `v`; `part`: scratch of at least group × CHUNK × 16 floats.
+    ///
+    /// # Safety
+    /// AVX-512F present; every `rows[i] + d` within `k` and `v`; at most `CHUNK` rows.
+    #[target_feature(enable = "avx512f")]
+    pub(in super::super) unsafe fn chunk_f16(
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        rows: &[usize],
+        st: &mut Online,
+        part: &mut [f32],
+    ) -> bool {
+        let group = st.m.len();
+        let d = q.len() / group;
+        match d {
+            64 => chunk_nv::<4>(q, k, v, rows, st, part),
+            128 => chunk_nv::<8>(q, k, v, rows, st, part),
+            _ => return false,
+        }
+        true
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16<const NV: usize>(p: *const f16) -> [__m512; NV] {
+        let mut r = [_mm512_setzero_ps(); NV];
+        for (j, rj) in r.iter_mut().enumerate() {
+            *rj = _mm512_cvtph_ps(_mm256_loadu_si256(p.add(16 * j).cast()));
+        }
+        r
+    }
+
+    #[inline(always)]
+    unsafe fn chunk_nv<const NV: usize>(
+        q: &[f32],
+        k: &[f16],
+        v: &[f16],
+        rows: &[usize],
+        st: &mut Online,
+        part: &mut [f32],
+    ) {
+        let d = 16 * NV;
+        let group = st.m.len();
+        let n = rows.len();
+        assert!(n <= CHUNK && q.len() == group * d && part.len() >= group * CHUNK * 16);
+        assert!(rows.iter().all(|&r| r + d <= k.len() && r + d <= v.len()));
+        let (qp, pp) = (q.as_ptr(), part.as_mut_ptr());
+        // Each key's dot products with every head as 16 partial sums: part[i][g] (a key's heads
+        // side by side: with a head's keys side by side, the stores of one key were 2 KB apart).
+        for (i, &r) in rows.iter().enumerate() {
+            let kr = load_f16::<NV>(k.as_ptr().add(r));
+            for g in 0..group {
+                let qg = qp.add(g * d);
+                let mut a = _mm512_mul_ps(_mm512_loadu_ps(qg), kr[0]);
+                for (j, kj) in kr.iter().enumerate().skip(1) {
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg.add(16 * j)), *kj, a);
+                }
+                _mm512_storeu_ps(pp.add((i * group + g) * 16), a);
+            }
+        }
+        let mut s = [[0f32; CHUNK]; super::super::MAX_H];
+        for (g, sg) in s[..group].iter_mut().enumerate() {
+            let pg = pp.add(g * 16);
+            let stride = group * 16;
+            let mut i = 0;
+            while i + 16 <= n {
+                let mut w = [_mm512_setzero_ps(); 16];
+                for (t, wt) in w.iter_mut().enumerate() {
+                    *wt = _mm512_loadu_ps(pg.add((i + t) * stride));
+                }
+                _mm512_storeu_ps(sg.as_mut_ptr().add(i), hsum16(&w));
+                i += 16;
+            }
+            while i < n {
+                sg[i] = _mm512_reduce_add_ps(_mm512_loadu_ps(pg.add(i * stride)));
+                i += 1;
+            }
+            // The online softmax step, as in `attend_range`.
+            sg[n..].fill(f32::NEG_INFINITY);
+            let cmax = max(sg);
+            if cmax > st.m[g] {
+                let corr = super::super::exp_poly(st.m[g] - cmax);
+                st.acc[g * d..(g + 1) * d]
+                    .iter_mut()
+                    .for_each(|a| *a *= corr);
+                st.l[g] *= corr;
+                st.m[g] = cmax;
+            }
+            st.l[g] += exp_sum(sg, st.m[g]);
+        }
+        // V: the heads' accumulators in registers, a few heads at a time.
+        let mut g = 0;
+        while g < group {
+            let left = group - g;
+            match NV {
+                4 if left >= 4 => g += vsum::<NV, 4>(v, rows, &s[g..], &mut st.acc[g * d..]),
+                4 if left == 3 => g += vsum::<NV, 3>(v, rows, &s[g..], &mut st.acc[g * d..]),
+                _ if left >= 2 => g += vsum::<NV, 2>(v, rows, &s[g..], &mut st.acc[g * d..]),
+                _ => g += vsum::<NV, 1>(v, rows, &s[g..], &mut st.acc[g * d..]),
+            }
+        }
+    }
+
+    /// `acc[h] += Σ_i w[h][i] · v_i` for the `GB` heads from `acc`'s start (`w`: their weights),
+    /// with every V row converted once; returns `GB`.
+    #[inline(always)]
+    unsafe fn vsum<const NV: usize, const GB: usize>(
+        v: &[f16],
+        rows: &[usize],
+        w: &[[f32; CHUNK]],
+        acc: &mut [f32],
+    ) -> usize {
+        let d = 16 * NV;
+        assert!(w.len() >= GB && acc.len() >= GB * d);
+        let ap = acc.as_mut_ptr();
+        let mut a = [[_mm512_setzero_ps(); NV]; GB];
+        for (h, ah) in a.iter_mut().enumerate() {
+            for (j, aj) in ah.iter_mut().enumerate() {
+                *aj = _mm512_loadu_ps(ap.add(h * d + 16 * j));
+            }
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            let vr = load_f16::<NV>(v.as_ptr().add(r));
+            for (h, ah) in a.iter_mut().enumerate() {
+                let wv = _mm512_set1_ps(w[h][i]);
+                for (j, aj) in ah.iter_mut().enumerate() {
+                    *aj = _mm512_fmadd_ps(wv, vr[j], *aj);
+                }
+            }
+        }
+        for (h, ah) in a.iter().enumerate() {
+            for (j, aj) in ah.iter().enumerate() {
+                _mm512_storeu_ps(ap.add(h * d + 16 * j), *aj);
+            }
+        }
+        GB
     }
 }
