@@ -79,11 +79,7 @@ pub struct BenchArgs {
     /// `f16` dequantizes them for cuBLAS
     #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
     pub gpu_weights: String,
-    /// CPU arithmetic. `fast` (the default): attention one query row at a time (decode and prompt
-    /// rows alike), vectorized over keys (polynomial exp with relative error below 1.2e-7, f32
-    /// accumulators, AVX-512 or AVX2 picked at run time) and split over the threads: 1.3x exact at
-    /// depth 8192 on a 2-core EPYC; greedy text may part from llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
-    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
+    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"], help = crate::common::CPU_MATH_HELP)]
     pub cpu_math: String,
     /// Split the model over N devices (tensor parallelism; see `quire generate --help`). The
     /// memory and compute ceilings are then N devices' (the % columns compare with all of them)

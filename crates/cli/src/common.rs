@@ -10,6 +10,15 @@ use quire_backend::{kv_bytes_per_token, Executor, KvCacheSpec};
 use quire_engine::{Engine, EngineConfig};
 use quire_model::LoadedModel;
 
+/// `--cpu-math`'s help, shared by every command that takes it.
+pub const CPU_MATH_HELP: &str = "CPU arithmetic. `fast` (the default): attention vectorized over \
+    keys (polynomial exp with relative error below 1.2e-7, f32 accumulators, AVX-512 or AVX2 \
+    picked at run time), each row's keys split in fixed ranges over the threads; every query row \
+    is computed as if alone (a prompt's rows share their reads of the keys, not arithmetic), so a \
+    row's result depends only on its query and keys. Greedy text may part from llama.cpp's at \
+    near-ties. 3x llama.cpp's decode at depth 8192 on a 2-core Xeon. `exact`: llama.cpp's AVX2 \
+    arithmetic bit for bit (its greedy text)";
+
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
     /// GGUF model file or HF model folder (config.json, *.safetensors, tokenizer.json)
@@ -38,11 +47,7 @@ pub struct ModelArgs {
     /// (F16, BF16, F32) go to the GPU as f16 either way
     #[arg(long, default_value = "native", value_parser = ["native", "f16"])]
     pub gpu_weights: String,
-    /// CPU arithmetic. `fast` (the default): attention one query row at a time (decode and prompt
-    /// rows alike), vectorized over keys (polynomial exp with relative error below 1.2e-7, f32
-    /// accumulators, AVX-512 or AVX2 picked at run time) and split over the threads: 1.3x exact at
-    /// depth 8192 on a 2-core EPYC; greedy text may part from llama.cpp's at near-ties. `exact`: llama.cpp's AVX2 arithmetic bit for bit (its greedy text)
-    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"])]
+    #[arg(long, default_value = "fast", value_parser = ["exact", "fast"], help = CPU_MATH_HELP)]
     pub cpu_math: String,
     /// Split the model over N devices (tensor parallelism): attention heads and FFN columns are
     /// divided among N ranks that add their partial products with an all-reduce after each

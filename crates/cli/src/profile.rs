@@ -232,7 +232,8 @@ fn aggregate(stats: &[OpStat]) -> (Vec<Row>, Vec<Row>) {
     (layers, ops)
 }
 
-/// Runs `reps` profiled steps (`depth` tokens filled first, untimed) and keeps the median one.
+/// Runs `reps` profiled steps (`depth` tokens filled once first, untimed; each step then runs at
+/// that depth again, over the same cache slots) and keeps the median one.
 #[allow(clippy::too_many_arguments)]
 fn profile_phase(
     exec: &mut dyn Executor,
@@ -247,10 +248,11 @@ fn profile_phase(
     let vocab = exec.vocab_size() as u32;
     let mut runs: Vec<(u64, Vec<OpStat>)> = Vec::with_capacity(reps);
     let mut note = None;
+    let mut seqs = fresh_seqs(1, depth + tokens, bs);
+    exec.set_profiling(false);
+    st.prefill(exec, &mut seqs[0], depth, rng)?;
     for _ in 0..reps {
-        let mut seqs = fresh_seqs(1, depth + tokens, bs);
-        exec.set_profiling(false);
-        st.prefill(exec, &mut seqs[0], depth, rng)?;
+        seqs[0].len = depth;
         let toks: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..vocab)).collect();
         exec.take_profile();
         exec.set_profiling(true);
