@@ -1,7 +1,7 @@
 //! The CUDA paged-attention kernels' own choices against the f64 dense reference on random
 //! paged batches: which kernel a batch takes (sequences with chunks of 16+ rows run
-//! `paged_prefill` on tensor cores, other rows of mixed batches `paged_attention`, all-decode
-//! batches `paged_decode`; checked per case), tile boundaries of every kernel over every block
+//! `paged_prefill` on tensor cores, the other rows `paged_decode` when all of them are decodes,
+//! else `paged_attention`; checked per case), tile boundaries of every kernel over every block
 //! size, GQA ratios 1 to 8 and head dims 64, 128 and 256, key splits of long contexts and their
 //! merge, and the decode kernel's own bias, QK-norm and RoPE on un-roped rows (checked against
 //! the CPU backend's routines), with f16 and f32 output rows. The general mixed-batch and
@@ -292,8 +292,13 @@ fn case_with(
         let mut run = HostRun::new(g, &a, &qkv, stride, &batch, bs, &k_cache, &v_cache).unwrap();
         assert_eq!(
             run.plan.decode,
+            seqs.iter().all(|s| s.0 == 1 || s.0 >= PREFILL_MIN_ROWS),
+            "batches whose rows outside prompt tiles are all decodes (only they) take the decode kernel"
+        );
+        assert_eq!(
+            run.plan.fused_rope,
             seqs.iter().all(|s| s.0 == 1),
-            "all-decode batches (only they) take the decode kernel"
+            "only all-decode batches may rope in the decode kernel"
         );
         let tiled: usize = seqs
             .iter()
@@ -598,14 +603,19 @@ quire_testkit::gpu_test! {
                 for bs in [16, 32, 64, 128] {
                     let cached = rng.random_range(0..300);
                     let q = rng.random_range(16..200);
-                    let seqs = [(q, q + cached), (1, 77), (64, 64), (7, 40), (17, 17 + 65)];
-                    for window in [None, Some(rng.random_range(1..90))] {
-                        let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
-                        assert!(
-                            err < metric::ATTENTION_GPU,
-                            "prefill Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?}: rel err {err:.2e}"
-                        );
-                        worst = worst.max(err);
+                    // A short chunk beside the prompts sends the other rows to paged_attention;
+                    // decodes alone beside them (a server's usual step) to paged_decode.
+                    let short = vec![(q, q + cached), (1, 77), (64, 64), (7, 40), (17, 17 + 65)];
+                    let decodes = vec![(q, q + cached), (1, 77), (64, 64), (1, 300), (1, 1), (17, 82)];
+                    for seqs in [short, decodes] {
+                        for window in [None, Some(rng.random_range(1..90))] {
+                            let err = case(&g, &mut rng, nh, nkv, d, bs, &seqs, window);
+                            assert!(
+                                err < metric::ATTENTION_GPU,
+                                "prefill Hq {nh} Hkv {nkv} D {d} block {bs} window {window:?} {seqs:?}: rel err {err:.2e}"
+                            );
+                            worst = worst.max(err);
+                        }
                     }
                 }
             }

@@ -29,6 +29,10 @@ pub struct ProfileArgs {
     /// Context depth of the profiled decode step
     #[arg(short = 'd', long = "n-depth", default_value_t = 512)]
     pub depth: usize,
+    /// Also profile a mixed step: the prompt of -p tokens beside this many decode rows, each at
+    /// depth -d, in one forward (as a server's steps are under load). 0: no mixed step
+    #[arg(long, default_value_t = 0)]
+    pub mixed_rows: usize,
     /// Repetitions of each step (the median step is reported)
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
@@ -63,6 +67,8 @@ struct Phase {
     name: &'static str,
     tokens: usize,
     depth: usize,
+    /// Decode rows at `depth` beside the prompt (a mixed step), else 0.
+    rows: usize,
     samples_ns: Vec<u64>,
     step_ns: u64,
     layers: Vec<Row>,
@@ -232,32 +238,55 @@ fn aggregate(stats: &[OpStat]) -> (Vec<Row>, Vec<Row>) {
     (layers, ops)
 }
 
-/// Runs `reps` profiled steps (`depth` tokens filled once first, untimed; each step then runs at
-/// that depth again, over the same cache slots) and keeps the median one.
-#[allow(clippy::too_many_arguments)]
-fn profile_phase(
-    exec: &mut dyn Executor,
-    st: &mut Stepper,
+/// What one profiled step holds: `tokens` new tokens of one sequence after `depth` cached ones,
+/// and beside it (a mixed step) `rows` decode rows at depth `row_depth`.
+struct StepShape {
     name: &'static str,
     tokens: usize,
     depth: usize,
+    rows: usize,
+    row_depth: usize,
+}
+
+/// Runs `reps` profiled steps of `shape` (every cached token filled once first, untimed; each
+/// step then runs at the same depths again, over the same cache slots) and keeps the median one.
+fn profile_phase(
+    exec: &mut dyn Executor,
+    st: &mut Stepper,
+    shape: &StepShape,
     reps: usize,
     rng: &mut impl Rng,
 ) -> Result<Phase> {
+    let &StepShape {
+        name,
+        tokens,
+        depth,
+        rows,
+        row_depth,
+    } = shape;
     let bs = exec.kv_spec().block_size;
     let vocab = exec.vocab_size() as u32;
     let mut runs: Vec<(u64, Vec<OpStat>)> = Vec::with_capacity(reps);
     let mut note = None;
-    let mut seqs = fresh_seqs(1, depth + tokens, bs);
+    let mut seqs = fresh_seqs(1 + rows, (depth + tokens).max(row_depth + 1), bs);
     exec.set_profiling(false);
     st.prefill(exec, &mut seqs[0], depth, rng)?;
+    for s in &mut seqs[1..] {
+        st.prefill(exec, s, row_depth, rng)?;
+    }
     for _ in 0..reps {
         seqs[0].len = depth;
         let toks: Vec<u32> = (0..tokens).map(|_| rng.random_range(0..vocab)).collect();
+        let mut batch: Vec<Vec<u32>> = vec![toks];
+        for s in &mut seqs[1..] {
+            s.len = row_depth;
+            batch.push(vec![rng.random_range(0..vocab)]);
+        }
+        let batch: Vec<&[u32]> = batch.iter().map(Vec::as_slice).collect();
         exec.take_profile();
         exec.set_profiling(true);
         let t0 = Instant::now();
-        st.step(exec, &mut seqs, &[&toks])?;
+        st.step(exec, &mut seqs, &batch)?;
         let ns = t0.elapsed().as_nanos() as u64;
         let ns = exec.profiled_step_ns().unwrap_or(ns);
         exec.set_profiling(false);
@@ -270,8 +299,9 @@ fn profile_phase(
     let (layers, ops) = aggregate(&stats);
     Ok(Phase {
         name,
-        tokens,
-        depth,
+        tokens: tokens + rows,
+        depth: depth.max(row_depth),
+        rows,
         samples_ns,
         step_ns,
         layers,
@@ -373,9 +403,10 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         }
         _ => OpRoofs::cpu(&crate::roofline::ceilings_for(threads)?, &wt, threads),
     };
+    // Blocks for one sequence per row of the largest step (fresh_seqs gives each its own run).
     let need = a.n_prompt.max(a.depth + 1);
     let kv = KvCacheSpec {
-        num_blocks: need.div_ceil(a.block_size),
+        num_blocks: need.div_ceil(a.block_size) * (1 + a.mixed_rows),
         block_size: a.block_size,
     };
     let margs = ModelArgs {
@@ -388,26 +419,35 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     // Warm-up: one unprofiled prefill.
     let mut warm = fresh_seqs(1, a.n_prompt, a.block_size);
     st.prefill(exec.as_mut(), &mut warm[0], a.n_prompt, &mut rng)?;
-    let phases = [
-        profile_phase(
-            exec.as_mut(),
-            &mut st,
-            "prefill",
-            a.n_prompt,
-            0,
-            a.reps,
-            &mut rng,
-        )?,
-        profile_phase(
-            exec.as_mut(),
-            &mut st,
-            "decode",
-            1,
-            a.depth,
-            a.reps,
-            &mut rng,
-        )?,
+    let mut shapes = vec![
+        StepShape {
+            name: "prefill",
+            tokens: a.n_prompt,
+            depth: 0,
+            rows: 0,
+            row_depth: 0,
+        },
+        StepShape {
+            name: "decode",
+            tokens: 1,
+            depth: a.depth,
+            rows: 0,
+            row_depth: 0,
+        },
     ];
+    if a.mixed_rows > 0 {
+        shapes.push(StepShape {
+            name: "mixed",
+            tokens: a.n_prompt,
+            depth: 0,
+            rows: a.mixed_rows,
+            row_depth: a.depth,
+        });
+    }
+    let phases = shapes
+        .iter()
+        .map(|sh| profile_phase(exec.as_mut(), &mut st, sh, a.reps, &mut rng))
+        .collect::<Result<Vec<_>>>()?;
 
     if let Some(path) = &a.csv {
         let mut out = csv_line(&[
@@ -470,6 +510,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             let s = Summary::of(&p.samples_ns.iter().map(|&x| x as f64).collect::<Vec<_>>());
             json!({
                 "phase": p.name,
+                "rows": p.rows,
                 "tokens": p.tokens,
                 "depth": p.depth,
                 "step_ns": p.step_ns,
@@ -517,6 +558,12 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     for (p, pj) in phases.iter().zip(&phase_json) {
         let title = match p.name {
             "prefill" => format!("prefill of {} tokens (one forward)", p.tokens),
+            "mixed" => format!(
+                "mixed step: a {}-token prompt beside {} decode rows at depth {} (one forward)",
+                p.tokens - p.rows,
+                p.rows,
+                p.depth
+            ),
             _ => format!("decode step at depth {}", p.depth),
         };
         println!(

@@ -3,8 +3,9 @@
 //! for parity tests and `attn-bench`.
 //!
 //! Two kernels share one launch shape: `paged_attention` for any batch, and `paged_decode` for
-//! batches whose rows are all decodes (every query_len 1), which streams the keys through shared
-//! memory with cp.async at memory bandwidth. The choice is made per launch on the host (`Plan`);
+//! batches whose rows outside prompt tiles are all decodes (query_len 1), which streams the keys
+//! through shared memory with cp.async at memory bandwidth (beside a prompt chunk, a server's
+//! usual step, it cut attention from 542 µs per layer; see PERF.md). The choice is made per launch on the host (`Plan`);
 //! CUDA graphs only capture decode steps, so a captured launch always takes the decode kernel, its
 //! splits fixed by the batch-size bucket and the cache's maximum context.
 //!
@@ -115,8 +116,22 @@ pub fn pack_meta(b: &ForwardBatch, m: &mut Vec<i32>, prefill_rows: usize) -> Met
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     pub splits: usize,
-    /// `paged_decode` (every row a decode) rather than `paged_attention`.
+    /// `paged_decode` rather than `paged_attention` for the rows outside `paged_prefill`'s tiles
+    /// (every one of them a decode, query_len 1).
     pub decode: bool,
+    /// Every row of the step is a decode: `paged_decode` may apply bias, QK-norm and RoPE
+    /// itself. Not beside prompt chunks, whose tiles need the rows roped first.
+    pub fused_rope: bool,
+}
+
+/// Whether the rows of `b` that `paged_prefill` does not take (sequences with fewer than
+/// `PREFILL_MIN_ROWS` query rows) are all decodes: then `paged_decode` attends them, beside prompt
+/// chunks too. (A short chunk of 2..16 rows needs `paged_attention`, which reads its rows' new
+/// keys from the step's rows rather than from the cache that other CTAs are writing.)
+pub fn untiled_rows_decode(b: &ForwardBatch) -> bool {
+    b.seqs
+        .iter()
+        .all(|s| s.query_len == 1 || s.query_len >= PREFILL_MIN_ROWS)
 }
 
 /// Keys of one `paged_decode` tile (16 KB of K and V at any head_dim); see decode.cu.
@@ -291,6 +306,7 @@ impl PagedAttention {
             return Plan {
                 splits: (slots / ctas).clamp(1, max_splits),
                 decode: true,
+                fused_rope: true,
             };
         }
         let target = 8 * sms as usize;
@@ -302,6 +318,7 @@ impl PagedAttention {
         Plan {
             splits,
             decode: false,
+            fused_rope: false,
         }
     }
 
@@ -325,9 +342,9 @@ impl PagedAttention {
         b: &AttnBuffers,
     ) -> Result<(), BackendError> {
         use KArg::{F, I, P};
-        if b.rope.is_some() && !plan.decode {
+        if b.rope.is_some() && !plan.fused_rope {
             return Err(BackendError::InvalidBatch(
-                "fused RoPE needs a decode launch (every query_len 1)".into(),
+                "fused RoPE needs a step of decodes alone (every query_len 1)".into(),
             ));
         }
         let mp = |off: usize| P(b.meta + 4 * off as u64);
@@ -587,8 +604,8 @@ impl HostRun {
         let mut m = vec![];
         let layout = pack_meta(batch, &mut m, a.prefill_rows());
         let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
-        let decode = batch.seqs.iter().all(|s| s.query_len == 1);
-        let plan = a.plan(gpu.sms, n, max_ctx, decode);
+        let mut plan = a.plan(gpu.sms, n, max_ctx, untiled_rows_decode(batch));
+        plan.fused_rope = batch.seqs.iter().all(|s| s.query_len == 1);
         let part = n * a.num_heads * plan.splits;
         Ok(Self {
             qkv: gpu.upload(qkv)?,
@@ -611,7 +628,7 @@ impl HostRun {
     /// Makes the decode kernel apply bias, QK-norm and RoPE to the uploaded rows (decode plans
     /// only, as in the forward pass).
     pub fn set_rope(&mut self, gpu: &Gpu, r: &RopeInputs) -> Result<(), BackendError> {
-        if !self.plan.decode {
+        if !self.plan.fused_rope {
             return Err(BackendError::InvalidBatch(
                 "fused RoPE needs a decode batch (every query_len 1)".into(),
             ));

@@ -456,7 +456,7 @@ impl LayerOps for Fwd<'_> {
             eps: c.rms_norm_eps,
         };
         self.rope_args = Some(rope);
-        if !self.st.plan.decode {
+        if !self.st.plan.fused_rope {
             self.rope(li, &rope)?;
         }
         Ok(())
@@ -471,7 +471,7 @@ impl LayerOps for Fwd<'_> {
         let qkv_dim = qs + 2 * kvs;
         let q8w = self.q8_in(&self.layers[li].wo, n);
         let (k_cache, v_cache) = &self.kv_caches[li];
-        let rope = self.rope_args.take().filter(|_| st.plan.decode);
+        let rope = self.rope_args.take().filter(|_| st.plan.fused_rope);
         // SAFETY: the addresses are the step's, as `Bufs` says.
         unsafe {
             k.attention.launch(
