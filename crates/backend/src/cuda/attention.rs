@@ -5,7 +5,8 @@
 //! Two kernels share one launch shape: `paged_attention` for any batch, and `paged_decode` for
 //! batches whose rows outside prompt tiles are all decodes (query_len 1), which streams the keys
 //! through shared memory with cp.async at memory bandwidth (beside a prompt chunk, a server's
-//! usual step, it cut attention from 542 µs per layer; see PERF.md). The choice is made per launch on the host (`Plan`);
+//! usual step, it cut attention from 542 µs per layer; see PERF.md). The choice is made per
+//! launch on the host (`Plan`, `PagedAttention::plan_batch`);
 //! CUDA graphs only capture decode steps, so a captured launch always takes the decode kernel, its
 //! splits fixed by the batch-size bucket and the cache's maximum context.
 //!
@@ -128,7 +129,7 @@ pub struct Plan {
 /// `PREFILL_MIN_ROWS` query rows) are all decodes: then `paged_decode` attends them, beside prompt
 /// chunks too. (A short chunk of 2..16 rows needs `paged_attention`, which reads its rows' new
 /// keys from the step's rows rather than from the cache that other CTAs are writing.)
-pub fn untiled_rows_decode(b: &ForwardBatch) -> bool {
+fn untiled_rows_decode(b: &ForwardBatch) -> bool {
     b.seqs
         .iter()
         .all(|s| s.query_len == 1 || s.query_len >= PREFILL_MIN_ROWS)
@@ -280,7 +281,9 @@ impl PagedAttention {
     }
 
     /// The launch for `num_tokens` rows whose longest context is `max_seq_len` (under a CUDA graph:
-    /// the longest the cache holds); `decode`: every row is a decode (query_len 1).
+    /// the longest the cache holds); `decode`: the rows outside prompt tiles are all decodes
+    /// (query_len 1). The plan allows the fused RoPE whenever `decode` holds: a step with prompt
+    /// chunks takes `plan_batch`, which knows better.
     ///
     /// Decode: as many splits as fill the GPU's CTA slots in one wave (slots = SMs × CTAs per SM,
     /// splits = slots / (rows × KV heads), rounded down so no second partial wave trails), with at
@@ -320,6 +323,16 @@ impl PagedAttention {
             decode: false,
             fused_rope: false,
         }
+    }
+
+    /// The launch for a batch run step by step (not under a CUDA graph): decode rows take
+    /// `paged_decode` beside prompt chunks too, but only a step of decodes alone lets it apply
+    /// RoPE itself.
+    pub fn plan_batch(&self, sms: u32, b: &ForwardBatch) -> Plan {
+        let max_ctx = b.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
+        let mut plan = self.plan(sms, b.num_tokens(), max_ctx, untiled_rows_decode(b));
+        plan.fused_rope = b.seqs.iter().all(|s| s.query_len == 1);
+        plan
     }
 
     /// Writes the step's K/V into the cache and attends every row into `b.out` (with `b.rope`,
@@ -603,9 +616,7 @@ impl HostRun {
         )?;
         let mut m = vec![];
         let layout = pack_meta(batch, &mut m, a.prefill_rows());
-        let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
-        let mut plan = a.plan(gpu.sms, n, max_ctx, untiled_rows_decode(batch));
-        plan.fused_rope = batch.seqs.iter().all(|s| s.query_len == 1);
+        let plan = a.plan_batch(gpu.sms, batch);
         let part = n * a.num_heads * plan.splits;
         Ok(Self {
             qkv: gpu.upload(qkv)?,

@@ -296,16 +296,7 @@ impl CudaExecutor {
             return self.run_graph(batch, to_host);
         }
         let c = &self.cfg;
-        let max_ctx = batch.seqs.iter().map(|s| s.seq_len).max().unwrap_or(1);
-        // Decode rows take the streaming decode kernel beside prompt chunks too; only a step of
-        // decodes alone lets it apply RoPE itself.
-        let mut plan = self.k.attention.plan(
-            self.gpu.sms,
-            n,
-            max_ctx,
-            super::attention::untiled_rows_decode(batch),
-        );
-        plan.fused_rope = decode_only;
+        let plan = self.k.attention.plan_batch(self.gpu.sms, batch);
         let layout = pack_meta(batch, &mut self.meta_host, self.k.attention.prefill_rows());
         let nl = batch.logits_indices.len();
         if self.grow(n, nl, n * c.num_heads * plan.splits, self.meta_host.len())? {

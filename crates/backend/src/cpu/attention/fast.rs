@@ -270,10 +270,10 @@ fn attend_range<T: KvElem>(
         slot * kv_row
     };
     // The slots of this chunk's keys and of the next one's, each looked up once.
-    let mut rows = [0usize; CHUNK];
+    let mut slots = [0usize; CHUNK];
     let mut next = [0usize; CHUNK];
-    for (i, row) in rows.iter_mut().enumerate() {
-        *row = slot_of((w.keys.start + i).min(w.keys.end - 1));
+    for (i, slot) in slots.iter_mut().enumerate() {
+        *slot = slot_of((w.keys.start + i).min(w.keys.end - 1));
     }
     // The span of a slot's row this task reads: its KV heads, contiguous.
     let (span0, span) = (w.kvh.start * d, heads * d);
@@ -312,10 +312,10 @@ fn attend_range<T: KvElem>(
             // coming (at depth 8192 the conversion's first load was a third of the kernel's
             // time without this).
             let nn = CHUNK.min(w.keys.end.saturating_sub(j + n));
-            for (i, row) in next[..nn].iter_mut().enumerate() {
-                *row = slot_of(j + n + i);
-                prefetch_row(&k_cache[*row + span0..][..span]);
-                prefetch_row(&v_cache[*row + span0..][..span]);
+            for (i, slot) in next[..nn].iter_mut().enumerate() {
+                *slot = slot_of(j + n + i);
+                prefetch_row(&k_cache[*slot + span0..][..span]);
+                prefetch_row(&v_cache[*slot + span0..][..span]);
             }
             for hi in 0..heads {
                 let h = w.kvh.start + hi;
@@ -330,15 +330,15 @@ fn attend_range<T: KvElem>(
                     qh,
                     k_cache,
                     v_cache,
-                    &rows[..n],
+                    &slots[..n],
                     h * d,
                     &mut st,
                     fused_part,
                 ) {
                     continue;
                 }
-                rows_to_f32(isa, k_cache, &rows[..n], h * d, &mut kbuf[..n * d]);
-                rows_to_f32(isa, v_cache, &rows[..n], h * d, &mut vbuf[..n * d]);
+                rows_to_f32(isa, k_cache, &slots[..n], h * d, &mut kbuf[..n * d]);
+                rows_to_f32(isa, v_cache, &slots[..n], h * d, &mut vbuf[..n * d]);
                 for g in 0..hq {
                     let ag = &mut st.acc[g * d..(g + 1) * d];
                     k.scores(&qh[g * d..(g + 1) * d], &kbuf[..n * d], &mut s[..n]);
@@ -356,7 +356,7 @@ fn attend_range<T: KvElem>(
                     k.axpy(ag, &s[..n], &vbuf[..n * d]);
                 }
             }
-            std::mem::swap(&mut rows, &mut next);
+            std::mem::swap(&mut slots, &mut next);
             j += n;
         }
         // Each (row, head)'s partial to its place.
@@ -419,13 +419,9 @@ fn fused_chunk<T: KvElem>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if let (Isa::Avx512, Some(k), Some(v)) = (isa, T::as_f16(k_cache), T::as_f16(v_cache)) {
-        let mut shifted = [0usize; CHUNK];
-        for (a, &b) in shifted.iter_mut().zip(rows) {
-            *a = b + off;
-        }
         // SAFETY: the path was checked available; the rows are slots of the cache (and
         // `chunk_f16` checks their bounds).
-        return unsafe { x86::avx512::chunk_f16(q, k, v, &shifted[..rows.len()], st, part) };
+        return unsafe { x86::avx512::chunk_f16(q, k, v, rows, off, st, part) };
     }
     let _ = (isa, q, k_cache, v_cache, rows, off, st, part);
     false

@@ -376,25 +376,26 @@ pub(super) mod avx512 {
     /// order as `scores`, the softmax steps and `axpy` over converted rows, so the same bits.
     /// Handles rows of 64 and 128 (returns false otherwise, having done nothing).
     ///
-    /// `q`: [group, d] prescaled; `rows[i]`: the first element of key i's row of this head in `k`
-    /// and `v`; `part`: scratch of at least group × CHUNK × 16 floats.
+    /// `q`: [group, d] prescaled; `rows[i] + off`: the first element of key i's row of this head
+    /// in `k` and `v`; `part`: scratch of at least group × CHUNK × 16 floats.
     ///
     /// # Safety
-    /// AVX-512F present; every `rows[i] + d` within `k` and `v`; at most `CHUNK` rows.
+    /// AVX-512F present; every `rows[i] + off + d` within `k` and `v`; at most `CHUNK` rows.
     #[target_feature(enable = "avx512f")]
     pub(in super::super) unsafe fn chunk_f16(
         q: &[f32],
         k: &[f16],
         v: &[f16],
         rows: &[usize],
+        off: usize,
         st: &mut Online,
         part: &mut [f32],
     ) -> bool {
         let group = st.m.len();
         let d = q.len() / group;
         match d {
-            64 => chunk_nv::<4>(q, k, v, rows, st, part),
-            128 => chunk_nv::<8>(q, k, v, rows, st, part),
+            64 => chunk_nv::<4>(q, (k, v), rows, off, st, part),
+            128 => chunk_nv::<8>(q, (k, v), rows, off, st, part),
             _ => return false,
         }
         true
@@ -412,9 +413,9 @@ pub(super) mod avx512 {
     #[inline(always)]
     unsafe fn chunk_nv<const NV: usize>(
         q: &[f32],
-        k: &[f16],
-        v: &[f16],
+        (k, v): (&[f16], &[f16]),
         rows: &[usize],
+        off: usize,
         st: &mut Online,
         part: &mut [f32],
     ) {
@@ -422,12 +423,14 @@ pub(super) mod avx512 {
         let group = st.m.len();
         let n = rows.len();
         assert!(n <= CHUNK && q.len() == group * d && part.len() >= group * CHUNK * 16);
-        assert!(rows.iter().all(|&r| r + d <= k.len() && r + d <= v.len()));
+        assert!(rows
+            .iter()
+            .all(|&r| r + off + d <= k.len() && r + off + d <= v.len()));
         let (qp, pp) = (q.as_ptr(), part.as_mut_ptr());
         // Each key's dot products with every head as 16 partial sums: part[i][g] (a key's heads
         // side by side: with a head's keys side by side, the stores of one key were 2 KB apart).
         for (i, &r) in rows.iter().enumerate() {
-            let kr = load_f16::<NV>(k.as_ptr().add(r));
+            let kr = load_f16::<NV>(k.as_ptr().add(r + off));
             for g in 0..group {
                 let qg = qp.add(g * d);
                 let mut a = _mm512_mul_ps(_mm512_loadu_ps(qg), kr[0]);
@@ -468,14 +471,15 @@ pub(super) mod avx512 {
             st.l[g] += exp_sum(sg, st.m[g]);
         }
         // V: the heads' accumulators in registers, a few heads at a time.
+        let vo = &v[off..];
         let mut g = 0;
         while g < group {
             let left = group - g;
             match NV {
-                4 if left >= 4 => g += vsum::<NV, 4>(v, rows, &s[g..], &mut st.acc[g * d..]),
-                4 if left == 3 => g += vsum::<NV, 3>(v, rows, &s[g..], &mut st.acc[g * d..]),
-                _ if left >= 2 => g += vsum::<NV, 2>(v, rows, &s[g..], &mut st.acc[g * d..]),
-                _ => g += vsum::<NV, 1>(v, rows, &s[g..], &mut st.acc[g * d..]),
+                4 if left >= 4 => g += vsum::<NV, 4>(vo, rows, &s[g..], &mut st.acc[g * d..]),
+                4 if left == 3 => g += vsum::<NV, 3>(vo, rows, &s[g..], &mut st.acc[g * d..]),
+                _ if left >= 2 => g += vsum::<NV, 2>(vo, rows, &s[g..], &mut st.acc[g * d..]),
+                _ => g += vsum::<NV, 1>(vo, rows, &s[g..], &mut st.acc[g * d..]),
             }
         }
     }
