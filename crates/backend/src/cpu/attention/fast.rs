@@ -278,6 +278,7 @@ fn attend_range<T: KvElem>(
     // The span of a slot's row this task reads: its KV heads, contiguous.
     let (span0, span) = (w.kvh.start * d, heads * d);
     let k = kernels(isa);
+    let fused = has_fused_chunk::<T>(isa, d);
     SCRATCH.with_borrow_mut(|buf| {
         // Reused from task to task: zeroing ~80 KB of stack arrays per task showed in profiles.
         let need = heads * hq * (2 * d + 2) + 2 * CHUNK * d + hq * CHUNK * 16;
@@ -307,15 +308,18 @@ fn attend_range<T: KvElem>(
         let mut j = w.keys.start;
         while j < w.keys.end {
             let n = CHUNK.min(w.keys.end - j);
-            // The next chunk's rows are requested now, so that they arrive while this one is
-            // worked on: the blocks lie anywhere, so the hardware prefetchers do not see them
-            // coming (at depth 8192 the conversion's first load was a third of the kernel's
-            // time without this).
+            // The next chunk's rows are requested while this one is worked on: the blocks lie
+            // anywhere, so the hardware prefetchers do not see them coming (at depth 8192 the
+            // conversion's first load was a third of the kernel's time without this). The fused
+            // chunk asks for them into L2 a row at a time between its own rows; the other paths
+            // ask for them all at once here.
             let nn = CHUNK.min(w.keys.end.saturating_sub(j + n));
             for (i, slot) in next[..nn].iter_mut().enumerate() {
                 *slot = slot_of(j + n + i);
-                prefetch_row(&k_cache[*slot + span0..][..span]);
-                prefetch_row(&v_cache[*slot + span0..][..span]);
+                if !fused {
+                    prefetch_row(&k_cache[*slot + span0..][..span]);
+                    prefetch_row(&v_cache[*slot + span0..][..span]);
+                }
             }
             for hi in 0..heads {
                 let h = w.kvh.start + hi;
@@ -325,16 +329,15 @@ fn attend_range<T: KvElem>(
                     l: &mut ls[hi * hq..][..hq],
                     acc: &mut accs[hi * hq * d..][..hq * d],
                 };
-                if fused_chunk(
-                    isa,
-                    qh,
-                    k_cache,
-                    v_cache,
-                    &slots[..n],
-                    h * d,
-                    &mut st,
-                    fused_part,
-                ) {
+                if fused {
+                    fused_chunk(
+                        qh,
+                        (k_cache, v_cache),
+                        (&slots[..n], &next[..nn]),
+                        h * d,
+                        &mut st,
+                        fused_part,
+                    );
                     continue;
                 }
                 rows_to_f32(isa, k_cache, &slots[..n], h * d, &mut kbuf[..n * d]);
@@ -403,28 +406,36 @@ struct Online<'a> {
     acc: &'a mut [f32],
 }
 
-/// The chunk step of `attend_range` for head offset `off` in one pass over the f16 cache rows,
-/// where this path has such a kernel (AVX-512, rows of 64 or 128); false when it has not.
-#[allow(clippy::too_many_arguments)]
+/// Whether path `isa` has a one-pass kernel for chunks of an f16 cache with rows of `d`
+/// ([`fused_chunk`]: AVX-512, rows of 64 or 128).
+fn has_fused_chunk<T: KvElem>(isa: Isa, d: usize) -> bool {
+    cfg!(target_arch = "x86_64")
+        && isa == Isa::Avx512
+        && T::as_f16(&[]).is_some()
+        && matches!(d, 64 | 128)
+}
+
+/// The chunk step of `attend_range` for head offset `off` in one pass over the f16 cache rows
+/// `rows` (`has_fused_chunk` said yes); the rows `next` of the next chunk are asked into L2 on
+/// the way.
 #[inline]
 fn fused_chunk<T: KvElem>(
-    isa: Isa,
     q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
-    rows: &[usize],
+    (k_cache, v_cache): (&[T], &[T]),
+    (rows, next): (&[usize], &[usize]),
     off: usize,
     st: &mut Online,
     part: &mut [f32],
-) -> bool {
+) {
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx512, Some(k), Some(v)) = (isa, T::as_f16(k_cache), T::as_f16(v_cache)) {
-        // SAFETY: the path was checked available; the rows are slots of the cache (and
-        // `chunk_f16` checks their bounds).
-        return unsafe { x86::avx512::chunk_f16(q, k, v, rows, off, st, part) };
+    if let (Some(k), Some(v)) = (T::as_f16(k_cache), T::as_f16(v_cache)) {
+        // SAFETY: `has_fused_chunk` checked the path available; the rows are slots of the cache
+        // (and `chunk_f16` checks their bounds).
+        unsafe { x86::avx512::chunk_f16(q, (k, v), (rows, next), off, st, part) };
+        return;
     }
-    let _ = (isa, q, k_cache, v_cache, rows, off, st, part);
-    false
+    let _ = (q, k_cache, v_cache, rows, next, off, st, part);
+    unreachable!("fused_chunk called where has_fused_chunk is false");
 }
 
 /// Rows `rows[i] + off .. + d` of `cache` in f32, one after the other in `dst` (`rows.len() × d`):
