@@ -317,9 +317,11 @@ pub fn matmul_multi(
             let r0 = task * tiles_per_task * TILE_ROWS;
             let r1 = ((task + 1) * tiles_per_task * TILE_ROWS).min(w.rows);
             multi_rows(isa, w, packed, r0..r1, &mut |t, r, v| {
-                // SAFETY: (t, r) is written by exactly one task (r in its rows); t < n and
-                // r < rows, so the index is inside `out`.
-                unsafe { *out_ptr.at(t * w.rows + r) = v };
+                // SAFETY: rows r.. of token t are written by exactly one task (they are in its
+                // rows); t < n and r + v.len() <= rows, so the run is inside `out`.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(out_ptr.at(t * w.rows + r), v.len()) };
+                dst.copy_from_slice(v);
             });
         });
     });
@@ -353,7 +355,7 @@ pub fn matmul_multi_swiglu(
             for c in task * per_task..((task + 1) * per_task).min(chunks) {
                 let r0 = 2 * QK * c;
                 multi_rows(isa, w, packed, r0..r0 + 2 * QK, &mut |t, r, v| {
-                    gu[t * 2 * QK + r - r0] = v
+                    gu[t * 2 * QK + r - r0..][..v.len()].copy_from_slice(v)
                 });
                 for (t, gu) in gu.chunks_exact(2 * QK).enumerate() {
                     // SAFETY: block c of every token (32 outputs) belongs to this task alone;
@@ -392,55 +394,63 @@ fn with_packed(
     });
 }
 
-/// Rows `rows` of `w` against every token of `packed`, `put(t, r, value)` for each, a tile of
-/// 16 rows at a time: every group of 16 tokens passes over the tile while it is in L1, so the
-/// weights are read from memory once whatever the number of tokens. The first group asks for
-/// the rows one tile ahead of those it computes (a hint for the memory).
+/// Rows `rows` of `w` against every token of `packed`, a tile of 16 rows at a time: every group
+/// of 16 tokens passes over the tile while it is in L1, so the weights are read from memory once
+/// whatever the number of tokens. The first group asks for the rows one tile ahead of those it
+/// computes (a hint for the memory). Each token's results for a tile go to `put(t, first_row,
+/// values)` in one piece (`values[i]` is row `first_row + i`): writing them value by value, a
+/// token's row of a wide output a multiple of 4 KiB from the next, cost as much as the products
+/// at 16 tokens.
 fn multi_rows(
     isa: multi::Isa,
     w: &QMatrix,
     packed: &multi::Packed,
     rows: std::ops::Range<usize>,
-    put: &mut dyn FnMut(usize, usize, f32),
+    put: &mut impl FnMut(usize, usize, &[f32]),
 ) {
-    let mut emit = |g: usize, r: usize, v: &[f32]| {
-        for (k, &v) in v.iter().enumerate().take(packed.tokens_in(g)) {
-            put(g * multi::TOKENS + k, r, v);
-        }
-    };
     let ahead = |g: usize, r: usize, k: usize| {
         if g == 0 {
             let a = (r + TILE_ROWS).min(w.rows);
             prefetch_rows(w, a, (a + k).min(w.rows));
         }
     };
+    // [token][row in tile]
+    let mut vals = [[0f32; TILE_ROWS]; multi::TOKENS];
     let mut tile = rows.start;
     while tile < rows.end {
         let tile_end = (tile + TILE_ROWS).min(rows.end);
         for g in 0..packed.groups() {
+            let tokens = packed.tokens_in(g);
+            let mut keep = |r: usize, v: &[[f32; 4]]| {
+                for (vt, out) in v.iter().zip(&mut vals[..tokens]) {
+                    out[r - tile..r - tile + 4].copy_from_slice(vt);
+                }
+            };
             let mut r = tile;
-            let step = isa.rows_for(packed.tokens_in(g));
+            let step = isa.rows_for(tokens);
             while step == 4 && r + 4 <= tile_end {
                 ahead(g, r, 4);
                 let rows = std::array::from_fn(|k| w.row(r + k));
-                let v = multi::tile::<4>(isa, w.dtype, rows, packed, g);
-                for k in 0..4 {
-                    emit(g, r + k, &v.map(|t| t[k]));
-                }
+                keep(r, &multi::tile::<4>(isa, w.dtype, rows, packed, g));
                 r += 4;
             }
             while step >= 2 && r + 2 <= tile_end {
                 ahead(g, r, 2);
                 let v = multi::tile::<2>(isa, w.dtype, [w.row(r), w.row(r + 1)], packed, g);
-                for k in 0..2 {
-                    emit(g, r + k, &v.map(|t| t[k]));
+                for (vt, out) in v.iter().zip(&mut vals[..tokens]) {
+                    out[r - tile..r - tile + 2].copy_from_slice(vt);
                 }
                 r += 2;
             }
             for r in r..tile_end {
                 ahead(g, r, 1);
                 let v = multi::tile::<1>(isa, w.dtype, [w.row(r)], packed, g);
-                emit(g, r, &v.map(|t| t[0]));
+                for (vt, out) in v.iter().zip(&mut vals[..tokens]) {
+                    out[r - tile] = vt[0];
+                }
+            }
+            for (t, v) in vals[..tokens].iter().enumerate() {
+                put(g * multi::TOKENS + t, tile, &v[..tile_end - tile]);
             }
         }
         tile = tile_end;
