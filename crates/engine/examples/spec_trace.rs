@@ -34,15 +34,15 @@ fn prompts() -> Vec<(&'static str, String)> {
 
 /// A verify step of `n` tokens (1 = a plain step) in plain steps, default model, batch 1.
 fn verify_cost(n: usize) -> f64 {
-    // `quire bench --spec verify:1,2,4,8,16 -d 300 -r 3 -t 2`, 2-core VM beside builds (load
-    // 4.7); linear in between.
+    // `quire bench --spec verify:1,2,4,8,16 -n 64 -r 5 -t 2`, 2-core Xeon VM, quiet (0447fbf);
+    // linear in between.
     const TABLE: [(usize, f64); 6] = [
         (1, 1.0),
-        (2, 1.18),
-        (3, 1.34),
-        (5, 1.60),
-        (9, 2.16),
-        (17, 3.77),
+        (2, 1.37),
+        (3, 1.69),
+        (5, 2.17),
+        (9, 3.05),
+        (17, 6.07),
     ];
     let i = TABLE
         .iter()
