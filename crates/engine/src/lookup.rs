@@ -21,9 +21,9 @@
 //!   (rename: 1.82× against 1.85× at K = 8), and a third or a quarter of it.
 //!
 //! On the default model (`examples/spec_trace.rs` replays greedy outputs step by step), the edit
-//! prompt of `quire bench --spec` at K = 8 gets 121 of 205 proposed tokens accepted where the
-//! stateless lookup got 124 of 257: a few more steps (41 against 38), but far fewer rejected
-//! tokens widening them; at K = 16 the stateless lookup wastes 228 tokens, this one 98. The
+//! prompt of `quire bench --spec` at K = 8 gets 120 of 160 proposed tokens accepted where the
+//! stateless lookup got 124 of 257: a few more steps (42 against 38), but far fewer rejected
+//! tokens widening them; at K = 16 the stateless lookup wastes 228 tokens, this one 52. The
 //! repeat prompts keep their tokens per step.
 
 use quire_core::TokenId;
