@@ -281,7 +281,7 @@ fn attend_range<T: KvElem>(
     let fused = has_fused_chunk::<T>(isa, d);
     SCRATCH.with_borrow_mut(|buf| {
         // Reused from task to task: zeroing ~80 KB of stack arrays per task showed in profiles.
-        let need = heads * hq * (2 * d + 2) + 2 * CHUNK * d + hq * CHUNK * 16;
+        let need = heads * hq * (2 * d + 2) + 2 * CHUNK * d + hq * CHUNK * 17;
         if buf.len() < need {
             buf.resize(need, 0.0);
         }

@@ -185,9 +185,13 @@ pub(super) mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     unsafe fn max(x: &[f32; CHUNK]) -> f32 {
+        // An index loop: an iterator adapter here (`chunks_exact(16).skip(1)`) was not inlined
+        // into this AVX-512 function but called, a `vzeroupper` each time.
         let mut a = _mm512_loadu_ps(x.as_ptr());
-        for c in x.chunks_exact(16).skip(1) {
-            a = _mm512_max_ps(a, _mm512_loadu_ps(c.as_ptr()));
+        let mut c = 16;
+        while c < CHUNK {
+            a = _mm512_max_ps(a, _mm512_loadu_ps(x.as_ptr().add(c)));
+            c += 16;
         }
         _mm512_reduce_max_ps(a)
     }
@@ -384,7 +388,7 @@ pub(super) mod avx512 {
     /// --active-blocks 512`): 1.12–1.20× the speed of asking for the whole chunk at once (PERF.md).
     ///
     /// `q`: [group, d] prescaled; `rows[i] + off`: the first element of key i's row of this head
-    /// in `k` and `v` (`next[i] + off` likewise); `part`: scratch of at least group × CHUNK × 16
+    /// in `k` and `v` (`next[i] + off` likewise); `part`: scratch of at least group × CHUNK × 17
     /// floats.
     ///
     /// # Safety
@@ -440,29 +444,50 @@ pub(super) mod avx512 {
         let d = 16 * NV;
         let group = st.m.len();
         let n = rows.len();
-        assert!(n <= CHUNK && q.len() == group * d && part.len() >= group * CHUNK * 16);
+        assert!(n <= CHUNK && q.len() == group * d && part.len() >= group * CHUNK * 17);
         assert!(rows
             .iter()
             .chain(next)
             .all(|&r| r + off + d <= k.len() && r + off + d <= v.len()));
+        // The scores: part's last `group × CHUNK` floats (a local array of MAX_H rows was zeroed,
+        // 2 KB, on every call; every score is written before it is read).
+        let (part, s) = part.split_at_mut(group * CHUNK * 16);
+        let s = s.as_chunks_mut::<CHUNK>().0;
         let (qp, pp) = (q.as_ptr(), part.as_mut_ptr());
         // Each key's dot products with every head as 16 partial sums: part[i][g] (a key's heads
         // side by side: with a head's keys side by side, the stores of one key were 2 KB apart).
-        for (i, &r) in rows.iter().enumerate() {
-            if let Some(&nr) = next.get(i) {
-                prefetch_l2::<NV>(k.as_ptr().add(nr + off));
+        // Two keys at a time: their chains of dependent FMAs interleave.
+        let mut i = 0;
+        while i < n {
+            let two = i + 1 < n;
+            for x in i..(i + 2).min(n) {
+                if let Some(&nr) = next.get(x) {
+                    prefetch_l2::<NV>(k.as_ptr().add(nr + off));
+                }
             }
-            let kr = load_f16::<NV>(k.as_ptr().add(r + off));
+            let ka = load_f16::<NV>(k.as_ptr().add(rows[i] + off));
+            let kb = if two {
+                load_f16::<NV>(k.as_ptr().add(rows[i + 1] + off))
+            } else {
+                ka
+            };
             for g in 0..group {
                 let qg = qp.add(g * d);
-                let mut a = _mm512_mul_ps(_mm512_loadu_ps(qg), kr[0]);
-                for (j, kj) in kr.iter().enumerate().skip(1) {
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg.add(16 * j)), *kj, a);
+                let q0 = _mm512_loadu_ps(qg);
+                let mut a = _mm512_mul_ps(q0, ka[0]);
+                let mut b = _mm512_mul_ps(q0, kb[0]);
+                for j in 1..NV {
+                    let qj = _mm512_loadu_ps(qg.add(16 * j));
+                    a = _mm512_fmadd_ps(qj, ka[j], a);
+                    b = _mm512_fmadd_ps(qj, kb[j], b);
                 }
                 _mm512_storeu_ps(pp.add((i * group + g) * 16), a);
+                if two {
+                    _mm512_storeu_ps(pp.add(((i + 1) * group + g) * 16), b);
+                }
             }
+            i += 2;
         }
-        let mut s = [[0f32; CHUNK]; super::super::MAX_H];
         for (g, sg) in s[..group].iter_mut().enumerate() {
             let pg = pp.add(g * 16);
             let stride = group * 16;
