@@ -421,39 +421,48 @@ fn multi_rows(
         let tile_end = (tile + TILE_ROWS).min(rows.end);
         for g in 0..packed.groups() {
             let tokens = packed.tokens_in(g);
-            let mut keep = |r: usize, v: &[[f32; 4]]| {
-                for (vt, out) in v.iter().zip(&mut vals[..tokens]) {
-                    out[r - tile..r - tile + 4].copy_from_slice(vt);
-                }
-            };
+            let vals = &mut vals[..tokens];
             let mut r = tile;
             let step = isa.rows_for(tokens);
             while step == 4 && r + 4 <= tile_end {
                 ahead(g, r, 4);
                 let rows = std::array::from_fn(|k| w.row(r + k));
-                keep(r, &multi::tile::<4>(isa, w.dtype, rows, packed, g));
+                keep(
+                    vals,
+                    r - tile,
+                    &multi::tile::<4>(isa, w.dtype, rows, packed, g),
+                );
                 r += 4;
             }
             while step >= 2 && r + 2 <= tile_end {
                 ahead(g, r, 2);
                 let v = multi::tile::<2>(isa, w.dtype, [w.row(r), w.row(r + 1)], packed, g);
-                for (vt, out) in v.iter().zip(&mut vals[..tokens]) {
-                    out[r - tile..r - tile + 2].copy_from_slice(vt);
-                }
+                keep(vals, r - tile, &v);
                 r += 2;
             }
             for r in r..tile_end {
                 ahead(g, r, 1);
-                let v = multi::tile::<1>(isa, w.dtype, [w.row(r)], packed, g);
-                for (vt, out) in v.iter().zip(&mut vals[..tokens]) {
-                    out[r - tile] = vt[0];
-                }
+                keep(
+                    vals,
+                    r - tile,
+                    &multi::tile::<1>(isa, w.dtype, [w.row(r)], packed, g),
+                );
             }
-            for (t, v) in vals[..tokens].iter().enumerate() {
+            for (t, v) in vals.iter().enumerate() {
                 put(g * multi::TOKENS + t, tile, &v[..tile_end - tile]);
             }
         }
         tile = tile_end;
+    }
+}
+
+/// Each token's `R` results of a tile call (`v[t]`, rows `at..at + R` of the tile) into its row
+/// of `vals` ([token][row in tile]); `v` has a slot for every token of a group, `vals` one for
+/// each real token.
+#[inline(always)]
+fn keep<const R: usize>(vals: &mut [[f32; TILE_ROWS]], at: usize, v: &[[f32; R]]) {
+    for (vt, out) in v.iter().zip(vals) {
+        out[at..at + R].copy_from_slice(vt);
     }
 }
 
