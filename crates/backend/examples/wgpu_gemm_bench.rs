@@ -1,6 +1,8 @@
 //! Microbenchmark of the wgpu prompt GEMM on Llama-3-8B's matmul shapes: every GEMM path the
-//! adapter has (the tiled fallback; the cooperative-matrix kernel where the adapter has matrix
-//! units) and, for reference, the GEMV that short chunks use. Per path, type and shape:
+//! adapter has (the tiled fallback; the cooperative-matrix kernel in each of its blockings where
+//! the adapter has matrix units; each split over columns as the path splits that shape, its
+//! reduce included, and marked `*` where the engine picks that path) and, for reference, the
+//! GEMV that short chunks use. Per path, type and shape:
 //! the median time of the repetitions after a warm-up, the fastest and slowest, TFLOP/s
 //! (2·tokens·rows·cols per product), and tokens per second of that one product; then, per path
 //! and type, the tokens per second of an 8B prompt's matmuls alone (32 layers of QKV, O, gate+up
@@ -8,7 +10,7 @@
 //! TIMESTAMP_QUERY, else by the wall clock around each submission (the output says which).
 //!
 //! `cargo run --release -p quire-backend --features wgpu --example wgpu_gemm_bench -- [--adapter
-//! N|NAME] [--tokens 512] [--reps 10] [--types f16,q4_0] [--shapes small] [--no-matmul]`
+//! N|NAME] [--tokens 512,64] [--reps 10] [--types f16,q4_0] [--shapes small] [--no-matmul]`
 //! (`--shapes small`: 1/8 of each dimension, for CPU drivers such as lavapipe).
 
 use std::time::Instant;
@@ -26,7 +28,7 @@ const HELP: &str = "wgpu_gemm_bench: times the wgpu prompt GEMM on Llama-3-8B's 
 
 options:
   --adapter N|NAME  the adapter (index or name substring; default: the first discrete GPU)
-  --tokens N        tokens per product (default 512)
+  --tokens LIST     tokens per product, comma-separated (default 512)
   --reps N          timed repetitions after 3 warm-up runs (default 10)
   --types LIST      weight types, comma-separated: f16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k
                     (default f16)
@@ -44,7 +46,7 @@ const SHAPES: [(&str, usize, usize, bool); 5] = [
 
 struct Args {
     adapter: Option<String>,
-    tokens: usize,
+    tokens: Vec<usize>,
     reps: usize,
     types: Vec<GgmlType>,
     scale: usize,
@@ -54,7 +56,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         adapter: None,
-        tokens: 512,
+        tokens: vec![512],
         reps: 10,
         types: vec![GgmlType::F16],
         scale: 1,
@@ -66,7 +68,13 @@ fn parse() -> Result<Args, String> {
         let num = |v: String| v.parse::<usize>().map_err(|e| format!("{k} {v}: {e}"));
         match k.as_str() {
             "--adapter" => a.adapter = Some(val()?),
-            "--tokens" => a.tokens = num(val()?)?.max(1),
+            "--tokens" => {
+                a.tokens = val()?
+                    .split(',')
+                    .map(|v| v.parse::<usize>().map(|n| n.max(1)))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("--tokens: {e}"))?
+            }
             "--reps" => a.reps = num(val()?)?.max(1),
             "--types" => {
                 a.types = val()?
@@ -203,53 +211,171 @@ fn time(p: &Probe, list: &[Dispatch], reps: usize) -> Result<Vec<f64>, BackendEr
         .collect())
 }
 
-/// The dispatches of one product of `m` over `n` tokens through `path`.
+/// A uniform buffer holding `params`.
+fn param_buf(p: &mut Probe, params: &kernels::Params) -> Result<wgpu::Buffer, BackendError> {
+    let pb = p.gpu.buffer(
+        "bench parameters",
+        64,
+        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    )?;
+    let words: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
+    p.gpu.queue.write_buffer(&pb, 0, &words);
+    Ok(pb)
+}
+
+/// The dispatches of one product of `m` over `n` tokens through `path` (a GEMM's split as the
+/// path splits the shape, its partial sums in `part`), and the split's slices (1: none).
 fn dispatches(
     p: &mut Probe,
     path: Path,
     m: &DMatrix,
     n: usize,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-) -> Result<Option<Vec<Dispatch>>, BackendError> {
+    (x, y, part): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+) -> Result<Option<(Vec<Dispatch>, u32)>, BackendError> {
     let mut list = Vec::new();
-    for part in &m.parts {
+    let mut slices = 1;
+    for dpart in &m.parts {
         let s = MmShape {
-            rows: part.rows,
+            rows: dpart.rows,
             cols: m.cols,
             n,
             x_stride: m.cols,
             y_stride: m.rows,
-            y_off: part.y_off,
+            y_off: dpart.y_off,
             add: false,
-            row_words: part.ty.row_words(m.cols),
-            row0: part.row0,
+            row_words: dpart.ty.row_words(m.cols),
+            row0: dpart.row0,
         };
-        let (pipe, groups) = match path {
-            Path::Gemm(g) => match p.k.gemm.pipe(g, part.ty) {
-                Some(pipe) => (pipe.clone(), g.groups(&s)),
-                None => return Ok(None),
-            },
-            Path::Matmul => (p.k.matmul(part.ty).clone(), s.matmul_groups()),
-        };
-        let pb = p.gpu.buffer(
-            "bench parameters",
-            64,
-            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        )?;
-        let words: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
-        p.gpu.queue.write_buffer(&pb, 0, &words);
-        let bind = kernels::bind(&p.gpu, &pipe, (&pb, 0), &[(1, &part.buf), (2, x), (3, y)]);
-        list.push(Dispatch {
+        let d = |pipe: wgpu::ComputePipeline, bind, groups| Dispatch {
             name: "gemm",
             pipe,
             bind,
             groups,
             bytes: 0,
             flops: 0,
-        });
+        };
+        match path {
+            Path::Gemm(g) => {
+                let Some(pipe) = p.k.gemm.pipe(g, dpart.ty).cloned() else {
+                    return Ok(None);
+                };
+                let split = g.split(dpart.ty, &s);
+                slices = split.slices;
+                let pb = param_buf(p, &split.params(&s))?;
+                let bufs = [(1, &dpart.buf), (2, x), (3, y), (4, part)];
+                let bind = kernels::bind(&p.gpu, &pipe, (&pb, 0), &bufs);
+                list.push(d(pipe, bind, g.groups(&s, split)));
+                if split.is_split() {
+                    let (params, groups) = split.reduce(&s);
+                    let pb = param_buf(p, &params)?;
+                    let pipe = p.k.gemm.reduce.clone();
+                    let bind = kernels::bind(&p.gpu, &pipe, (&pb, 0), &[(3, y), (4, part)]);
+                    list.push(d(pipe, bind, groups));
+                }
+            }
+            Path::Matmul => {
+                let pipe = p.k.matmul(dpart.ty).clone();
+                let pb = param_buf(p, &s.params())?;
+                let bufs = [(1, &dpart.buf), (2, x), (3, y)];
+                let bind = kernels::bind(&p.gpu, &pipe, (&pb, 0), &bufs);
+                list.push(d(pipe, bind, s.matmul_groups()));
+            }
+        }
     }
-    Ok(Some(list))
+    Ok(Some((list, slices)))
+}
+
+/// Keeps the GPU busy for about `secs` with `list`: clocks up, and a shape's new buffers
+/// touched, before its first timing (without it the first paths timed on a fresh shape ran up to
+/// 4x slower on an H200 than the same kernels later).
+fn warm_up(p: &Probe, list: &[Dispatch], secs: f64) -> Result<(), BackendError> {
+    let t = Instant::now();
+    while t.elapsed().as_secs_f64() < secs {
+        time(p, list, 10)?;
+    }
+    Ok(())
+}
+
+/// Times every path on one shape at `n` tokens of type `t`; adds each path's median seconds to
+/// `layer` where the shape is one of a layer's products.
+fn bench_shape(
+    p: &mut Probe,
+    a: &Args,
+    rng: &mut StdRng,
+    (t, n): (GgmlType, usize),
+    (name, rows, cols, in_layer): (&str, usize, usize, bool),
+    paths: &[Path],
+    layer: &mut [f64],
+) -> Result<(), BackendError> {
+    let (rows, cols) = (rows / a.scale, cols / a.scale);
+    let w = tensor(rng, t, rows, cols);
+    let m = DMatrix::stack(&mut p.gpu, name, &[&w], cols)?;
+    drop(w);
+    let xv: Vec<u8> = (0..n * cols)
+        .flat_map(|_| rng.random_range(-1.0f32..1.0).to_le_bytes())
+        .collect();
+    let x = p.gpu.upload("x", &xv)?;
+    use wgpu::BufferUsages as U;
+    let y = p
+        .gpu
+        .buffer("y", (n * rows * 4) as u64, U::STORAGE | U::COPY_SRC)?;
+    let part = p.gpu.buffer(
+        "partial sums",
+        (p.k.gemm.scratch_floats().max(1) * 4) as u64,
+        U::STORAGE,
+    )?;
+    let engine = m.parts.first().map(|dp| {
+        let s = MmShape {
+            rows: dp.rows,
+            cols,
+            n,
+            x_stride: cols,
+            y_stride: rows,
+            y_off: 0,
+            add: false,
+            row_words: 0,
+            row0: 0,
+        };
+        p.k.gemm.choose(dp.ty, &s)
+    });
+    for (i, &path) in paths.iter().enumerate() {
+        let Some((list, slices)) = dispatches(p, path, &m, n, (&x, &y, &part))? else {
+            continue;
+        };
+        if i == 0 {
+            let first = layer.iter().all(|&s| s == 0.0);
+            warm_up(p, &list, if first { 1.0 } else { 0.3 })?;
+        }
+        time(p, &list, 3)?;
+        let mut ns = time(p, &list, a.reps)?;
+        ns.sort_by(f64::total_cmp);
+        let med = ns[ns.len() / 2];
+        let flop = 2.0 * (n * rows * cols) as f64;
+        let mark = matches!(path, Path::Gemm(g) if Some(g) == engine);
+        println!(
+            "{:<40} {:>1} {:>6} {:<5} {:<20} {:>10.1} {:>10.1}-{:<10.1} {:>8.3} {:>10.0}",
+            path.name(),
+            if mark { "*" } else { "" },
+            slices,
+            t.name(),
+            format!("{n}x{rows}x{cols}"),
+            med / 1e3,
+            ns[0] / 1e3,
+            ns[ns.len() - 1] / 1e3,
+            flop / med / 1e3,
+            n as f64 / (med * 1e-9)
+        );
+        if in_layer {
+            layer[i] += med * 1e-9;
+        }
+    }
+    for b in [&x, &y, &part] {
+        p.gpu.release(b);
+    }
+    for dp in &m.parts {
+        p.gpu.release(&dp.buf);
+    }
+    Ok(())
 }
 
 fn run(a: &Args) -> Result<(), BackendError> {
@@ -274,68 +400,27 @@ fn run(a: &Args) -> Result<(), BackendError> {
     if a.matmul {
         paths.push(Path::Matmul);
     }
-    let n = a.tokens;
     let mut rng = StdRng::seed_from_u64(7);
     println!(
-        "{:<44} {:<5} {:<20} {:>10} {:>21} {:>8} {:>10}",
-        "path", "type", "shape", "median µs", "min-max µs", "TFLOP/s", "tok/s"
+        "{:<40} {:>1} {:>6} {:<5} {:<20} {:>10} {:>21} {:>8} {:>10}",
+        "path", "*", "slices", "type", "shape", "median µs", "min-max µs", "TFLOP/s", "tok/s"
     );
-    for &t in &a.types {
-        // Per path: the seconds of one layer's products at this type.
-        let mut layer = vec![0f64; paths.len()];
-        for (name, rows, cols, in_layer) in SHAPES {
-            let (rows, cols) = (rows / a.scale, cols / a.scale);
-            let w = tensor(&mut rng, t, rows, cols);
-            let m = DMatrix::stack(&mut p.gpu, name, &[&w], cols)?;
-            drop(w);
-            let xv: Vec<u8> = (0..n * cols)
-                .flat_map(|_| rng.random_range(-1.0f32..1.0).to_le_bytes())
-                .collect();
-            let x = p.gpu.upload("x", &xv)?;
-            let y = p.gpu.buffer(
-                "y",
-                (n * rows * 4) as u64,
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-            )?;
-            for (i, &path) in paths.iter().enumerate() {
-                let Some(list) = dispatches(&mut p, path, &m, n, &x, &y)? else {
-                    continue;
-                };
-                time(&p, &list, 3)?;
-                let mut ns = time(&p, &list, a.reps)?;
-                ns.sort_by(f64::total_cmp);
-                let med = ns[ns.len() / 2];
-                let flop = 2.0 * (n * rows * cols) as f64;
+    for &n in &a.tokens {
+        for &t in &a.types {
+            // Per path: the seconds of one layer's products at this type.
+            let mut layer = vec![0f64; paths.len()];
+            for shape in SHAPES {
+                bench_shape(&mut p, a, &mut rng, (t, n), shape, &paths, &mut layer)?;
+            }
+            for (path, s) in paths.iter().zip(&layer) {
                 println!(
-                    "{:<44} {:<5} {:<20} {:>10.1} {:>10.1}-{:<10.1} {:>8.3} {:>10.0}",
+                    "{} {}: the matmuls of an 8B prompt of {n} tokens (32 layers){}: {:.0} tok/s",
                     path.name(),
                     t.name(),
-                    format!("{n}x{rows}x{cols}"),
-                    med / 1e3,
-                    ns[0] / 1e3,
-                    ns[ns.len() - 1] / 1e3,
-                    flop / med / 1e3,
-                    n as f64 / (med * 1e-9)
+                    if a.scale > 1 { " at 1/8 scale" } else { "" },
+                    n as f64 / (32.0 * s)
                 );
-                if in_layer {
-                    layer[i] += med * 1e-9;
-                }
             }
-            for b in [&x, &y] {
-                p.gpu.release(b);
-            }
-            for part in &m.parts {
-                p.gpu.release(&part.buf);
-            }
-        }
-        for (path, s) in paths.iter().zip(&layer) {
-            println!(
-                "{} {}: the matmuls of an 8B prompt of {n} tokens (32 layers){}: {:.0} tok/s",
-                path.name(),
-                t.name(),
-                if a.scale > 1 { " at 1/8 scale" } else { "" },
-                n as f64 / (32.0 * s)
-            );
         }
     }
     Ok(())

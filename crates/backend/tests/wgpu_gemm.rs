@@ -12,7 +12,7 @@
 #[cfg(feature = "wgpu")]
 use {
     half::f16,
-    quire_backend::wgpu::gemm::{self, GemmPath},
+    quire_backend::wgpu::gemm::{self, GemmPath, Split},
     quire_backend::wgpu::probe::Probe,
     quire_backend::HostTensor,
     quire_gguf::GgmlType,
@@ -47,8 +47,56 @@ fn tensor(rng: &mut StdRng, t: GgmlType, rows: usize, cols: usize) -> (HostTenso
 fn bound(path: GemmPath) -> f64 {
     match path {
         GemmPath::Tiled => metric::DOT_F32,
-        GemmPath::Coop(_) => metric::DOT_FUSED_F16_INPUT,
+        GemmPath::Coop(..) => metric::DOT_FUSED_F16_INPUT,
     }
+}
+
+/// Columns of one 16-byte unit of type `t` on the device (f32 and bf16 go there as f16).
+#[cfg(feature = "wgpu")]
+fn unit_cols(t: GgmlType) -> usize {
+    match t {
+        GgmlType::F16 | GgmlType::F32 | GgmlType::BF16 => 8,
+        GgmlType::Q8_0 => 16,
+        _ => 32,
+    }
+}
+
+/// The dequantized product `w` · `x`ᵀ in f64 (+ `y0` where `add`) for the columns
+/// `y_off..y_off + rows` of every token's row, and the device's values there; panics if the
+/// device wrote any other column of `got`.
+#[cfg(feature = "wgpu")]
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    what: &str,
+    wf: &[f32],
+    (rows, cols): (usize, usize),
+    x: &[f32],
+    x_stride: usize,
+    n: usize,
+    (y0, got): (&[f32], &[f32]),
+    (y_stride, y_off, add): (usize, usize, bool),
+) -> (Vec<f32>, Vec<f64>) {
+    let mut g = Vec::new();
+    let mut want = Vec::new();
+    for ti in 0..n {
+        for r in 0..rows {
+            let dot: f64 = (0..cols)
+                .map(|c| wf[r * cols + c] as f64 * x[ti * x_stride + c] as f64)
+                .sum();
+            let o = ti * y_stride + y_off + r;
+            want.push(if add { y0[o] as f64 + dot } else { dot });
+            g.push(got[o]);
+        }
+        for c in (0..y_stride).filter(|c| !(y_off..y_off + rows).contains(c)) {
+            let o = ti * y_stride + c;
+            assert_eq!(
+                got[o].to_bits(),
+                y0[o].to_bits(),
+                "{what}: column {c} of token {ti} was written"
+            );
+        }
+    }
+    (g, want)
 }
 
 quire_testkit::wgpu_test! {
@@ -72,19 +120,20 @@ quire_testkit::wgpu_test! {
         for path in paths {
             for t in types {
                 // Row lengths per format: f16 rows that are not whole 32-column steps, blocks of
-                // 32, superblocks of 256.
+                // 32, superblocks of 256; the last long enough to split over columns.
                 let cols = match t {
-                    GgmlType::F16 | GgmlType::F32 | GgmlType::BF16 => [136, 320, 40, 64],
-                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => [256, 512, 256, 256],
-                    _ => [160, 320, 32, 64],
+                    GgmlType::F16 | GgmlType::F32 | GgmlType::BF16 => [136, 320, 40, 64, 1048],
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => [256, 512, 256, 256, 1280],
+                    _ => [160, 320, 32, 64, 1056],
                 };
                 // (rows, cols, tokens, residual add): one tile and a part, several tiles each
-                // way, a single token, a thin matrix.
+                // way, a single token, a thin matrix, few tiles over long rows (split).
                 let shapes = [
                     (67, cols[0], 17, false),
                     (130, cols[1], 70, true),
                     (5, cols[2], 1, false),
                     (200, cols[3], 129, true),
+                    (70, cols[4], 33, true),
                 ];
                 for (rows, cols, n, add) in shapes {
                     let (w, wf) = tensor(&mut rng, t, rows, cols);
@@ -97,38 +146,42 @@ quire_testkit::wgpu_test! {
                             y0[ti * y_stride + y_off..][..rows].fill(f32::NAN);
                         }
                     }
-                    let got = p
-                        .gemm(path, &w, &x, x_stride, n, &y0, y_stride, y_off, add)
-                        .unwrap()
-                        .expect("the adapter listed this path");
-                    let mut g = Vec::new();
-                    let mut want = Vec::new();
-                    for ti in 0..n {
-                        for r in 0..rows {
-                            let dot: f64 = (0..cols)
-                                .map(|c| wf[r * cols + c] as f64 * x[ti * x_stride + c] as f64)
-                                .sum();
-                            let o = ti * y_stride + y_off + r;
-                            want.push(if add { y0[o] as f64 + dot } else { dot });
-                            g.push(got[o]);
-                        }
-                        for c in (0..y_stride).filter(|c| !(y_off..y_off + rows).contains(c)) {
-                            let o = ti * y_stride + c;
-                            assert_eq!(
-                                got[o].to_bits(),
-                                y0[o].to_bits(),
-                                "{} {rows}x{cols} n={n}: column {c} of token {ti} was written",
-                                t.name()
-                            );
-                        }
+                    // The path's own split of this shape, none, and an uneven one: two units
+                    // per slice, the last slice shorter (a split's slices must be whole steps).
+                    let unit = unit_cols(t);
+                    let units = cols / unit;
+                    let per = 2 * path.blocking().k as usize / unit;
+                    let uneven = Split {
+                        slices: units.div_ceil(per) as u32,
+                        units: per as u32,
+                    };
+                    let mut splits = vec![None, Some(Split::NONE)];
+                    if uneven.is_split() {
+                        splits.push(Some(uneven));
                     }
-                    let e = rel_l2(&g, &want);
-                    assert!(
-                        e < bound(path),
-                        "{} on {} {rows}x{cols} n={n} add={add}: rel L2 {e:e}",
-                        t.name(),
-                        path.name()
-                    );
+                    for split in splits {
+                        let what = format!(
+                            "{} on {} {rows}x{cols} n={n} add={add} split {split:?}",
+                            t.name(),
+                            path.name()
+                        );
+                        let got = p
+                            .gemm(path, split, &w, &x, x_stride, n, &y0, y_stride, y_off, add)
+                            .unwrap()
+                            .expect("the adapter listed this path");
+                        let (g, want) = compare(
+                            &what,
+                            &wf,
+                            (rows, cols),
+                            &x,
+                            x_stride,
+                            n,
+                            (&y0, &got),
+                            (y_stride, y_off, add),
+                        );
+                        let e = rel_l2(&g, &want);
+                        assert!(e < bound(path), "{what}: rel L2 {e:e}");
+                    }
                 }
             }
         }
@@ -153,8 +206,8 @@ fn coop_gemm_validates_and_translates_to_spirv_and_msl() {
         let sources = gemm::coop_sources();
         assert_eq!(
             sources.len(),
-            2 * quire_backend::wgpu::kernels::WType::ALL.len(),
-            "two configurations, every weight type"
+            2 * gemm::BLOCKINGS.len() * quire_backend::wgpu::kernels::WType::ALL.len(),
+            "two configurations, every blocking, every weight type"
         );
         for (name, src, entries) in sources {
             let module = match naga::front::wgsl::parse_str(&src) {

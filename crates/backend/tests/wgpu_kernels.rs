@@ -105,7 +105,7 @@ fn check_matmul(p: &mut Probe, seed: u64) {
             // The GEMV and the tiled GEMM sum f32 products of the operands as given; the
             // matrix units' f16 fragments accumulate in f32 in their own order.
             let path = p.matmul_path(t, n);
-            let coop = matches!(path, Some(GemmPath::Coop(_)));
+            let coop = matches!(path, Some(GemmPath::Coop(..)));
             let want = reference_product(&w, &x, n, coop);
             let e = rel_l2(&got, &want);
             let bound = if coop {

@@ -178,12 +178,13 @@ impl WgpuExecutor {
                 l.wqkv.parts.len() + l.wo.parts.len() + ffn
             })
             .sum();
-        // Each matmul part has up to three bind groups, the one-token GEMV's, the multi-token
-        // GEMV's and the prompt GEMM's (pipelines of their own; the down projection's GEMVs
-        // read silu(gate) · up instead, or not, for the executor's life), counted with room to
-        // spare; an embedding part one more: the lookup's, when the output matrix is tied to it.
+        // Each matmul part has a bind group per kernel it runs, the one-token GEMV's, the
+        // multi-token GEMV's, each GEMM path's and the split GEMM's reduce (pipelines of their
+        // own; the down projection's GEMVs read silu(gate) · up instead, or not, for the
+        // executor's life), counted with room to spare; an embedding part one more: the
+        // lookup's, when the output matrix is tied to it.
         let slots = 16
-            + 4 * parts
+            + (4 + k.gemm.paths().len()) * parts
             + 8 * c.num_layers
             + 4 * embed.parts.len()
             + 3 * output.as_ref().map_or(0, |o| o.parts.len());
@@ -262,6 +263,7 @@ impl WgpuExecutor {
             grow(n, c),
             grow(nl, l),
             grow(tables, t),
+            self.k.gemm.scratch_floats(),
         )?;
         self.bufs = Some(bufs);
         Ok(())

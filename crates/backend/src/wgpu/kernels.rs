@@ -153,6 +153,11 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             vec!["gemm"],
         ));
     }
+    v.push((
+        "gemm_reduce".into(),
+        super::gemm::GEMM_REDUCE.into(),
+        vec!["main"],
+    ));
     for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
         v.push((
             format!("attention{suffix}"),

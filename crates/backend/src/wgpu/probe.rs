@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::gemm::GemmPath;
+use super::gemm::{GemmKernels, GemmPath, Split};
 use super::gpu::Gpu;
 use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params};
 use super::weights::DMatrix;
@@ -84,7 +84,9 @@ pub struct AttnOutput {
 impl Probe {
     pub fn new(adapter: Option<&str>) -> Result<Probe, BackendError> {
         let gpu = Gpu::new(adapter)?;
-        let k = Kernels::new(&gpu)?;
+        let mut k = Kernels::new(&gpu)?;
+        // Every GEMM blocking, not only the engine's: tests check them all, benchmarks compare.
+        k.gemm = GemmKernels::all(&gpu)?;
         Ok(Probe { gpu, k })
     }
 
@@ -162,15 +164,10 @@ impl Probe {
             row_words: t.row_words(t.block().0),
             row0: 0,
         };
-        let (pipe, _, gemm) = super::step::mm_kernel(&self.k, t, &s);
-        if !gemm {
-            return None;
+        match super::step::mm_kernel(&self.k, t, &s) {
+            super::step::Mm::Gemm { path, .. } => Some(path),
+            super::step::Mm::Gemv(..) => None,
         }
-        self.k
-            .gemm
-            .paths()
-            .into_iter()
-            .find(|&path| self.k.gemm.pipe(path, t) == Some(pipe))
     }
 
     /// `x` · `w`ᵀ: `w` a `[rows, cols]` tensor (ggml order: dims [cols, rows]), `x` `[n, cols]`.
@@ -212,10 +209,16 @@ impl Probe {
                 row_words: part.ty.row_words(cols),
                 row0: part.row0,
             };
-            let (pipe, groups, _) = super::step::mm_kernel(&self.k, part.ty, &s);
-            let pipe = pipe.clone();
-            let bufs = [(1, &part.buf), (2, &xb), (3, &y)];
-            self.run(&pipe, s.params(), &bufs, groups)?;
+            match super::step::mm_kernel(&self.k, part.ty, &s) {
+                super::step::Mm::Gemm { path, split, .. } => {
+                    self.gemm_part(path, split, part, &s, &xb, &y)?;
+                }
+                super::step::Mm::Gemv(pipe, groups) => {
+                    let pipe = pipe.clone();
+                    let bufs = [(1, &part.buf), (2, &xb), (3, &y)];
+                    self.run(&pipe, s.params(), &bufs, groups)?;
+                }
+            }
         }
         Ok(to_f32(&self.gpu.download(&y, (n * rows * 4) as u64)?))
     }
@@ -254,11 +257,13 @@ impl Probe {
 
     /// The prompt GEMM through `path`: `y` (`[n, y_stride]`, given) (+)= `x` · `w`ᵀ into its
     /// columns `y_off..y_off + rows`, `x` `[n, x_stride]` of which the first `w.row_len()`
-    /// columns are read. Returns the whole `y`; `None` where the device lacks `path`.
+    /// columns are read, split over columns as `split` (`None`: as the path splits this shape).
+    /// Returns the whole `y`; `None` where the device lacks `path`.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm(
         &mut self,
         path: GemmPath,
+        split: Option<Split>,
         w: &HostTensor,
         x: &[f32],
         x_stride: usize,
@@ -285,14 +290,43 @@ impl Probe {
                 row_words: part.ty.row_words(cols),
                 row0: part.row0,
             };
-            let Some(pipe) = self.k.gemm.pipe(path, part.ty).cloned() else {
+            if self.k.gemm.pipe(path, part.ty).is_none() {
                 return Ok(None);
-            };
-            let bufs = [(1, &part.buf), (2, &xb), (3, &yb)];
-            self.run(&pipe, s.params(), &bufs, path.groups(&s))?;
+            }
+            let split = split.unwrap_or_else(|| path.split(part.ty, &s));
+            self.gemm_part(path, split, part, &s, &xb, &yb)?;
         }
         let out = self.gpu.download(&yb, (y.len() * 4) as u64)?;
         Ok(Some(to_f32(&out)))
+    }
+
+    /// One part's GEMM over `s` through `path` split as `split`, then the reduce of a split
+    /// (its partial sums in a NaN-filled buffer of their own).
+    fn gemm_part(
+        &mut self,
+        path: GemmPath,
+        split: Split,
+        part: &super::weights::Part,
+        s: &MmShape,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<(), BackendError> {
+        let pipe = self
+            .k
+            .gemm
+            .pipe(path, part.ty)
+            .cloned()
+            .ok_or_else(|| BackendError::Wgpu(format!("no GEMM path {}", path.name())))?;
+        let partials = self.output("partial sums", split.slices as usize * s.n * s.rows)?;
+        let bufs = [(1, &part.buf), (2, x), (3, y), (4, &partials)];
+        self.run(&pipe, split.params(s), &bufs, path.groups(s, split))?;
+        if split.is_split() {
+            let (p, groups) = split.reduce(s);
+            let pipe = self.k.gemm.reduce.clone();
+            self.run(&pipe, p, &[(3, y), (4, &partials)], groups)?;
+        }
+        self.gpu.release(&partials);
+        Ok(())
     }
 
     /// The embedding rows of `tokens` from `w` (`[vocab, cols]`): `[tokens, cols]`.

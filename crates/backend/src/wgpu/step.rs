@@ -28,9 +28,12 @@ pub enum Key {
     /// The one-token GEMV of a part, plain and reading silu(gate) · up (pipelines of their own).
     Gemv1(u32, u8),
     Gemv1Swiglu(u32),
-    /// The prompt GEMM of a weight part: a bind group of its own, since each pipeline's layout
-    /// is derived from its shader and a group made for one does not fit another.
-    Gemm(u32, u8),
+    /// The prompt GEMM of a weight part through one of the device's GEMM paths (by index): a
+    /// bind group of its own, since each pipeline's layout is derived from its shader and a
+    /// group made for one does not fit another.
+    Gemm(u32, u8, u8),
+    /// The reduce after a GEMM split over its columns.
+    GemmReduce(u32, u8),
     QkvPost(usize),
     Attention(usize),
     AttnSplit(usize),
@@ -137,6 +140,8 @@ pub struct Bufs {
     pub lidx: wgpu::Buffer,   // [cap_logits] u32: rows whose logits are wanted
     pub read_logits: wgpu::Buffer,
     pub read_ids: wgpu::Buffer,
+    /// The partial sums of a GEMM split over its columns (`GemmKernels::scratch_floats`).
+    pub gemm_part: wgpu::Buffer,
 }
 
 impl Bufs {
@@ -146,6 +151,7 @@ impl Bufs {
         cap: usize,
         cap_logits: usize,
         cap_tables: usize,
+        gemm_floats: usize,
     ) -> Result<Bufs, BackendError> {
         use wgpu::BufferUsages as U;
         let work = U::STORAGE;
@@ -174,11 +180,12 @@ impl Bufs {
             lidx: b("logits rows", f(cap_logits), input)?,
             read_logits: b("logits readback", f(cap_logits * c.vocab_size), read)?,
             read_ids: b("ids readback", f(cap_logits), read)?,
+            gemm_part: b("GEMM partial sums", f(gemm_floats.max(4)), work)?,
         })
     }
 
     /// Every buffer, for the allocation count when they are dropped.
-    pub fn all(&self) -> [&wgpu::Buffer; 15] {
+    pub fn all(&self) -> [&wgpu::Buffer; 16] {
         [
             &self.x,
             &self.h,
@@ -195,6 +202,7 @@ impl Bufs {
             &self.lidx,
             &self.read_logits,
             &self.read_ids,
+            &self.gemm_part,
         ]
     }
 }
@@ -208,23 +216,33 @@ pub fn attn_cost(s: &HeadShape, n: usize, keys: usize) -> (usize, usize) {
     (bytes, 4 * keys * s.q_size())
 }
 
-/// The kernel that multiplies one part of a weight matrix of type `t` for the shape `s`, its
-/// grid, and whether it is the prompt GEMM: the GEMM (on matrix units where the device has them)
-/// once the GEMV would read the weights more than once (more than `kernels::MM_TOKENS` tokens),
-/// the GEMV below that. Both read the same parameters and bindings.
-pub fn mm_kernel<'k>(
-    k: &'k Kernels,
-    t: WType,
-    s: &MmShape,
-) -> (&'k wgpu::ComputePipeline, [u32; 3], bool) {
+/// How one part of a weight matrix is multiplied.
+pub enum Mm<'k> {
+    /// The GEMV (at most `kernels::MM_TOKENS` tokens) and its grid.
+    Gemv(&'k wgpu::ComputePipeline, [u32; 3]),
+    /// The prompt GEMM through `path`, split over its columns as `split` (then its reduce
+    /// follows).
+    Gemm {
+        path: gemm::GemmPath,
+        pipe: &'k wgpu::ComputePipeline,
+        split: gemm::Split,
+    },
+}
+
+/// The kernel that multiplies one part of a weight matrix of type `t` for the shape `s`: the
+/// GEMM (on matrix units where the device has them) once the GEMV would read the weights more
+/// than once (more than `kernels::MM_TOKENS` tokens), the GEMV below that. Both read the same
+/// parameters and bindings.
+pub fn mm_kernel<'k>(k: &'k Kernels, t: WType, s: &MmShape) -> Mm<'k> {
     if s.n >= gemm::GEMM_MIN_TOKENS {
-        let path = k.gemm.best();
+        let path = k.gemm.choose(t, s);
         if let Some(pipe) = k.gemm.pipe(path, t) {
-            return (pipe, path.groups(s), true);
+            let split = path.split(t, s);
+            return Mm::Gemm { path, pipe, split };
         }
     }
     let (pipe, groups) = k.gemv(t, s, false);
-    (pipe, groups, false)
+    Mm::Gemv(pipe, groups)
 }
 
 /// Whether shape `s` runs the one-token GEMV (its pipelines' bind groups are their own).
@@ -337,7 +355,7 @@ impl<'a> Step<'a> {
                 row_words: 0,
                 row0: 0,
             };
-            !mm_kernel(self.k, part.ty, &s).2
+            matches!(mm_kernel(self.k, part.ty, &s), Mm::Gemv(..))
         })
     }
 
@@ -367,21 +385,26 @@ impl<'a> Step<'a> {
                 row_words: part.ty.row_words(w.cols),
                 row0: part.row0,
             };
-            let (mut pipe, mut groups, gemm) = mm_kernel(self.k, part.ty, &s);
+            let (pipe, groups) = match mm_kernel(self.k, part.ty, &s) {
+                Mm::Gemm { path, pipe, split } => {
+                    self.gemm(part, x.0, y.0, &s, tag, name, (path, pipe, split))?;
+                    continue;
+                }
+                Mm::Gemv(pipe, groups) => (pipe, groups),
+            };
             let one = one_token_gemv(part.ty, &s);
-            let key = if gemm {
-                Key::Gemm(part.id, tag)
-            } else if swiglu {
-                (pipe, groups) = self.k.gemv(part.ty, &s, true);
-                if one {
+            let (pipe, groups, key) = if swiglu {
+                let (pipe, groups) = self.k.gemv(part.ty, &s, true);
+                let key = if one {
                     Key::Gemv1Swiglu(part.id)
                 } else {
                     Key::MatmulSwiglu(part.id)
-                }
+                };
+                (pipe, groups, key)
             } else if one {
-                Key::Gemv1(part.id, tag)
+                (pipe, groups, Key::Gemv1(part.id, tag))
             } else {
-                Key::Matmul(part.id, tag)
+                (pipe, groups, Key::Matmul(part.id, tag))
             };
             let d = self.binder.dispatch(
                 self.gpu,
@@ -396,6 +419,45 @@ impl<'a> Step<'a> {
             let (r, c) = (part.rows, w.cols);
             let io = n * (c + r * (1 + add as usize)) * 4;
             self.cost(r * s.row_words * 4 + io, 2 * r * c * n);
+        }
+        Ok(())
+    }
+
+    /// The GEMM of one weight part over `s`, and its reduce when split over columns (both count
+    /// as the op `name`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        part: &super::weights::Part,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        s: &MmShape,
+        tag: u8,
+        name: &'static str,
+        (path, pipe, split): (gemm::GemmPath, &wgpu::ComputePipeline, gemm::Split),
+    ) -> Result<(), BackendError> {
+        let b = self.bufs;
+        let key = Key::Gemm(part.id, tag, self.k.gemm.index(path));
+        let bufs = [(1, &part.buf), (2, x), (3, y), (4, &b.gemm_part)];
+        let groups = path.groups(s, split);
+        let d = self
+            .binder
+            .dispatch(self.gpu, name, key, pipe, &bufs, split.params(s), groups)?;
+        self.list.push(d);
+        let (r, c, n) = (part.rows, s.cols, s.n);
+        let io = n * (c + r * (1 + s.add as usize)) * 4;
+        self.cost(r * s.row_words * 4 + io, 2 * r * c * n);
+        if split.is_split() {
+            let (p, groups) = split.reduce(s);
+            let key = Key::GemmReduce(part.id, tag);
+            let pipe = &self.k.gemm.reduce;
+            let bufs = [(3, y), (4, &b.gemm_part)];
+            let d = self
+                .binder
+                .dispatch(self.gpu, name, key, pipe, &bufs, p, groups)?;
+            self.list.push(d);
+            let floats = n * r * (split.slices as usize + 1 + s.add as usize);
+            self.cost(floats * 4, n * r * split.slices as usize);
         }
         Ok(())
     }

@@ -60,7 +60,7 @@ impl Ops for WgpuOps {
         Ok(match self.p.matmul_path(dtype, n) {
             // The cooperative-matrix GEMM stages the dequantized weights and the activations as
             // f16 fragments.
-            Some(GemmPath::Coop(_)) => MatmulForm {
+            Some(GemmPath::Coop(..)) => MatmulForm {
                 weights: Operand::F16,
                 act: Operand::F16,
             },

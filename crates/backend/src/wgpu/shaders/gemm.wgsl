@@ -11,6 +11,10 @@
 // row, wherever `ucol` puts them (a unit of the K-quants spans columns far apart). Slot
 // 4 (j UV + k) + i of a step holds column ucol(u0 + j, k) + i for W and x alike, so the sum over
 // slots is the sum over those columns.
+//
+// Split over columns (`ksplit` > 0), as gemm_coop.wgsl: workgroup z takes units [z ksplit,
+// (z + 1) ksplit) of every row and stores its sums in `part` ([z][t][r]); gemm_reduce.wgsl adds
+// the slices into y.
 
 struct P {
     rows: u32,      // rows of this part
@@ -22,12 +26,14 @@ struct P {
     add: u32,       // 1: add into y (the residual adds)
     row_words: u32, // u32 words per weight row
     row0: u32,      // unused here (the embedding's)
+    ksplit: u32,    // units per slice of a split over columns; 0: no split
 }
 
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>; // types.wgsl's layout
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read_write> part: array<f32>; // [slices][n][rows]
 
 const BR: u32 = 64u; // weight rows per workgroup
 const BT: u32 = 64u; // tokens per workgroup
@@ -51,10 +57,17 @@ fn gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
     let units = p.cols / (4u * UV);
+    // This workgroup's units: all, or its slice of a split.
+    var ua = 0u;
+    var ub = units;
+    if p.ksplit != 0u {
+        ua = min(units, wg.z * p.ksplit);
+        ub = min(units, ua + p.ksplit);
+    }
     let per = 8u / UV; // units per step
-    let steps = (units + per - 1u) / per;
+    let steps = (ub - ua + per - 1u) / per;
     for (var s = 0u; s < steps; s++) {
-        let u0 = s * per;
+        let u0 = ua + s * per;
         workgroupBarrier();
         // Weights: one unit of one row per invocation and round (row e % 64, unit e / 64).
         for (var h = 0u; h < (BR * per + 255u) / 256u; h++) {
@@ -63,7 +76,7 @@ fn gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
                 let row = e % BR;
                 let j = e / BR;
                 var v: array<vec4<f32>, 8>;
-                if r0 + row < p.rows && u0 + j < units {
+                if r0 + row < p.rows && u0 + j < ub {
                     v = unit(r0 + row, u0 + j);
                 }
                 for (var k = 0u; k < UV; k++) {
@@ -81,7 +94,7 @@ fn gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             let g = e % 8u;
             let j = g / UV;
             var v = vec4<f32>(0.0);
-            if t0 + t < p.n && u0 + j < units {
+            if t0 + t < p.n && u0 + j < ub {
                 v = x[((t0 + t) * p.x_stride + ucol(u0 + j, g % UV)) / 4u];
             }
             for (var i = 0u; i < 4u; i++) {
@@ -102,20 +115,25 @@ fn gemm(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
             acc3 += a * xs[k * BT + tt + 48u];
         }
     }
-    put(t0 + tt, r0 + tr, acc0);
-    put(t0 + tt + 16u, r0 + tr, acc1);
-    put(t0 + tt + 32u, r0 + tr, acc2);
-    put(t0 + tt + 48u, r0 + tr, acc3);
+    put(t0 + tt, r0 + tr, acc0, wg.z);
+    put(t0 + tt + 16u, r0 + tr, acc1, wg.z);
+    put(t0 + tt + 32u, r0 + tr, acc2, wg.z);
+    put(t0 + tt + 48u, r0 + tr, acc3, wg.z);
 }
 
-// Token t's outputs for rows r, r + 16, r + 32, r + 48 (those that exist).
-fn put(t: u32, r: u32, v: vec4<f32>) {
+// Token t's outputs for rows r, r + 16, r + 32, r + 48 (those that exist): into y, or into slice
+// z of `part` when the columns are split.
+fn put(t: u32, r: u32, v: vec4<f32>, z: u32) {
     if t >= p.n {
         return;
     }
     for (var i = 0u; i < 4u; i++) {
         let row = r + 16u * i;
         if row < p.rows {
+            if p.ksplit != 0u {
+                part[(z * p.n + t) * p.rows + row] = v[i];
+                continue;
+            }
             let o = t * p.y_stride + p.y_off + row;
             if p.add != 0u {
                 y[o] += v[i];
