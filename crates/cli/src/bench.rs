@@ -523,27 +523,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if let Some(w) = stamp.busy_warning() {
         eprintln!("{w}");
     }
-    // The GPU's roofs, measured once; the CPU's are per thread count.
-    #[cfg(feature = "cuda")]
-    let gpu = match a.backend.as_str() {
-        "cuda" => {
-            let g = crate::gpu_ceilings::GpuCeilings::measure()?;
-            let (mut roofs, mut line) = (g.roofs(), g.line());
-            let n = a.tensor_parallel_size;
-            if n > 1 {
-                // N GPUs read their shares at once: the roofs are N times one GPU's.
-                roofs.mem_bw_gbps *= n as f64;
-                if let Some((peak, _)) = &mut roofs.compute {
-                    *peak *= n as f64;
-                }
-                line = format!("{line}; x{n} GPUs (tensor parallel)");
-            }
-            Some((roofs, line, g.device))
-        }
-        _ => None,
-    };
-    #[cfg(not(feature = "cuda"))]
-    let gpu: Option<(Roofs, String, String)> = None;
+    let gpu = gpu_roofs(&a)?;
     let total = models.len() * threads_list.len() * tests.len() * (a.reps + 1);
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
@@ -652,4 +632,40 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     print!("{out}");
     Ok(())
+}
+
+/// The GPU's roofs, measured once (the CPU's are measured per thread count: `None` here), with
+/// the report's line and the device's name: for CUDA the copy bandwidth and the chip's tensor
+/// peak, for wgpu the adapter's read bandwidth alone (its matrix peak is measured by `quire
+/// roofline --backend wgpu`, too slow to repeat here, so the % columns compare with memory only).
+fn gpu_roofs(a: &BenchArgs) -> Result<Option<(Roofs, String, String)>> {
+    match a.backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let g = crate::gpu_ceilings::GpuCeilings::measure()?;
+            let (mut roofs, mut line) = (g.roofs(), g.line());
+            let n = a.tensor_parallel_size;
+            if n > 1 {
+                // N GPUs read their shares at once: the roofs are N times one GPU's.
+                roofs.mem_bw_gbps *= n as f64;
+                if let Some((peak, _)) = &mut roofs.compute {
+                    *peak *= n as f64;
+                }
+                line = format!("{line}; x{n} GPUs (tensor parallel)");
+            }
+            Ok(Some((roofs, line, g.device)))
+        }
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            let mut p = quire_backend::wgpu::probe::Probe::new(a.adapter.as_deref())?;
+            let g = crate::wgpu_ceilings::WgpuCeilings::measure(&mut p)?;
+            let roofs = Roofs {
+                mem_bw_gbps: g.read_gbps,
+                compute: None,
+            };
+            let line = format!("{}; no matrix peak here: % of memory only", g.line());
+            Ok(Some((roofs, line, g.adapter)))
+        }
+        _ => Ok(None),
+    }
 }
