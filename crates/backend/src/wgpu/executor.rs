@@ -12,7 +12,8 @@ use quire_core::ModelConfig;
 
 use super::gpu::{Gpu, Timer, Timestamps};
 use super::kernels::{self, HeadShape, Kernels};
-use super::step::{Binder, Bufs, NoMoe, Step};
+use super::moe::{DMoe, MoeKernels};
+use super::step::{Binder, Bufs, Step};
 use super::weights::{DMatrix, DVec};
 use super::WgpuOptions;
 use crate::cpu::ops::RopeTable;
@@ -29,7 +30,7 @@ pub struct WgpuExecutor {
     /// `None`: tied to the embedding.
     output: Option<DMatrix>,
     output_norm: DVec,
-    layers: Vec<Layer<DMatrix, DVec, NoMoe>>,
+    layers: Vec<Layer<DMatrix, DVec, DMoe>>,
     cache: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     rope: RopeTable,
     dummy: wgpu::Buffer,
@@ -83,13 +84,6 @@ impl WgpuExecutor {
     ) -> Result<WgpuExecutor, BackendError> {
         w.check()?;
         let c = &w.config;
-        if c.moe.is_some() {
-            return Err(BackendError::UnsupportedType {
-                dtype: "MoE",
-                what: "mixture-of-experts layers on the wgpu backend (dense models only for now)"
-                    .into(),
-            });
-        }
         if !kv.block_size.is_power_of_two() || kv.block_size > 128 || kv.num_blocks == 0 {
             return Err(BackendError::Config(format!(
                 "block size must be a power of two up to 128 and the cache non-empty (got {} blocks of {})",
@@ -109,7 +103,10 @@ impl WgpuExecutor {
             )));
         }
         let mut gpu = Gpu::new(opts.adapter.as_deref())?;
-        let k = Kernels::new(&gpu)?;
+        let mut k = Kernels::new(&gpu)?;
+        if c.moe.is_some() {
+            k.moe = Some(MoeKernels::new(&gpu)?);
+        }
         let (hd, inter) = (c.hidden_size, c.intermediate_size);
         let embed = DMatrix::stack(&mut gpu, "token_embd", &[&w.tok_embd], hd)?;
         let output = match &w.output {
@@ -118,13 +115,16 @@ impl WgpuExecutor {
         };
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in &w.layers {
-            let FfnWeights::Dense {
-                w_gate,
-                w_up,
-                w_down,
-            } = &l.ffn
-            else {
-                unreachable!("checked: no MoE config")
+            let ffn = match &l.ffn {
+                FfnWeights::Dense {
+                    w_gate,
+                    w_up,
+                    w_down,
+                } => Ffn::Dense {
+                    gate_up: DMatrix::stack(&mut gpu, "gate_up", &[w_gate, w_up], hd)?,
+                    down: DMatrix::stack(&mut gpu, "down", &[w_down], inter)?,
+                },
+                FfnWeights::Moe(m) => Ffn::Moe(DMoe::new(&mut gpu, m, c)?),
             };
             let bqkv = match (&l.bq, &l.bk, &l.bv) {
                 (Some(q), Some(k), Some(v)) => {
@@ -148,10 +148,7 @@ impl WgpuExecutor {
                 k_norm: vec(&mut gpu, &l.k_norm)?,
                 wo: DMatrix::stack(&mut gpu, "wo", &[&l.wo], c.q_size())?,
                 ffn_norm: DVec::from_tensor(&mut gpu, &l.ffn_norm, hd)?,
-                ffn: Ffn::Dense {
-                    gate_up: DMatrix::stack(&mut gpu, "gate_up", &[w_gate, w_up], hd)?,
-                    down: DMatrix::stack(&mut gpu, "down", &[w_down], inter)?,
-                },
+                ffn,
             });
         }
         let cache_bytes = (kv.num_blocks * kv.block_size * c.kv_size() * 2) as u64;
@@ -173,7 +170,10 @@ impl WgpuExecutor {
             .map(|l| {
                 let ffn = match &l.ffn {
                     Ffn::Dense { gate_up, down } => gate_up.parts.len() + down.parts.len(),
-                    Ffn::Moe(e) => match *e {},
+                    // The router, gate, up and down, and the layer's route, SwiGLU and sum.
+                    Ffn::Moe(e) => {
+                        1 + e.gate.parts.len() + e.up.parts.len() + e.down.parts.len() + 3
+                    }
                 };
                 l.wqkv.parts.len() + l.wo.parts.len() + ffn
             })

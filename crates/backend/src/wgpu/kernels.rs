@@ -153,6 +153,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
             vec!["gemm"],
         ));
     }
+    v.extend(super::moe::sources());
     v.push((
         "gemm_reduce".into(),
         super::gemm::GEMM_REDUCE.into(),
@@ -220,6 +221,8 @@ pub struct Kernels {
     pub subgroup: bool,
     /// The prompt GEMM (gemm.rs).
     pub gemm: super::gemm::GemmKernels,
+    /// Mixture-of-experts layers (moe.rs), made for models that have them.
+    pub moe: Option<super::moe::MoeKernels>,
 }
 
 impl Kernels {
@@ -279,6 +282,7 @@ impl Kernels {
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
             subgroup,
             gemm: super::gemm::GemmKernels::new(gpu)?,
+            moe: None,
         })
     }
 

@@ -27,6 +27,7 @@ pub mod gemv_q;
 pub mod gpu;
 #[cfg(feature = "wgpu")]
 pub mod kernels;
+pub mod moe;
 #[cfg(feature = "wgpu")]
 pub mod probe;
 #[cfg(feature = "wgpu")]

@@ -13,6 +13,7 @@ use quire_core::ModelConfig;
 use super::gemm;
 use super::gpu::Gpu;
 use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params, WType};
+use super::moe::{self, DMoe};
 use super::weights::{DMatrix, DVec};
 use crate::forward::{Act, LayerOps, Next};
 use crate::{BackendError, KvCacheSpec};
@@ -34,6 +35,12 @@ pub enum Key {
     Gemm(u32, u8, u8),
     /// The reduce after a GEMM split over its columns.
     GemmReduce(u32, u8),
+    /// A mixture-of-experts layer: its routing (by router id), an expert matmul (by part id),
+    /// the SwiGLU over the pairs' rows, the weighted sum into the residual.
+    MoeRoute(u32),
+    MoeExperts(u32),
+    MoeSwiglu,
+    MoeCombine,
     QkvPost(usize),
     Attention(usize),
     AttnSplit(usize),
@@ -142,6 +149,13 @@ pub struct Bufs {
     pub read_ids: wgpu::Buffer,
     /// The partial sums of a GEMM split over its columns (`GemmKernels::scratch_floats`).
     pub gemm_part: wgpu::Buffer,
+    /// Mixture-of-experts layers (4 bytes each without): per (token, expert) pair, `k` a token,
+    /// the chosen expert and its weight, [gate | up], the SwiGLU and the expert's output.
+    pub moe_ids: wgpu::Buffer, // [cap k] u32
+    pub moe_wts: wgpu::Buffer, // [cap k] f32
+    pub moe_gu: wgpu::Buffer,  // [cap k, 2 expert_inter] f32
+    pub moe_act: wgpu::Buffer, // [cap k, expert_inter] f32
+    pub moe_y: wgpu::Buffer,   // [cap k, hidden] f32
 }
 
 impl Bufs {
@@ -159,7 +173,10 @@ impl Bufs {
         let out = U::STORAGE | U::COPY_SRC;
         let read = U::MAP_READ | U::COPY_DST;
         let stride = c.q_size() + 2 * c.kv_size();
-        let f = |n: usize| (n * 4) as u64;
+        let f = |n: usize| (n.max(1) * 4) as u64;
+        let (k, ei) = c.moe.map_or((0, 0), |m| {
+            (m.num_experts_per_tok, m.expert_intermediate_size)
+        });
         let mut b = |what: &str, bytes: u64, usage| gpu.buffer(what, bytes, usage);
         Ok(Bufs {
             cap,
@@ -181,11 +198,16 @@ impl Bufs {
             read_logits: b("logits readback", f(cap_logits * c.vocab_size), read)?,
             read_ids: b("ids readback", f(cap_logits), read)?,
             gemm_part: b("GEMM partial sums", f(gemm_floats.max(4)), work)?,
+            moe_ids: b("expert ids", f(cap * k), work)?,
+            moe_wts: b("expert weights", f(cap * k), work)?,
+            moe_gu: b("expert gate_up", f(cap * k * 2 * ei), work)?,
+            moe_act: b("expert swiglu", f(cap * k * ei), work)?,
+            moe_y: b("expert outputs", f(cap * k * c.hidden_size), work)?,
         })
     }
 
     /// Every buffer, for the allocation count when they are dropped.
-    pub fn all(&self) -> [&wgpu::Buffer; 16] {
+    pub fn all(&self) -> [&wgpu::Buffer; 21] {
         [
             &self.x,
             &self.h,
@@ -203,6 +225,11 @@ impl Bufs {
             &self.read_logits,
             &self.read_ids,
             &self.gemm_part,
+            &self.moe_ids,
+            &self.moe_wts,
+            &self.moe_gu,
+            &self.moe_act,
+            &self.moe_y,
         ]
     }
 }
@@ -249,9 +276,6 @@ pub fn mm_kernel<'k>(k: &'k Kernels, t: WType, s: &MmShape) -> Mm<'k> {
 fn one_token_gemv(t: WType, s: &MmShape) -> bool {
     s.n == 1 && super::gemv::Gemv::engine(t) != super::gemv::Gemv::Multi
 }
-
-/// Mixture-of-experts blocks: not on the wgpu backend yet (the loader refuses such models).
-pub enum NoMoe {}
 
 /// One step's kernels, bound to its batch.
 pub struct Step<'a> {
@@ -484,7 +508,7 @@ impl<'a> Step<'a> {
 impl LayerOps for Step<'_> {
     type M = DMatrix;
     type V = DVec;
-    type E = NoMoe;
+    type E = DMoe;
 
     fn embed(&mut self) -> Result<(), BackendError> {
         let hd = self.cfg.hidden_size;
@@ -519,7 +543,7 @@ impl LayerOps for Step<'_> {
         &mut self,
         _layer: usize,
         w: &DVec,
-        _next: Next<'_, DMatrix, NoMoe>,
+        _next: Next<'_, DMatrix, DMoe>,
     ) -> Result<(), BackendError> {
         let b = self.bufs;
         let p = kernels::rms_params(w.len, self.n, self.cfg.rms_norm_eps, false);
@@ -687,8 +711,70 @@ impl LayerOps for Step<'_> {
         Ok(())
     }
 
-    fn moe(&mut self, _layer: usize, moe: &NoMoe) -> Result<(), BackendError> {
-        match *moe {}
+    fn moe(&mut self, _layer: usize, m: &DMoe) -> Result<(), BackendError> {
+        let (b, k) = (self.bufs, self.k);
+        let mk = k.moe.as_ref().ok_or_else(|| {
+            BackendError::Wgpu("a MoE layer without the MoE kernels (load made none)".into())
+        })?;
+        let (n, top, inter, hd) = (self.n, m.top_k, m.inter, m.hidden);
+        let pairs = n * top;
+        let (p, g) = moe::route_params(m, n);
+        let bufs = [
+            (1, &b.h),
+            (2, &m.router.buf),
+            (3, &b.moe_ids),
+            (4, &b.moe_wts),
+        ];
+        self.push(
+            "moe_route",
+            Key::MoeRoute(m.router.id),
+            &mk.route,
+            &bufs,
+            p,
+            g,
+        )?;
+        self.cost(
+            (n * hd + m.router.len + 2 * pairs) * 4,
+            2 * n * m.router.len,
+        );
+        let expert = m.expert_bytes();
+        for (w, off) in [(&m.gate, 0), (&m.up, inter)] {
+            let part = &w.parts[0];
+            let (p, g) = moe::experts_params(w, inter, pairs, top, hd, 2 * inter, off, true);
+            let bufs = [(1, &part.buf), (2, &b.h), (3, &b.moe_gu), (4, &b.moe_ids)];
+            let pipe = mk.experts(part.ty);
+            self.push("moe_gate_up", Key::MoeExperts(part.id), pipe, &bufs, p, g)?;
+            self.cost(
+                pairs * (expert / 3 + (hd + inter) * 4),
+                2 * pairs * inter * hd,
+            );
+        }
+        let (p, g) = (
+            kernels::swiglu_params(pairs, inter),
+            kernels::swiglu_groups(pairs, inter),
+        );
+        let bufs = [(1, &b.moe_gu), (2, &b.moe_act)];
+        self.push("moe_swiglu", Key::MoeSwiglu, &k.swiglu, &bufs, p, g)?;
+        self.cost(pairs * inter * 3 * 4, 6 * pairs * inter);
+        let part = &m.down.parts[0];
+        let (p, g) = moe::experts_params(&m.down, hd, pairs, top, inter, hd, 0, false);
+        let bufs = [
+            (1, &part.buf),
+            (2, &b.moe_act),
+            (3, &b.moe_y),
+            (4, &b.moe_ids),
+        ];
+        let pipe = mk.experts(part.ty);
+        self.push("moe_down", Key::MoeExperts(part.id), pipe, &bufs, p, g)?;
+        self.cost(
+            pairs * (expert / 3 + (hd + inter) * 4),
+            2 * pairs * inter * hd,
+        );
+        let (p, g) = moe::combine_params(m, n);
+        let bufs = [(1, &b.moe_y), (2, &b.moe_wts), (4, &b.x)];
+        self.push("moe_combine", Key::MoeCombine, &mk.combine, &bufs, p, g)?;
+        self.cost((pairs * hd + pairs + 2 * n * hd) * 4, 2 * pairs * hd);
+        Ok(())
     }
 
     fn output(&mut self, norm: &DVec, w: &DMatrix) -> Result<(), BackendError> {
