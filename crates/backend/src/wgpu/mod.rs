@@ -27,6 +27,7 @@ pub mod gemv_q;
 pub mod gpu;
 #[cfg(feature = "wgpu")]
 pub mod kernels;
+#[cfg(feature = "wgpu")]
 pub mod moe;
 #[cfg(feature = "wgpu")]
 pub mod probe;
