@@ -3,8 +3,9 @@
 //! soon as it is encoded (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
 //! token ids for greedy steps (argmax on the device), come back to the host.
 //!
-//! A decode step's down projection takes the SwiGLU into its input (one dispatch fewer per
-//! layer); `QUIRE_WGPU_UNFUSED=1` turns that off, so the two forms can be compared.
+//! A one-token step fuses its small ops into its GEMVs (`step`'s header: the RMSNorms, RoPE,
+//! the SwiGLU; 5 dispatches per Llama layer instead of 8); `QUIRE_WGPU_UNFUSED=1` turns that
+//! off, so the two forms can be compared.
 
 use std::time::Instant;
 
@@ -43,13 +44,17 @@ pub struct WgpuExecutor {
     scratch: Option<Scratch>,
     /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
     timer: Option<Timer>,
-    /// The last profiled step: its device time (timestamps at its start and end) and its wall
-    /// time (without the profile's timing passes).
+    /// The last profiled step: its device time (timestamps at its start and end), its wall
+    /// time and the host's time to upload, record and encode it (both without the profile's
+    /// timing passes).
     step_device_ns: Option<u64>,
     step_wall_ns: Option<u64>,
-    /// Whether a decode step's down GEMV takes the SwiGLU into its input (on by default; off
-    /// only to compare the two forms).
-    fuse_swiglu: bool,
+    step_host_ns: Option<u64>,
+    /// Whether a one-token step fuses its small ops into its GEMVs (on by default; off only to
+    /// compare the two forms), and whether the model lets the QKV GEMV apply RoPE (adjacent
+    /// pairs, no bias or QK-norm before it).
+    fuse: bool,
+    rope_in_gemv: bool,
 }
 
 /// The decode attention's scratch: every range's partial (V sums, then from `ml_off` the maxima
@@ -66,8 +71,10 @@ const OMISSION_ROUNDS: usize = 5;
 
 /// Dispatches per submission of an unprofiled step: small enough that the device starts early
 /// and the host's encoding of the rest overlaps the device's work, large enough that the cost of
-/// a submission (tens of microseconds) stays a small part of a step.
+/// a submission (tens of microseconds) stays a small part of a step. The first submission is
+/// shorter, so the device starts on the first layer's work while the host encodes the rest.
 const SUBMIT_EVERY: usize = 64;
+const SUBMIT_FIRST: usize = 8;
 
 /// What a step hands back.
 enum Want {
@@ -178,15 +185,20 @@ impl WgpuExecutor {
                 l.wqkv.parts.len() + l.wo.parts.len() + ffn
             })
             .sum();
-        // Each matmul part has up to three bind groups, the one-token GEMV's, the multi-token
-        // GEMV's and the prompt GEMM's (pipelines of their own; the down projection's GEMVs
-        // read silu(gate) · up instead, or not, for the executor's life), counted with room to
-        // spare; an embedding part one more: the lookup's, when the output matrix is tied to it.
+        // Each matmul part has up to four bind groups, the one-token GEMV's (plain or with the
+        // norm fused), the multi-token GEMV's and the prompt GEMM's (pipelines of their own; the
+        // down projection's GEMVs read silu(gate) · up instead, or not, for the executor's
+        // life), counted with room to spare; an embedding part one more: the lookup's, when the
+        // output matrix is tied to it.
         let slots = 16
-            + 4 * parts
+            + 5 * parts
             + 8 * c.num_layers
-            + 4 * embed.parts.len()
-            + 3 * output.as_ref().map_or(0, |o| o.parts.len());
+            + 5 * embed.parts.len()
+            + 4 * output.as_ref().map_or(0, |o| o.parts.len());
+        let rope_in_gemv = c.rope_style == quire_core::RopeStyle::Normal
+            && layers
+                .iter()
+                .all(|l| l.bqkv.is_none() && l.q_norm.is_none() && l.k_norm.is_none());
         let binder = Binder::new(&mut gpu, slots)?;
         gpu.submit_wait(
             gpu.device
@@ -213,19 +225,21 @@ impl WgpuExecutor {
             timer: None,
             step_device_ns: None,
             step_wall_ns: None,
+            step_host_ns: None,
             scratch: None,
             // QUIRE_WGPU_UNFUSED=1 runs every op as its own dispatch, to compare the forms.
-            fuse_swiglu: std::env::var_os("QUIRE_WGPU_UNFUSED")
-                .is_none_or(|v| v.is_empty() || v == "0"),
+            fuse: std::env::var_os("QUIRE_WGPU_UNFUSED").is_none_or(|v| v.is_empty() || v == "0"),
+            rope_in_gemv,
             k,
             gpu,
         })
     }
 
-    /// Turns the fusions that cut dispatches (the SwiGLU into the down GEMV) on or off; the
-    /// output is the same either way, within f32 rounding.
+    /// Turns the fusions that cut a one-token step's dispatches (the RMSNorms and RoPE into the
+    /// GEMVs after them, the SwiGLU into the down GEMV) on or off; the output is the same either
+    /// way, within f32 rounding.
     pub fn set_fusions(&mut self, on: bool) {
-        self.fuse_swiglu = on;
+        self.fuse = on;
     }
 
     /// Dispatches the last recorded step ran (zero-sized ones skipped): the count a fusion cuts.
@@ -406,8 +420,11 @@ impl WgpuExecutor {
             nl,
             keys,
             tiles: attn_tiles(batch, &self.shape),
-            fuse_swiglu: self.fuse_swiglu,
+            fuse: self.fuse,
             swiglu_pending: false,
+            norm_pending: None,
+            rope_in_gemv: self.rope_in_gemv,
+            rope_done: false,
             split: plan.map(|p| {
                 let s = self.scratch.as_ref().expect("planned");
                 (p, &s.part, &s.done, s.ml_off)
@@ -418,9 +435,13 @@ impl WgpuExecutor {
         if argmax {
             st.argmax()?;
         }
-        self.gpu
-            .queue
-            .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
+        // Decode steps of one shape have the same parameters: write them only when they change.
+        if self.binder.words != self.binder.written {
+            self.gpu
+                .queue
+                .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
+            self.binder.written.clone_from(&self.binder.words);
+        }
         Ok(())
     }
 
@@ -450,15 +471,18 @@ impl WgpuExecutor {
         // All but the last chunk go to the device as soon as they are encoded, so it starts on
         // the first layers while the host encodes the rest (wgpu costs the host microseconds
         // per dispatch, and a step has hundreds).
-        let mut chunks = self.list.chunks(SUBMIT_EVERY).peekable();
-        while let Some(c) = chunks.next() {
-            if chunks.peek().is_none() {
-                kernels::encode(&mut enc, c);
+        let mut at = 0;
+        let mut size = SUBMIT_FIRST;
+        while at < self.list.len() {
+            let end = (at + size).min(self.list.len());
+            if end == self.list.len() {
+                kernels::encode(&mut enc, &self.list[at..]);
             } else {
                 let mut e = self.gpu.device.create_command_encoder(&Default::default());
-                kernels::encode(&mut e, c);
+                kernels::encode(&mut e, &self.list[at..end]);
                 self.gpu.queue.submit([e.finish()]);
             }
+            (at, size) = (end, SUBMIT_EVERY);
         }
         let (src, dst, bytes) = match want {
             Want::Logits => (
@@ -471,8 +495,9 @@ impl WgpuExecutor {
         if bytes > 0 {
             enc.copy_buffer_to_buffer(src, 0, dst, 0, bytes as u64);
         }
-        self.gpu.submit_wait(enc.finish())?;
-        let raw = self.gpu.read(dst, bytes as u64)?;
+        let cmd = enc.finish();
+        let host_ns = (t0.elapsed().as_nanos() as u64).saturating_sub(profiling_ns);
+        let raw = self.gpu.submit_read(cmd, dst, bytes as u64)?;
         let words: Vec<u32> = raw
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -480,6 +505,7 @@ impl WgpuExecutor {
         if self.profiling {
             let wall = t0.elapsed().as_nanos() as u64;
             self.step_wall_ns = Some(wall.saturating_sub(profiling_ns));
+            self.step_host_ns = Some(host_ns);
         }
         match want {
             Want::Logits => {
@@ -558,8 +584,7 @@ impl WgpuExecutor {
             enc.copy_buffer_to_buffer(&b.ids, 0, &out, k as u64 * row, row);
         }
         enc.copy_buffer_to_buffer(&out, 0, &read, 0, out_bytes);
-        let done = self.gpu.submit_wait(enc.finish());
-        let raw = done.and_then(|_| self.gpu.read(&read, out_bytes));
+        let raw = self.gpu.submit_read(enc.finish(), &read, out_bytes);
         for buf in [&src, &out, &read] {
             self.gpu.release(buf);
         }
@@ -748,12 +773,17 @@ impl Executor for WgpuExecutor {
 
     fn profile_note(&self) -> Option<String> {
         let dev = self.step_device_ns?;
+        let host = self.step_host_ns.unwrap_or(0);
         Some(format!(
             "wgpu: each op's time is what leaving its dispatches out saves the step on the device \
              (GPU timestamps at the step's start and end, medians of {OMISSION_ROUNDS}); the whole \
              step took {:.3} ms on the device; the step time above is its wall time without the \
-             profile's timing runs, so \"(outside ops)\" is host work and dispatch gaps",
-            dev as f64 / 1e6
+             profile's timing runs, so \"(outside ops)\" is host work and dispatch gaps; the \
+             host took {:.3} ms of it to upload, record and encode the step ({} dispatches, \
+             submitted as they were encoded, so the device ran meanwhile)",
+            dev as f64 / 1e6,
+            host as f64 / 1e6,
+            self.last_dispatches(),
         ))
     }
 }

@@ -533,6 +533,22 @@ impl Gpu {
             })
     }
 
+    /// Submits `cmd` and reads the first `bytes` of the MAP_READ buffer `staging` once it has
+    /// run: the map is asked for before the wait, so one wait serves both.
+    pub fn submit_read(
+        &self,
+        cmd: wgpu::CommandBuffer,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<Vec<u8>, BackendError> {
+        if bytes == 0 {
+            self.submit_wait(cmd)?;
+            return Ok(Vec::new());
+        }
+        self.queue.submit([cmd]);
+        self.read(staging, bytes)
+    }
+
     /// Reads the first `bytes` of a MAP_READ buffer after the work submitted so far.
     pub fn read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, BackendError> {
         if bytes == 0 {
