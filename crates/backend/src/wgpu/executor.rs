@@ -19,6 +19,9 @@ use super::WgpuOptions;
 use crate::cpu::ops::RopeTable;
 use crate::forward::{Ffn, Layer};
 use crate::{BackendError, Executor, FfnWeights, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
+use timing::OMISSION_ROUNDS;
+
+mod timing;
 
 pub struct WgpuExecutor {
     gpu: Gpu,
@@ -50,6 +53,9 @@ pub struct WgpuExecutor {
     step_device_ns: Option<u64>,
     step_wall_ns: Option<u64>,
     step_host_ns: Option<u64>,
+    /// What `list` was recorded for: a step of the same shape runs it again as it is (its
+    /// parameters too) instead of recording it anew.
+    recorded: Option<Recorded>,
     /// Whether a one-token step fuses its small ops into its GEMVs (on by default; off only to
     /// compare the two forms), and whether the model lets the QKV GEMV apply RoPE (adjacent
     /// pairs, no bias or QK-norm before it).
@@ -66,15 +72,27 @@ struct Scratch {
     rows: usize,
 }
 
-/// Rounds of a profiled step's timing passes (each op's cost is a difference of medians).
-const OMISSION_ROUNDS: usize = 5;
-
 /// Dispatches per submission of an unprofiled step: small enough that the device starts early
 /// and the host's encoding of the rest overlaps the device's work, large enough that the cost of
 /// a submission (tens of microseconds) stays a small part of a step. The first submission is
 /// shorter, so the device starts on the first layer's work while the host encodes the rest.
 const SUBMIT_EVERY: usize = 64;
 const SUBMIT_FIRST: usize = 8;
+
+/// What a step's dispatches depend on besides its inputs' values (which live in buffers): its
+/// token and logits rows, the argmax, the decode attention's split, the prompt attention's
+/// tiles, the fusions, and the bind groups' generation (`Binder::generation`: buffers regrown).
+/// The profile's byte counts depend on the keys too, so profiled steps always record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recorded {
+    n: usize,
+    nl: usize,
+    argmax: bool,
+    plan: Option<kernels::SplitPlan>,
+    tiles: usize,
+    fuse: bool,
+    generation: u64,
+}
 
 /// What a step hands back.
 enum Want {
@@ -219,6 +237,7 @@ impl WgpuExecutor {
             binder,
             bufs: None,
             list: Vec::new(),
+            recorded: None,
             logits: Vec::new(),
             profiling: false,
             profile: Vec::new(),
@@ -402,6 +421,21 @@ impl WgpuExecutor {
             .map(|&p| (p as usize + 1 + ahead).min(window))
             .max();
         let plan = self.plan_split(batch, max_keys.unwrap_or(1))?;
+        let tiles = attn_tiles(batch, &self.shape);
+        let sig = Recorded {
+            n,
+            nl,
+            argmax,
+            plan,
+            tiles,
+            fuse: self.fuse,
+            generation: self.binder.generation,
+        };
+        if !self.profiling && self.recorded == Some(sig) {
+            // Decode steps of one shape: the same dispatches and parameters as the last one.
+            return Ok(());
+        }
+        self.recorded = None;
         self.list.clear();
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut st = Step {
@@ -419,7 +453,7 @@ impl WgpuExecutor {
             n,
             nl,
             keys,
-            tiles: attn_tiles(batch, &self.shape),
+            tiles,
             fuse: self.fuse,
             swiglu_pending: false,
             norm_pending: None,
@@ -435,13 +469,15 @@ impl WgpuExecutor {
         if argmax {
             st.argmax()?;
         }
-        // Decode steps of one shape have the same parameters: write them only when they change.
+        // Steps of one shape with another split have the same parameters but the attention's:
+        // write them only when they change.
         if self.binder.words != self.binder.written {
             self.gpu
                 .queue
                 .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
             self.binder.written.clone_from(&self.binder.words);
         }
+        self.recorded = Some(sig);
         Ok(())
     }
 
@@ -497,23 +533,25 @@ impl WgpuExecutor {
         }
         let cmd = enc.finish();
         let host_ns = (t0.elapsed().as_nanos() as u64).saturating_sub(profiling_ns);
-        let raw = self.gpu.submit_read(cmd, dst, bytes as u64)?;
-        let words: Vec<u32> = raw
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        // Logits go straight from the mapped buffer into `self.logits` (kept between steps).
+        let logits = &mut self.logits;
+        let ids = self.gpu.submit_read_with(cmd, dst, bytes as u64, |raw| {
+            let words = raw.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]);
+            match want {
+                Want::Logits => {
+                    logits.clear();
+                    logits.extend(words.map(f32::from_le_bytes));
+                    Vec::new()
+                }
+                Want::Ids => words.map(u32::from_le_bytes).collect(),
+            }
+        })?;
         if self.profiling {
             let wall = t0.elapsed().as_nanos() as u64;
             self.step_wall_ns = Some(wall.saturating_sub(profiling_ns));
             self.step_host_ns = Some(host_ns);
         }
-        match want {
-            Want::Logits => {
-                self.logits = words.into_iter().map(f32::from_bits).collect();
-                Ok(Vec::new())
-            }
-            Want::Ids => Ok(words),
-        }
+        Ok(ids)
     }
 }
 
@@ -592,122 +630,6 @@ impl WgpuExecutor {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect())
-    }
-
-    /// Profiling on a device without timestamp queries: runs the step's dispatches one
-    /// submission each, timed by the wall clock around the submission (so each includes a
-    /// submission's overhead), before the step runs as usual. The KV write is idempotent, so
-    /// running a step's dispatches twice changes nothing.
-    fn time_each(&mut self) -> Result<(), BackendError> {
-        for i in 0..self.list.len() {
-            let t = Instant::now();
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            kernels::encode(&mut enc, std::slice::from_ref(&self.list[i]));
-            self.gpu.submit_wait(enc.finish())?;
-            let d = &self.list[i];
-            let (name, bytes, flops) = (d.name, d.bytes, d.flops);
-            self.add_stat(name, t.elapsed().as_nanos() as u64, bytes, flops);
-        }
-        Ok(())
-    }
-
-    /// Profiling with timestamps: what each op costs the step, measured as the device time of
-    /// the whole step (one timestamp at its start, one at its end) minus that of the step with
-    /// the op's dispatches left out, medians of [`OMISSION_ROUNDS`] rounds, before the step runs
-    /// as usual. A timestamp pair around each dispatch would be simpler, but on NVIDIA's Vulkan
-    /// driver each pair drains the GPU and adds microseconds to every dispatch, more than many
-    /// of them take. Leaving dispatches out changes the values the rest compute, never their
-    /// time (no kernel's work depends on the values), and the real step then recomputes
-    /// everything, its K/V writes included.
-    fn time_by_omission(&mut self) -> Result<(), BackendError> {
-        let mut names: Vec<&'static str> = Vec::new();
-        for d in self.list.iter().filter(|d| d.runs()) {
-            if !names.contains(&d.name) {
-                names.push(d.name);
-            }
-        }
-        let passes = names.len() + 1;
-        if self.timer.as_ref().is_none_or(|t| t.cap < passes) {
-            self.timer = self.gpu.timer(passes)?;
-        }
-        let timer = self.timer.as_ref().expect("the device has timestamps");
-        let mut samples = vec![Vec::new(); passes];
-        for _ in 0..OMISSION_ROUNDS {
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            for k in 0..passes {
-                let skip = k.checked_sub(1).map(|i| names[i]);
-                let list: Vec<kernels::Dispatch> = self
-                    .list
-                    .iter()
-                    .filter(|d| Some(d.name) != skip)
-                    .cloned()
-                    .collect();
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("quire step (profiled)"),
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &timer.set,
-                        beginning_of_pass_write_index: Some(2 * k as u32),
-                        end_of_pass_write_index: Some(2 * k as u32 + 1),
-                    }),
-                });
-                kernels::record_all(&mut pass, &list);
-            }
-            timer.resolve(&mut enc, passes);
-            self.gpu.submit_wait(enc.finish())?;
-            for (k, ns) in timer.read(&self.gpu, passes)?.into_iter().enumerate() {
-                samples[k].push(ns);
-            }
-        }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let full = median(&mut samples[0]);
-        self.step_device_ns = Some(full.round() as u64);
-        for (i, name) in names.into_iter().enumerate() {
-            let ns = (full - median(&mut samples[i + 1])).max(0.0).round() as u64;
-            let of = |f: fn(&kernels::Dispatch) -> u64| -> u64 {
-                self.list.iter().filter(|d| d.name == name).map(f).sum()
-            };
-            let calls = of(|d| d.runs() as u64);
-            let (bytes, flops) = (of(|d| d.bytes), of(|d| d.flops));
-            self.add_stat(name, ns, bytes, flops);
-            if let Some(s) = self.profile.iter_mut().find(|s| s.name == name) {
-                s.calls += calls - 1;
-            }
-        }
-        Ok(())
-    }
-
-    fn add_stat(&mut self, name: &str, ns: u64, bytes: u64, flops: u64) {
-        match self.profile.iter_mut().find(|s| s.name == name) {
-            Some(s) => {
-                s.calls += 1;
-                s.total_ns += ns;
-                s.bytes += bytes;
-                s.flops += flops;
-            }
-            None => self.profile.push(OpStat {
-                name: name.to_string(),
-                layer: None,
-                calls: 1,
-                total_ns: ns,
-                bytes,
-                flops,
-            }),
-        }
-    }
-
-    /// How profiled steps are timed on this device, in words (for tools to print).
-    pub fn timing(&self) -> &'static str {
-        match self.gpu.caps.timestamps {
-            Timestamps::InsidePasses | Timestamps::PassBoundaries => {
-                "GPU timestamps around the whole step, with and without each op's dispatches"
-            }
-            Timestamps::None => {
-                "no timestamp queries on this adapter: wall clock around one submission per dispatch"
-            }
-        }
     }
 }
 

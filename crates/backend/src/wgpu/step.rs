@@ -58,6 +58,8 @@ pub struct Binder {
     /// from what was written last (`written`).
     pub words: Vec<u32>,
     pub written: Vec<u32>,
+    /// Counts [`Binder::clear`]s: a recorded list of dispatches is valid while it is unchanged.
+    pub generation: u64,
     binds: HashMap<Key, (wgpu::BindGroup, usize)>,
 }
 
@@ -75,6 +77,7 @@ impl Binder {
             slots,
             words: Vec::new(),
             written: Vec::new(),
+            generation: 0,
             binds: HashMap::new(),
         })
     }
@@ -84,6 +87,7 @@ impl Binder {
         self.binds.clear();
         self.words.clear();
         self.written.clear();
+        self.generation += 1;
     }
 
     /// The dispatch of `pipe` over `groups` for `key`, its bind group made on first use, with
