@@ -28,7 +28,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use quire_backend::wgpu::gemv::{gemv_pipeline, Gemv};
+use quire_backend::wgpu::gemv::{gemv_pipeline, Gemv, GemvIn};
 use quire_backend::wgpu::gpu::{Gpu, Timestamps};
 use quire_backend::wgpu::kernels::{bind, Dispatch, Kernels, MmShape, READ_BW};
 use quire_backend::wgpu::probe::Probe;
@@ -394,7 +394,8 @@ fn main() -> Result<()> {
                     );
                     continue;
                 }
-                let pipe = gemv_pipeline(&p.gpu, ms[0].parts[0].ty, kern, p.k.subgroup, false)?;
+                let pipe =
+                    gemv_pipeline(&p.gpu, ms[0].parts[0].ty, kern, p.k.subgroup, GemvIn::Plain)?;
                 let case = Case {
                     ms: &ms,
                     rows,

@@ -13,7 +13,7 @@
 use {
     half::f16,
     quire_backend::wgpu::gemm::GemmPath,
-    quire_backend::wgpu::gemv::{gemv_pipeline, Gemv, SLOT_FOLD},
+    quire_backend::wgpu::gemv::{gemv_pipeline, Gemv, GemvIn, SLOT_FOLD},
     quire_backend::wgpu::kernels::{
         bind, encode, Dispatch, HeadShape, Kernels, MmShape, SplitPlan,
     },
@@ -514,6 +514,11 @@ fn run_gemv(
         .queue
         .write_buffer(&y, 0, &f32s(&vec![f32::NAN; n * rows]));
     let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+    let input = if swiglu {
+        GemvIn::Swiglu
+    } else {
+        GemvIn::Plain
+    };
     let mut list = Vec::new();
     for part in &m.parts {
         let s = MmShape {
@@ -530,7 +535,7 @@ fn run_gemv(
         let pbuf = p.gpu.buffer("params", 64, usage).unwrap();
         let words: Vec<u8> = s.params().iter().flat_map(|w| w.to_le_bytes()).collect();
         p.gpu.queue.write_buffer(&pbuf, 0, &words);
-        let pipe = gemv_pipeline(&p.gpu, part.ty, g, subgroup, swiglu).unwrap();
+        let pipe = gemv_pipeline(&p.gpu, part.ty, g, subgroup, input).unwrap();
         let bind = bind(
             &p.gpu,
             &pipe,

@@ -11,6 +11,12 @@ pub const MAX_SPLITS: usize = 64;
 /// Workgroups the decode kernel aims for: enough for every SM of a large GPU to hold several
 /// while each still takes a few steps of keys.
 const SPLIT_TARGET_GROUPS: usize = 1024;
+/// Ranges per row the engine's plan takes at most where the target would ask for more (few
+/// rows): the last range of a (row, KV head) merges every range's partial, so 64 ranges cost
+/// more in that merge than they gain. wgpu_decode_bench on an H200 through Vulkan (one row,
+/// Hq32 Hkv8 D128, block 16; one call, noisy absolute times): 1,024 keys 64 × 16 127.7 µs, 32 ×
+/// 32 71.9, 16 × 64 68.8; 4,096 keys 64 × 64 107.8, 32 × 128 69.2, 16 × 256 82.6.
+const PLAN_MAX_SPLITS: usize = 32;
 /// Block-table entries a range keeps in workgroup memory (attn_decode.wgsl's TB).
 const SPLIT_TABLE: usize = 256;
 
@@ -168,9 +174,9 @@ pub struct SplitPlan {
 
 impl SplitPlan {
     /// Ranges of whole steps of kernel `d`, as many as fill about [`SPLIT_TARGET_GROUPS`]
-    /// workgroups over the rows and KV heads, at most [`MAX_SPLITS`], no more than the longest
-    /// row has steps, and short enough that a range's block-table entries fit workgroup memory
-    /// where the context allows.
+    /// workgroups over the rows and KV heads but at most [`PLAN_MAX_SPLITS`] per row (more only
+    /// where a range's block-table entries would not fit workgroup memory, up to
+    /// [`MAX_SPLITS`]), no more than the longest row has steps.
     pub fn new(
         d: &DecodeKernel,
         s: &HeadShape,
@@ -178,7 +184,8 @@ impl SplitPlan {
         max_keys: usize,
         block_size: usize,
     ) -> SplitPlan {
-        SplitPlan::with_target(d, s, rows, max_keys, block_size, SPLIT_TARGET_GROUPS)
+        let target = SPLIT_TARGET_GROUPS.min(PLAN_MAX_SPLITS * (rows * s.kv_heads).max(1));
+        SplitPlan::with_target(d, s, rows, max_keys, block_size, target)
     }
 
     /// [`SplitPlan::new`] aiming at `target` workgroups (benchmarks compare targets).

@@ -3,8 +3,9 @@
 //! soon as it is encoded (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
 //! token ids for greedy steps (argmax on the device), come back to the host.
 //!
-//! A decode step's down projection takes the SwiGLU into its input (one dispatch fewer per
-//! layer); `QUIRE_WGPU_UNFUSED=1` turns that off, so the two forms can be compared.
+//! A one-token step fuses its small ops into its GEMVs (`step`'s header: the RMSNorms, RoPE,
+//! the SwiGLU; 5 dispatches per Llama layer instead of 8); `QUIRE_WGPU_UNFUSED=1` turns that
+//! off, so the two forms can be compared.
 
 use std::time::Instant;
 
@@ -19,6 +20,9 @@ use super::WgpuOptions;
 use crate::cpu::ops::RopeTable;
 use crate::forward::{Ffn, Layer};
 use crate::{BackendError, Executor, FfnWeights, ForwardBatch, KvCacheSpec, ModelWeights, OpStat};
+use timing::OMISSION_ROUNDS;
+
+mod timing;
 
 pub struct WgpuExecutor {
     gpu: Gpu,
@@ -44,13 +48,20 @@ pub struct WgpuExecutor {
     scratch: Option<Scratch>,
     /// Timestamp queries for profiled steps, made on the first one (never when not profiling).
     timer: Option<Timer>,
-    /// The last profiled step: its device time (timestamps at its start and end) and its wall
-    /// time (without the profile's timing passes).
+    /// The last profiled step: its device time (timestamps at its start and end), its wall
+    /// time and the host's time to upload, record and encode it (both without the profile's
+    /// timing passes).
     step_device_ns: Option<u64>,
     step_wall_ns: Option<u64>,
-    /// Whether a decode step's down GEMV takes the SwiGLU into its input (on by default; off
-    /// only to compare the two forms).
-    fuse_swiglu: bool,
+    step_host_ns: Option<u64>,
+    /// What `list` was recorded for: a step of the same shape runs it again as it is (its
+    /// parameters too) instead of recording it anew.
+    recorded: Option<Recorded>,
+    /// Whether a one-token step fuses its small ops into its GEMVs (on by default; off only to
+    /// compare the two forms), and whether the model lets the QKV GEMV apply RoPE (adjacent
+    /// pairs, no bias or QK-norm before it).
+    fuse: bool,
+    rope_in_gemv: bool,
 }
 
 /// The decode attention's scratch: every range's partial (V sums, then from `ml_off` the maxima
@@ -62,13 +73,27 @@ struct Scratch {
     rows: usize,
 }
 
-/// Rounds of a profiled step's timing passes (each op's cost is a difference of medians).
-const OMISSION_ROUNDS: usize = 5;
-
 /// Dispatches per submission of an unprofiled step: small enough that the device starts early
 /// and the host's encoding of the rest overlaps the device's work, large enough that the cost of
-/// a submission (tens of microseconds) stays a small part of a step.
+/// a submission (tens of microseconds) stays a small part of a step. The first submission is
+/// shorter, so the device starts on the first layer's work while the host encodes the rest.
 const SUBMIT_EVERY: usize = 64;
+const SUBMIT_FIRST: usize = 8;
+
+/// What a step's dispatches depend on besides its inputs' values (which live in buffers): its
+/// token and logits rows, the argmax, the decode attention's split, the prompt attention's
+/// tiles, the fusions, and the bind groups' generation (`Binder::generation`: buffers regrown).
+/// The profile's byte counts depend on the keys too, so profiled steps always record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recorded {
+    n: usize,
+    nl: usize,
+    argmax: bool,
+    plan: Option<kernels::SplitPlan>,
+    tiles: usize,
+    fuse: bool,
+    generation: u64,
+}
 
 /// What a step hands back.
 enum Want {
@@ -178,16 +203,20 @@ impl WgpuExecutor {
                 l.wqkv.parts.len() + l.wo.parts.len() + ffn
             })
             .sum();
-        // Each matmul part has a bind group per kernel it runs, the one-token GEMV's, the
-        // multi-token GEMV's, each GEMM path's and the split GEMM's reduce (pipelines of their
-        // own; the down projection's GEMVs read silu(gate) · up instead, or not, for the
-        // executor's life), counted with room to spare; an embedding part one more: the
-        // lookup's, when the output matrix is tied to it.
+        // Each matmul part has a bind group per kernel it runs, the one-token GEMV's (plain or
+        // with the norm fused), the multi-token GEMV's, each GEMM path's and the split GEMM's
+        // reduce (pipelines of their own; the down projection's GEMVs read silu(gate) · up
+        // instead, or not, for the executor's life), counted with room to spare; an embedding
+        // part one more: the lookup's, when the output matrix is tied to it.
         let slots = 16
-            + (4 + k.gemm.paths().len()) * parts
+            + (5 + k.gemm.paths().len()) * parts
             + 8 * c.num_layers
-            + 4 * embed.parts.len()
-            + 3 * output.as_ref().map_or(0, |o| o.parts.len());
+            + 5 * embed.parts.len()
+            + 4 * output.as_ref().map_or(0, |o| o.parts.len());
+        let rope_in_gemv = c.rope_style == quire_core::RopeStyle::Normal
+            && layers
+                .iter()
+                .all(|l| l.bqkv.is_none() && l.q_norm.is_none() && l.k_norm.is_none());
         let binder = Binder::new(&mut gpu, slots)?;
         gpu.submit_wait(
             gpu.device
@@ -208,25 +237,28 @@ impl WgpuExecutor {
             binder,
             bufs: None,
             list: Vec::new(),
+            recorded: None,
             logits: Vec::new(),
             profiling: false,
             profile: Vec::new(),
             timer: None,
             step_device_ns: None,
             step_wall_ns: None,
+            step_host_ns: None,
             scratch: None,
             // QUIRE_WGPU_UNFUSED=1 runs every op as its own dispatch, to compare the forms.
-            fuse_swiglu: std::env::var_os("QUIRE_WGPU_UNFUSED")
-                .is_none_or(|v| v.is_empty() || v == "0"),
+            fuse: std::env::var_os("QUIRE_WGPU_UNFUSED").is_none_or(|v| v.is_empty() || v == "0"),
+            rope_in_gemv,
             k,
             gpu,
         })
     }
 
-    /// Turns the fusions that cut dispatches (the SwiGLU into the down GEMV) on or off; the
-    /// output is the same either way, within f32 rounding.
+    /// Turns the fusions that cut a one-token step's dispatches (the RMSNorms and RoPE into the
+    /// GEMVs after them, the SwiGLU into the down GEMV) on or off; the output is the same either
+    /// way, within f32 rounding.
     pub fn set_fusions(&mut self, on: bool) {
-        self.fuse_swiglu = on;
+        self.fuse = on;
     }
 
     /// Dispatches the last recorded step ran (zero-sized ones skipped): the count a fusion cuts.
@@ -390,6 +422,21 @@ impl WgpuExecutor {
             .map(|&p| (p as usize + 1 + ahead).min(window))
             .max();
         let plan = self.plan_split(batch, max_keys.unwrap_or(1))?;
+        let tiles = attn_tiles(batch, &self.shape);
+        let sig = Recorded {
+            n,
+            nl,
+            argmax,
+            plan,
+            tiles,
+            fuse: self.fuse,
+            generation: self.binder.generation,
+        };
+        if !self.profiling && self.recorded == Some(sig) {
+            // Decode steps of one shape: the same dispatches and parameters as the last one.
+            return Ok(());
+        }
+        self.recorded = None;
         self.list.clear();
         let bufs = self.bufs.as_ref().expect("ensured");
         let mut st = Step {
@@ -407,9 +454,12 @@ impl WgpuExecutor {
             n,
             nl,
             keys,
-            tiles: attn_tiles(batch, &self.shape),
-            fuse_swiglu: self.fuse_swiglu,
+            tiles,
+            fuse: self.fuse,
             swiglu_pending: false,
+            norm_pending: None,
+            rope_in_gemv: self.rope_in_gemv,
+            rope_done: false,
             split: plan.map(|p| {
                 let s = self.scratch.as_ref().expect("planned");
                 (p, &s.part, &s.done, s.ml_off)
@@ -420,9 +470,15 @@ impl WgpuExecutor {
         if argmax {
             st.argmax()?;
         }
-        self.gpu
-            .queue
-            .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
+        // Steps of one shape with another split have the same parameters but the attention's:
+        // write them only when they change.
+        if self.binder.words != self.binder.written {
+            self.gpu
+                .queue
+                .write_buffer(&self.binder.buf, 0, &words_bytes(&self.binder.words));
+            self.binder.written.clone_from(&self.binder.words);
+        }
+        self.recorded = Some(sig);
         Ok(())
     }
 
@@ -452,15 +508,18 @@ impl WgpuExecutor {
         // All but the last chunk go to the device as soon as they are encoded, so it starts on
         // the first layers while the host encodes the rest (wgpu costs the host microseconds
         // per dispatch, and a step has hundreds).
-        let mut chunks = self.list.chunks(SUBMIT_EVERY).peekable();
-        while let Some(c) = chunks.next() {
-            if chunks.peek().is_none() {
-                kernels::encode(&mut enc, c);
+        let mut at = 0;
+        let mut size = SUBMIT_FIRST;
+        while at < self.list.len() {
+            let end = (at + size).min(self.list.len());
+            if end == self.list.len() {
+                kernels::encode(&mut enc, &self.list[at..]);
             } else {
                 let mut e = self.gpu.device.create_command_encoder(&Default::default());
-                kernels::encode(&mut e, c);
+                kernels::encode(&mut e, &self.list[at..end]);
                 self.gpu.queue.submit([e.finish()]);
             }
+            (at, size) = (end, SUBMIT_EVERY);
         }
         let (src, dst, bytes) = match want {
             Want::Logits => (
@@ -473,23 +532,27 @@ impl WgpuExecutor {
         if bytes > 0 {
             enc.copy_buffer_to_buffer(src, 0, dst, 0, bytes as u64);
         }
-        self.gpu.submit_wait(enc.finish())?;
-        let raw = self.gpu.read(dst, bytes as u64)?;
-        let words: Vec<u32> = raw
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let cmd = enc.finish();
+        let host_ns = (t0.elapsed().as_nanos() as u64).saturating_sub(profiling_ns);
+        // Logits go straight from the mapped buffer into `self.logits` (kept between steps).
+        let logits = &mut self.logits;
+        let ids = self.gpu.submit_read_with(cmd, dst, bytes as u64, |raw| {
+            let words = raw.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]);
+            match want {
+                Want::Logits => {
+                    logits.clear();
+                    logits.extend(words.map(f32::from_le_bytes));
+                    Vec::new()
+                }
+                Want::Ids => words.map(u32::from_le_bytes).collect(),
+            }
+        })?;
         if self.profiling {
             let wall = t0.elapsed().as_nanos() as u64;
             self.step_wall_ns = Some(wall.saturating_sub(profiling_ns));
+            self.step_host_ns = Some(host_ns);
         }
-        match want {
-            Want::Logits => {
-                self.logits = words.into_iter().map(f32::from_bits).collect();
-                Ok(Vec::new())
-            }
-            Want::Ids => Ok(words),
-        }
+        Ok(ids)
     }
 }
 
@@ -560,8 +623,7 @@ impl WgpuExecutor {
             enc.copy_buffer_to_buffer(&b.ids, 0, &out, k as u64 * row, row);
         }
         enc.copy_buffer_to_buffer(&out, 0, &read, 0, out_bytes);
-        let done = self.gpu.submit_wait(enc.finish());
-        let raw = done.and_then(|_| self.gpu.read(&read, out_bytes));
+        let raw = self.gpu.submit_read(enc.finish(), &read, out_bytes);
         for buf in [&src, &out, &read] {
             self.gpu.release(buf);
         }
@@ -569,122 +631,6 @@ impl WgpuExecutor {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect())
-    }
-
-    /// Profiling on a device without timestamp queries: runs the step's dispatches one
-    /// submission each, timed by the wall clock around the submission (so each includes a
-    /// submission's overhead), before the step runs as usual. The KV write is idempotent, so
-    /// running a step's dispatches twice changes nothing.
-    fn time_each(&mut self) -> Result<(), BackendError> {
-        for i in 0..self.list.len() {
-            let t = Instant::now();
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            kernels::encode(&mut enc, std::slice::from_ref(&self.list[i]));
-            self.gpu.submit_wait(enc.finish())?;
-            let d = &self.list[i];
-            let (name, bytes, flops) = (d.name, d.bytes, d.flops);
-            self.add_stat(name, t.elapsed().as_nanos() as u64, bytes, flops);
-        }
-        Ok(())
-    }
-
-    /// Profiling with timestamps: what each op costs the step, measured as the device time of
-    /// the whole step (one timestamp at its start, one at its end) minus that of the step with
-    /// the op's dispatches left out, medians of [`OMISSION_ROUNDS`] rounds, before the step runs
-    /// as usual. A timestamp pair around each dispatch would be simpler, but on NVIDIA's Vulkan
-    /// driver each pair drains the GPU and adds microseconds to every dispatch, more than many
-    /// of them take. Leaving dispatches out changes the values the rest compute, never their
-    /// time (no kernel's work depends on the values), and the real step then recomputes
-    /// everything, its K/V writes included.
-    fn time_by_omission(&mut self) -> Result<(), BackendError> {
-        let mut names: Vec<&'static str> = Vec::new();
-        for d in self.list.iter().filter(|d| d.runs()) {
-            if !names.contains(&d.name) {
-                names.push(d.name);
-            }
-        }
-        let passes = names.len() + 1;
-        if self.timer.as_ref().is_none_or(|t| t.cap < passes) {
-            self.timer = self.gpu.timer(passes)?;
-        }
-        let timer = self.timer.as_ref().expect("the device has timestamps");
-        let mut samples = vec![Vec::new(); passes];
-        for _ in 0..OMISSION_ROUNDS {
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            for k in 0..passes {
-                let skip = k.checked_sub(1).map(|i| names[i]);
-                let list: Vec<kernels::Dispatch> = self
-                    .list
-                    .iter()
-                    .filter(|d| Some(d.name) != skip)
-                    .cloned()
-                    .collect();
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("quire step (profiled)"),
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &timer.set,
-                        beginning_of_pass_write_index: Some(2 * k as u32),
-                        end_of_pass_write_index: Some(2 * k as u32 + 1),
-                    }),
-                });
-                kernels::record_all(&mut pass, &list);
-            }
-            timer.resolve(&mut enc, passes);
-            self.gpu.submit_wait(enc.finish())?;
-            for (k, ns) in timer.read(&self.gpu, passes)?.into_iter().enumerate() {
-                samples[k].push(ns);
-            }
-        }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let full = median(&mut samples[0]);
-        self.step_device_ns = Some(full.round() as u64);
-        for (i, name) in names.into_iter().enumerate() {
-            let ns = (full - median(&mut samples[i + 1])).max(0.0).round() as u64;
-            let of = |f: fn(&kernels::Dispatch) -> u64| -> u64 {
-                self.list.iter().filter(|d| d.name == name).map(f).sum()
-            };
-            let calls = of(|d| d.runs() as u64);
-            let (bytes, flops) = (of(|d| d.bytes), of(|d| d.flops));
-            self.add_stat(name, ns, bytes, flops);
-            if let Some(s) = self.profile.iter_mut().find(|s| s.name == name) {
-                s.calls += calls - 1;
-            }
-        }
-        Ok(())
-    }
-
-    fn add_stat(&mut self, name: &str, ns: u64, bytes: u64, flops: u64) {
-        match self.profile.iter_mut().find(|s| s.name == name) {
-            Some(s) => {
-                s.calls += 1;
-                s.total_ns += ns;
-                s.bytes += bytes;
-                s.flops += flops;
-            }
-            None => self.profile.push(OpStat {
-                name: name.to_string(),
-                layer: None,
-                calls: 1,
-                total_ns: ns,
-                bytes,
-                flops,
-            }),
-        }
-    }
-
-    /// How profiled steps are timed on this device, in words (for tools to print).
-    pub fn timing(&self) -> &'static str {
-        match self.gpu.caps.timestamps {
-            Timestamps::InsidePasses | Timestamps::PassBoundaries => {
-                "GPU timestamps around the whole step, with and without each op's dispatches"
-            }
-            Timestamps::None => {
-                "no timestamp queries on this adapter: wall clock around one submission per dispatch"
-            }
-        }
     }
 }
 
@@ -750,12 +696,17 @@ impl Executor for WgpuExecutor {
 
     fn profile_note(&self) -> Option<String> {
         let dev = self.step_device_ns?;
+        let host = self.step_host_ns.unwrap_or(0);
         Some(format!(
             "wgpu: each op's time is what leaving its dispatches out saves the step on the device \
              (GPU timestamps at the step's start and end, medians of {OMISSION_ROUNDS}); the whole \
              step took {:.3} ms on the device; the step time above is its wall time without the \
-             profile's timing runs, so \"(outside ops)\" is host work and dispatch gaps",
-            dev as f64 / 1e6
+             profile's timing runs, so \"(outside ops)\" is host work and dispatch gaps; the \
+             host took {:.3} ms of it to upload, record and encode the step ({} dispatches, \
+             submitted as they were encoded, so the device ran meanwhile)",
+            dev as f64 / 1e6,
+            host as f64 / 1e6,
+            self.last_dispatches(),
         ))
     }
 }

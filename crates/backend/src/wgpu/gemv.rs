@@ -117,15 +117,21 @@ impl Gemv {
     }
 
     /// The module for weights of type `t`, summing through subgroups or workgroup memory,
-    /// reading its activations as stored or (`swiglu`) as silu(gate) · up of [gate | up] rows.
-    /// Panics for a type the design does not support ([`Gemv::supports`]).
-    pub fn source(self, t: WType, subgroup: bool, swiglu: bool) -> String {
+    /// reading its activations and writing its rows as `input` says. Panics for a type the
+    /// design does not support ([`Gemv::supports`]), and for the multi-token kernel with a
+    /// fused norm (only the one-token designs have one).
+    pub fn source(self, t: WType, subgroup: bool, input: GemvIn) -> String {
         match self {
-            Gemv::Multi => matmul_source(t, subgroup, swiglu),
-            Gemv::Unit { rows, wg } => super::gemv_q::source(t, rows, wg, subgroup, swiglu),
+            Gemv::Multi => match input {
+                GemvIn::Plain | GemvIn::Swiglu => {
+                    matmul_source(t, subgroup, input == GemvIn::Swiglu)
+                }
+                _ => panic!("the multi-token GEMV has no fused norm"),
+            },
+            Gemv::Unit { rows, wg } => super::gemv_q::source(t, rows, wg, subgroup, input),
             Gemv::Slot { rows, wg } => {
                 let (_, slot) = section(MATMUL, "SLOT");
-                slot_module(t, rows, wg, subgroup, swiglu, slot)
+                slot_module(t, rows, wg, subgroup, input, slot)
             }
         }
     }
@@ -147,15 +153,58 @@ impl Gemv {
     }
 }
 
+/// How a one-token GEMV reads its activations and writes its rows (matmul.wgsl's `//! X_*` and
+/// `//! OUT_*` sections). The fused forms save a decode step's small dispatches, each of which
+/// costs a pipeline barrier and a launch on top of its work (microseconds on NVIDIA's Vulkan
+/// driver, with the work itself well under that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemvIn {
+    /// The activations as stored.
+    Plain,
+    /// [gate | up] rows of twice the columns, read as silu(gate) · up (the down projection).
+    Swiglu,
+    /// The residual stream, read as RMSNorm(x) · g, g (the norm's weight) at binding 5, the
+    /// epsilon in the parameters (the norm before the QKV and gate/up projections, and the
+    /// output's of a one-row step).
+    Norm,
+    /// `Norm`, and RoPE (adjacent pairs) of the output's Q and K rows with the (cos, sin) table at
+    /// binding 6: the whole QKV projection of a Llama decode step in one dispatch.
+    NormRope,
+}
+
+impl GemvIn {
+    pub const ALL: [GemvIn; 4] = [
+        GemvIn::Plain,
+        GemvIn::Swiglu,
+        GemvIn::Norm,
+        GemvIn::NormRope,
+    ];
+
+    /// The name's part for this form ("" for plain).
+    pub fn infix(self) -> &'static str {
+        match self {
+            GemvIn::Plain => "",
+            GemvIn::Swiglu => "swiglu_",
+            GemvIn::Norm => "norm_",
+            GemvIn::NormRope => "norm_rope_",
+        }
+    }
+
+    /// Columns of x each output row reads, as a multiple of the weights' columns.
+    pub fn x_cols(self) -> usize {
+        1 + (self == GemvIn::Swiglu) as usize
+    }
+}
+
 /// A module on the slot kernel's grid: `rows` rows per workgroup of `wg` invocations, the weight
 /// type's helpers, matmul.wgsl's slot core, `kernel` (the loop over a row block), the row sums
-/// through subgroups or workgroup memory and the activation reader (plain or silu(gate) · up).
+/// through subgroups or workgroup memory, the activation reader and the row writer of `input`.
 pub(super) fn slot_module(
     t: WType,
     rows: u32,
     wg: u32,
     subgroup: bool,
-    swiglu: bool,
+    input: GemvIn,
     kernel: &str,
 ) -> String {
     let (core, _) = section(MATMUL, "SLOT");
@@ -165,9 +214,16 @@ pub(super) fn slot_module(
         "SLOT_SHARED"
     };
     let (_, reduce) = section(MATMUL, reduce_name);
-    let (_, xv) = section(MATMUL, if swiglu { "X_SWIGLU" } else { "X_PLAIN" });
+    let (xs, outs) = match input {
+        GemvIn::Plain => ("X_PLAIN", "OUT_PLAIN"),
+        GemvIn::Swiglu => ("X_SWIGLU", "OUT_PLAIN"),
+        GemvIn::Norm => ("X_NORM", "OUT_PLAIN"),
+        GemvIn::NormRope => ("X_NORM", "OUT_ROPE"),
+    };
+    let (_, xv) = section(MATMUL, xs);
+    let (_, out) = section(MATMUL, outs);
     format!(
-        "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{kernel}\n{reduce}\n{xv}",
+        "const SR: u32 = {rows}u;\nconst SWG: u32 = {wg}u;\n{}\n{core}\n{kernel}\n{reduce}\n{xv}\n{out}",
         type_source(t)
     )
 }
@@ -182,10 +238,10 @@ pub fn gemv_pipeline(
     t: WType,
     g: Gemv,
     subgroup: bool,
-    swiglu: bool,
+    input: GemvIn,
 ) -> Result<wgpu::ComputePipeline, BackendError> {
-    let name = format!("gemv_{}_{}", g.name(), t.name());
-    gpu.pipeline(&name, &g.source(t, subgroup, swiglu), g.entry())
+    let name = format!("gemv_{}{}_{}", input.infix(), g.name(), t.name());
+    gpu.pipeline(&name, &g.source(t, subgroup, input), g.entry())
 }
 
 /// The one-token GEMV's modules (the engine's design and the bench's candidates) for the
@@ -203,10 +259,10 @@ pub fn sources() -> Vec<(String, String, Vec<&'static str>)> {
         }
         for t in WType::ALL.into_iter().filter(|&t| g.supports(t)) {
             for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
-                for (swiglu, infix) in [(false, ""), (true, "swiglu_")] {
+                for input in GemvIn::ALL {
                     v.push((
-                        format!("gemv_{infix}{}_{}{suffix}", g.name(), t.name()),
-                        g.source(t, sub, swiglu),
+                        format!("gemv_{}{}_{}{suffix}", input.infix(), g.name(), t.name()),
+                        g.source(t, sub, input),
                         vec!["gemv_slot"],
                     ));
                 }

@@ -3,6 +3,7 @@
 //! Q4_K and Q6_K decode on the H100). It shares the slot kernel's grid, reductions and entry
 //! point (`gemv_slot`), so [`super::gemv::Gemv::Unit`] runs wherever a slot design does.
 
+use super::gemv::GemvIn;
 use super::kernels::{section, WType};
 
 /// The unit kernel's shader text (a prelude and a section per type).
@@ -18,9 +19,9 @@ pub fn supports(t: WType) -> bool {
 
 /// The unit kernel's module for `rows` rows per workgroup of `wg` invocations, weights of type
 /// `t` (which [`supports`] must accept), summing through subgroups or workgroup memory, reading
-/// its activations as stored or (`swiglu`) as silu(gate) · up.
-pub fn source(t: WType, rows: u32, wg: u32, subgroup: bool, swiglu: bool) -> String {
+/// its activations and writing its rows as `input` says.
+pub fn source(t: WType, rows: u32, wg: u32, subgroup: bool, input: GemvIn) -> String {
     assert!(supports(t), "no unit GEMV for {}", t.name());
     let (prelude, body) = section(GEMV_Q, t.name());
-    super::gemv::slot_module(t, rows, wg, subgroup, swiglu, &format!("{prelude}\n{body}"))
+    super::gemv::slot_module(t, rows, wg, subgroup, input, &format!("{prelude}\n{body}"))
 }

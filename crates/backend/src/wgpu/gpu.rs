@@ -533,10 +533,49 @@ impl Gpu {
             })
     }
 
+    /// Submits `cmd` and reads the first `bytes` of the MAP_READ buffer `staging` once it has
+    /// run: the map is asked for before the wait, so one wait serves both.
+    pub fn submit_read(
+        &self,
+        cmd: wgpu::CommandBuffer,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<Vec<u8>, BackendError> {
+        self.submit_read_with(cmd, staging, bytes, |b| b.to_vec())
+    }
+
+    /// [`Self::submit_read`], handing the mapped bytes to `f` instead of copying them (a
+    /// decode step's logits row of a large vocabulary is half a megabyte: the caller decodes it
+    /// straight into its own buffer).
+    pub fn submit_read_with<T>(
+        &self,
+        cmd: wgpu::CommandBuffer,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, BackendError> {
+        if bytes == 0 {
+            self.submit_wait(cmd)?;
+            return Ok(f(&[]));
+        }
+        self.queue.submit([cmd]);
+        self.read_with(staging, bytes, f)
+    }
+
     /// Reads the first `bytes` of a MAP_READ buffer after the work submitted so far.
     pub fn read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, BackendError> {
+        self.read_with(staging, bytes, |b| b.to_vec())
+    }
+
+    /// [`Self::read`], handing the mapped bytes to `f`.
+    pub fn read_with<T>(
+        &self,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, BackendError> {
         if bytes == 0 {
-            return Ok(Vec::new());
+            return Ok(f(&[]));
         }
         let done: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>> = Arc::default();
         let d = done.clone();
@@ -554,10 +593,9 @@ impl Gpu {
                 ))
             }
         }
-        let out = staging
+        let out = f(&staging
             .get_mapped_range(0..bytes)
-            .map_err(|e| BackendError::Wgpu(format!("reading back: {e}")))?
-            .to_vec();
+            .map_err(|e| BackendError::Wgpu(format!("reading back: {e}")))?);
         staging.unmap();
         self.check()?;
         Ok(out)

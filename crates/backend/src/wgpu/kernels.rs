@@ -5,7 +5,7 @@
 //! has SUBGROUP and through workgroup memory otherwise (both variants are built from one
 //! source); every other kernel uses workgroup memory, so every adapter runs them all.
 
-use super::gemv::{gemv_pipeline, Gemv};
+use super::gemv::{gemv_pipeline, Gemv, GemvIn};
 use super::gpu::Gpu;
 use crate::BackendError;
 
@@ -203,10 +203,9 @@ pub struct Kernels {
     matmul: Vec<wgpu::ComputePipeline>,
     /// The GEMV reading silu(gate) · up of [gate | up] rows (the decode down projection).
     matmul_swiglu: Vec<wgpu::ComputePipeline>,
-    /// By type, the one-token GEMV ([`Gemv::engine`]), plain and reading silu(gate) · up; `None`
-    /// where that is the multi-token kernel.
-    gemv1_pipes: Vec<Option<wgpu::ComputePipeline>>,
-    gemv1_swiglu: Vec<Option<wgpu::ComputePipeline>>,
+    /// By input form ([`GemvIn::ALL`]'s order), then by type, the one-token GEMV
+    /// ([`Gemv::engine`]); `None` where that is the multi-token kernel.
+    gemv1: Vec<Vec<Option<wgpu::ComputePipeline>>>,
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
@@ -243,18 +242,16 @@ impl Kernels {
         let mut matmul = Vec::new();
         let mut matmul_swiglu = Vec::new();
         let mut embed = Vec::new();
-        let (mut gemv1_pipes, mut gemv1_swiglu) = (Vec::new(), Vec::new());
+        let mut gemv1 = vec![Vec::new(); GemvIn::ALL.len()];
         for t in WType::ALL {
             let g = Gemv::engine(t);
             let one = g != Gemv::Multi;
-            gemv1_pipes.push(
-                one.then(|| gemv_pipeline(gpu, t, g, subgroup, false))
-                    .transpose()?,
-            );
-            gemv1_swiglu.push(
-                one.then(|| gemv_pipeline(gpu, t, g, subgroup, true))
-                    .transpose()?,
-            );
+            for (i, input) in GemvIn::ALL.into_iter().enumerate() {
+                gemv1[i].push(
+                    one.then(|| gemv_pipeline(gpu, t, g, subgroup, input))
+                        .transpose()?,
+                );
+            }
             let src = matmul_source(t, subgroup, false);
             let name = format!("matmul_{}", t.name());
             matmul.push(gpu.pipeline(&name, &src, "gemv")?);
@@ -266,8 +263,7 @@ impl Kernels {
         Ok(Kernels {
             matmul,
             matmul_swiglu,
-            gemv1_pipes,
-            gemv1_swiglu,
+            gemv1,
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
@@ -302,12 +298,12 @@ impl Kernels {
     /// up if `swiglu`, and its grid: [`Gemv::engine`] of `t` for one token, the multi-token
     /// kernel for more.
     pub fn gemv(&self, t: WType, s: &MmShape, swiglu: bool) -> (&wgpu::ComputePipeline, [u32; 3]) {
-        let pipes = if swiglu {
-            &self.gemv1_swiglu
+        let input = if swiglu {
+            GemvIn::Swiglu
         } else {
-            &self.gemv1_pipes
+            GemvIn::Plain
         };
-        if let (1, Some(pipe)) = (s.n, &pipes[t.index()]) {
+        if let (1, Some(pipe)) = (s.n, self.gemv1(t, input)) {
             return (pipe, Gemv::engine(t).groups(s));
         }
         let pipe = if swiglu {
@@ -316,6 +312,13 @@ impl Kernels {
             self.matmul(t)
         };
         (pipe, s.matmul_groups())
+    }
+
+    /// The one-token GEMV of type `t` reading its input as `input` says (`None` where the type's
+    /// one-token GEMV is the multi-token kernel, which has only the plain and SwiGLU forms).
+    pub fn gemv1(&self, t: WType, input: GemvIn) -> Option<&wgpu::ComputePipeline> {
+        let i = GemvIn::ALL.iter().position(|&f| f == input)?;
+        self.gemv1[i][t.index()].as_ref()
     }
 }
 
@@ -356,6 +359,20 @@ impl MmShape {
             self.row_words as u32,
             self.row0 as u32,
         ])
+    }
+
+    /// [`Self::params`] with the fused forms' words (matmul.wgsl's `P`): the norm's epsilon, and
+    /// for RoPE in the output the head size, the rotated pairs of a head and the output columns
+    /// of Q and K.
+    pub fn fused_params(&self, eps: f32, rope: Option<(usize, usize, usize)>) -> Params {
+        let mut p = self.params();
+        p[9] = eps.to_bits();
+        if let Some((head_dim, pairs, rows)) = rope {
+            p[10] = head_dim as u32;
+            p[11] = pairs as u32;
+            p[12] = rows as u32;
+        }
+        p
     }
 
     pub fn matmul_groups(&self) -> [u32; 3] {

@@ -5,12 +5,19 @@
 //! with a fixed slot of the parameter buffer; a step only rewrites the parameter words (the token
 //! count changes per step). The work buffers grow to the largest step seen; growing them drops
 //! the bind groups, which the next step makes again.
+//!
+//! A one-token step fuses what the one-token GEMV can take (each small dispatch costs a pipeline
+//! barrier and a launch, microseconds on NVIDIA's Vulkan driver, more than its work): each
+//! RMSNorm into the GEMV that reads its output (QKV, gate/up, the output), RoPE into the QKV
+//! GEMV where the model's RoPE rotates adjacent pairs with nothing before it (no bias, no
+//! QK-norm), and the SwiGLU into the down GEMV; 5 dispatches per Llama layer instead of 8.
 
 use std::collections::HashMap;
 
 use quire_core::ModelConfig;
 
 use super::gemm;
+use super::gemv::{Gemv, GemvIn};
 use super::gpu::Gpu;
 use super::kernels::{self, bind, Dispatch, HeadShape, Kernels, MmShape, Params, WType};
 use super::moe::{self, DMoe};
@@ -29,6 +36,9 @@ pub enum Key {
     /// The one-token GEMV of a part, plain and reading silu(gate) · up (pipelines of their own).
     Gemv1(u32, u8),
     Gemv1Swiglu(u32),
+    /// The one-token GEMV of a part with the RMSNorm before it fused in, without and with RoPE.
+    Gemv1Norm(u32),
+    Gemv1NormRope(u32),
     /// The prompt GEMM of a weight part through one of the device's GEMM paths (by index): a
     /// bind group of its own, since each pipeline's layout is derived from its shader and a
     /// group made for one does not fit another.
@@ -54,8 +64,12 @@ pub struct Binder {
     /// Bytes per slot (the adapter's uniform offset alignment, at least 256).
     pub align: usize,
     pub slots: usize,
-    /// Host copy of the slots in use, written to `buf` before each submission.
+    /// Host copy of the slots in use, written to `buf` before each submission where it differs
+    /// from what was written last (`written`).
     pub words: Vec<u32>,
+    pub written: Vec<u32>,
+    /// Counts [`Binder::clear`]s: a recorded list of dispatches is valid while it is unchanged.
+    pub generation: u64,
     binds: HashMap<Key, (wgpu::BindGroup, usize)>,
 }
 
@@ -72,6 +86,8 @@ impl Binder {
             align,
             slots,
             words: Vec::new(),
+            written: Vec::new(),
+            generation: 0,
             binds: HashMap::new(),
         })
     }
@@ -80,6 +96,8 @@ impl Binder {
     pub fn clear(&mut self) {
         self.binds.clear();
         self.words.clear();
+        self.written.clear();
+        self.generation += 1;
     }
 
     /// The dispatch of `pipe` over `groups` for `key`, its bind group made on first use, with
@@ -299,10 +317,16 @@ pub struct Step<'a> {
     pub keys: usize,
     /// Query tiles of the prompt attention (kernels::fill_tiles).
     pub tiles: usize,
-    /// Whether the down GEMV may take the SwiGLU into its input (a decode step's gate_up then
-    /// records no activation dispatch), and whether gate_up left it pending.
-    pub fuse_swiglu: bool,
+    /// Whether a one-token step fuses its small ops into its GEMVs (module header); whether
+    /// gate_up left the SwiGLU to the down GEMV; the norm weight an RMSNorm left to the GEMV
+    /// after it; whether the QKV GEMV may apply RoPE (the model's RoPE rotates adjacent pairs
+    /// and nothing comes between the projection and it), and whether it did (so qkv_post is
+    /// left nothing).
+    pub fuse: bool,
     pub swiglu_pending: bool,
+    pub norm_pending: Option<wgpu::Buffer>,
+    pub rope_in_gemv: bool,
+    pub rope_done: bool,
     /// Decode rows only: the split of the decode attention kernel, its scratch (partials, with
     /// the maxima and sums from the given word) and its range counters.
     pub split: Option<(
@@ -486,6 +510,88 @@ impl<'a> Step<'a> {
         Ok(())
     }
 
+    /// Whether every part of `w` runs the one-token GEMV with a fused norm in this step.
+    fn norm_fuses(&self, w: &DMatrix, n: usize) -> bool {
+        self.fuse
+            && self.n == 1
+            && n == 1
+            && w.parts
+                .iter()
+                .all(|part| self.k.gemv1(part.ty, GemvIn::Norm).is_some())
+    }
+
+    /// Whether the QKV GEMV of `w` (its norm fused) can apply RoPE too: each row's pair is in its
+    /// workgroup (even rows per workgroup, parts of even rows at even columns).
+    fn rope_fuses(&self, w: &DMatrix) -> bool {
+        self.rope_in_gemv
+            && w.parts.iter().all(|part| {
+                let rows = match Gemv::engine(part.ty) {
+                    Gemv::Slot { rows, .. } | Gemv::Unit { rows, .. } => rows,
+                    Gemv::Multi => 1,
+                };
+                rows % 2 == 0 && part.rows % 2 == 0 && part.y_off % 2 == 0
+            })
+    }
+
+    /// `y` (+)= RMSNorm(`X`) · `g`, times `w`ᵀ, for the step's one token, with RoPE on the
+    /// output's Q and K rows if `rope` (the caller has checked [`Self::norm_fuses`] and, for
+    /// RoPE, [`Self::rope_fuses`]).
+    fn mm_norm(
+        &mut self,
+        w: &DMatrix,
+        g: &wgpu::Buffer,
+        y: (&wgpu::Buffer, usize),
+        rope: bool,
+        name: &'static str,
+    ) -> Result<(), BackendError> {
+        let (b, c) = (self.bufs, self.cfg);
+        let input = if rope { GemvIn::NormRope } else { GemvIn::Norm };
+        let rot = rope.then(|| {
+            (
+                c.head_dim,
+                c.rope_dim / 2,
+                self.shape.q_size() + self.shape.kv_size(),
+            )
+        });
+        for part in &w.parts {
+            let s = MmShape {
+                rows: part.rows,
+                cols: w.cols,
+                n: 1,
+                x_stride: c.hidden_size,
+                y_stride: y.1,
+                y_off: part.y_off,
+                add: false,
+                row_words: part.ty.row_words(w.cols),
+                row0: part.row0,
+            };
+            let pipe = self.k.gemv1(part.ty, input).expect("checked: norm_fuses");
+            let key = if rope {
+                Key::Gemv1NormRope(part.id)
+            } else {
+                Key::Gemv1Norm(part.id)
+            };
+            let mut buffers = vec![(1, &part.buf), (2, &b.x), (3, y.0), (5, g)];
+            if rope {
+                buffers.push((6, &b.rope));
+            }
+            let groups = Gemv::engine(part.ty).groups(&s);
+            let d = self.binder.dispatch(
+                self.gpu,
+                name,
+                key,
+                pipe,
+                &buffers,
+                s.fused_params(c.rms_norm_eps, rot),
+                groups,
+            )?;
+            self.list.push(d);
+            let (r, cols) = (part.rows, w.cols);
+            self.cost(r * s.row_words * 4 + (2 * cols + r) * 4, 2 * r * cols);
+        }
+        Ok(())
+    }
+
     /// Appends the device argmax of the step's logits rows.
     pub fn argmax(&mut self) -> Result<(), BackendError> {
         let b = self.bufs;
@@ -543,8 +649,15 @@ impl LayerOps for Step<'_> {
         &mut self,
         _layer: usize,
         w: &DVec,
-        _next: Next<'_, DMatrix, DMoe>,
+        next: Next<'_, DMatrix, DMoe>,
     ) -> Result<(), BackendError> {
+        if let Next::Matmul(m) = next {
+            if self.norm_fuses(m, self.n) {
+                // The GEMV after this norm applies it to its input (mm_norm).
+                self.norm_pending = Some(w.buf.clone());
+                return Ok(());
+            }
+        }
         let b = self.bufs;
         let p = kernels::rms_params(w.len, self.n, self.cfg.rms_norm_eps, false);
         let k = self.k;
@@ -570,6 +683,15 @@ impl LayerOps for Step<'_> {
         add: bool,
     ) -> Result<(), BackendError> {
         let (x, y) = (self.act(src), self.act(dst));
+        if src == Act::H {
+            if let Some(g) = self.norm_pending.take() {
+                let qkv = dst == Act::Qkv;
+                let rope = qkv && self.rope_fuses(w);
+                self.rope_done = rope;
+                let name = if qkv { "matmul_qkv" } else { "matmul" };
+                return self.mm_norm(w, &g, y, rope, name);
+            }
+        }
         if src == Act::Swiglu && self.swiglu_pending {
             // gate_up left the activation to this GEMV: it reads the [gate | up] rows.
             self.swiglu_pending = false;
@@ -593,6 +715,11 @@ impl LayerOps for Step<'_> {
         q_norm: Option<&DVec>,
         k_norm: Option<&DVec>,
     ) -> Result<(), BackendError> {
+        if std::mem::take(&mut self.rope_done) {
+            // The QKV GEMV applied RoPE, and the model has nothing else for this op.
+            debug_assert!(bias.is_none() && q_norm.is_none() && k_norm.is_none());
+            return Ok(());
+        }
         let (c, b, d) = (self.cfg, self.bufs, self.dummy);
         let norm = q_norm.is_some() && k_norm.is_some();
         let p = kernels::qkv_params(
@@ -687,16 +814,20 @@ impl LayerOps for Step<'_> {
     ) -> Result<(), BackendError> {
         let inter = self.cfg.intermediate_size;
         let b = self.bufs;
-        self.mm(
-            gate_up,
-            (&b.h, self.cfg.hidden_size),
-            (&b.gu, 2 * inter),
-            self.n,
-            false,
-            0,
-            "matmul_gate_up",
-        )?;
-        if self.fuse_swiglu && self.down_takes_swiglu(down) {
+        if let Some(g) = self.norm_pending.take() {
+            self.mm_norm(gate_up, &g, (&b.gu, 2 * inter), false, "matmul_gate_up")?;
+        } else {
+            self.mm(
+                gate_up,
+                (&b.h, self.cfg.hidden_size),
+                (&b.gu, 2 * inter),
+                self.n,
+                false,
+                0,
+                "matmul_gate_up",
+            )?;
+        }
+        if self.fuse && self.down_takes_swiglu(down) {
             // The down GEMV applies silu(gate) · up as it reads its input: no dispatch here.
             self.swiglu_pending = true;
             return Ok(());
@@ -780,6 +911,11 @@ impl LayerOps for Step<'_> {
     fn output(&mut self, norm: &DVec, w: &DMatrix) -> Result<(), BackendError> {
         let b = self.bufs;
         let hd = self.cfg.hidden_size;
+        if self.norm_fuses(w, self.nl) {
+            // One token, one logits row (row 0): the norm goes into the output GEMV.
+            let y = (&b.logits, self.cfg.vocab_size);
+            return self.mm_norm(w, &norm.buf, y, false, "output");
+        }
         let p = kernels::rms_params(hd, self.nl, self.cfg.rms_norm_eps, true);
         let k = self.k;
         let pipe = &k.rms_norm;

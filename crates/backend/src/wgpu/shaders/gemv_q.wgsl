@@ -2,7 +2,8 @@
 // The host prepends types.wgsl (for `ucol`, `kscales`, `half_at`, `scale_base`), matmul.wgsl's
 // core (bindings, `p`, `xv`) and `const SR` / `const SWG` (rows per workgroup, invocations), then
 // this prelude and one type's section, then matmul.wgsl's slot reduction (`//! SLOT_SUBGROUP` or
-// `//! SLOT_SHARED`, which call `slot_dots` and `slot_store` below) and `xv`.
+// `//! SLOT_SHARED`, which call `slot_dots` below), `xv` (an `//! X_*` section) and `slot_out`
+// (an `//! OUT_*` section, which calls `slot_store` below).
 //
 // Why this shape: with one token every weight byte is used once, so the kernel runs at memory
 // speed only if the work per byte is small; on the H100 the 4-bit slot kernel spent ~8
@@ -58,6 +59,7 @@ fn slot_row(r0: u32, i: u32) -> u32 {
 // This invocation's partial sums of rows r0 + i (component i % 4 of [i / 4]) over units li,
 // li + SWG, … for the token whose activations start at vec4 `xb`.
 fn slot_dots(r0: u32, li: u32, xb: u32) -> array<vec4<f32>, 2> {
+    x_row = xb;
     let units = p.cols / 32u;
     var a = Z4;
     var b = Z4;

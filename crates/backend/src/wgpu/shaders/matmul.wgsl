@@ -18,7 +18,10 @@
 //
 // Activations are read through `xv`: the host appends `//! X_PLAIN` (x as stored) or
 // `//! X_SWIGLU` (x is a [gate | up] row of twice the columns, read as silu(gate) * up), so the
-// down projection of a decode step takes the SwiGLU into its input and saves a dispatch.
+// down projection of a decode step takes the SwiGLU into its input and saves a dispatch; the
+// one-token kernel also takes `//! X_NORM` (x is the residual stream, read as RMSNorm(x) * g: the
+// norm before the QKV and gate/up projections) and its output through `//! OUT_PLAIN` or
+// `//! OUT_ROPE` (RoPE of the Q and K rows as they are stored).
 
 struct P {
     rows: u32,      // rows of this part
@@ -30,6 +33,10 @@ struct P {
     add: u32,       // 1: add into y (the residual adds)
     row_words: u32, // unused here (device bytes per row / 4)
     row0: u32,      // embedding: the first row (token id) this part holds
+    eps: f32,       // X_NORM: the RMSNorm's epsilon
+    head_dim: u32,  // OUT_ROPE: columns of a head,
+    rope_pairs: u32, // the pairs of each Q and K head that rotate,
+    rope_rows: u32, // and the output columns of Q and K (V's are not rotated)
 }
 
 @group(0) @binding(0) var<uniform> p: P;
@@ -40,6 +47,11 @@ struct P {
 
 const RW: u32 = 16u;
 const NT: u32 = 8u;
+
+// The one-token kernel's fused RMSNorm (X_NORM): the sum of squares of the activations this
+// invocation has read, and the vec4 where the token's row starts (the slot kernels set it).
+var<private> xss: f32;
+var<private> x_row: u32;
 
 // x's vec4 offsets of the rows of tokens t..t+3 (clamped to the last token: a missing token
 // repeats the last one and its sum is dropped).
@@ -230,15 +242,79 @@ fn gemv(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
 }
 
 //! X_PLAIN
+const XN: bool = false;
+
 fn xv(i: u32) -> vec4<f32> {
     return x[i];
 }
 
+fn xscale(ss: f32) -> f32 {
+    return 1.0;
+}
+
 //! X_SWIGLU
+const XN: bool = false;
+
 // silu(gate) * up of the [gate | up] row: the up half starts cols / 4 vec4s after the gate.
 fn xv(i: u32) -> vec4<f32> {
     let g = x[i];
     return g / (1.0 + exp(-g)) * x[i + p.cols / 4u];
+}
+
+fn xscale(ss: f32) -> f32 {
+    return 1.0;
+}
+
+//! X_NORM
+// The RMSNorm before a projection, fused into the one-token kernel: x is the residual stream,
+// read as x * g (the norm's weight), and each row's sum is scaled by 1 / sqrt(mean(x^2) + eps)
+// at the end. The invocations of a workgroup read every column of the row exactly once between
+// them, so the sums of squares they keep (xss) add up to the row's. Saves the norm's dispatch
+// and its pipeline barrier; every workgroup re-reads the row, as the plain kernel does anyway.
+const XN: bool = true;
+
+@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>;
+
+fn xv(i: u32) -> vec4<f32> {
+    let v = x[i];
+    xss += dot(v, v);
+    return v * g[i - x_row];
+}
+
+fn xscale(ss: f32) -> f32 {
+    return 1.0 / sqrt(ss / f32(p.cols) + p.eps);
+}
+
+//! OUT_PLAIN
+// A row's finished sum `v` (its RoPE partner's `vp` unused), scaled by the fused norm.
+fn slot_out(r0: u32, i: u32, t: u32, v: f32, vp: f32, ss: f32) {
+    slot_store(r0, i, t, v * xscale(ss));
+}
+
+//! OUT_ROPE
+// RoPE of the QKV projection's Q and K rows as they are stored (adjacent pairs: columns 2k and
+// 2k + 1 of a head rotate together, qkv_post.wgsl's non-NeoX form, same arithmetic): the pair of
+// a row is row ^ 1, in the same workgroup (the host runs this only where rows per workgroup are
+// even and the part starts at an even column). Saves the RoPE dispatch of a decode step.
+@group(0) @binding(6) var<storage, read> cs: array<f32>; // [n, rope_pairs, 2] (cos, sin)
+
+fn slot_out(r0: u32, i: u32, t: u32, v: f32, vp: f32, ss: f32) {
+    let s = xscale(ss);
+    var o = v * s;
+    let col = p.y_off + r0 + i;
+    let c = col % p.head_dim;
+    if col < p.rope_rows && c < 2u * p.rope_pairs {
+        let k = (t * p.rope_pairs + c / 2u) * 2u;
+        let co = cs[k];
+        let si = cs[k + 1u];
+        let b = vp * s;
+        if (c & 1u) == 0u {
+            o = fma(o, co, -(b * si));
+        } else {
+            o = fma(b, si, o * co);
+        }
+    }
+    slot_store(r0, i, t, o);
 }
 
 //! SLOT
@@ -267,6 +343,7 @@ fn slot_row(r0: u32, i: u32) -> u32 {
 // This invocation's partial sums of rows r0 + i (component i % 4 of [i / 4]) over slots li,
 // li + SWG, … for the token whose activations start at vec4 `xb`.
 fn slot_dots(r0: u32, li: u32, xb: u32) -> array<vec4<f32>, 2> {
+    x_row = xb;
     let slots = p.cols / 8u;
     var a = Z4;
     var b = Z4;
@@ -307,8 +384,10 @@ fn slot_store(r0: u32, i: u32, t: u32, v: f32) {
 
 //! SLOT_SUBGROUP
 // subgroupAdd sums each subgroup; its first invocation leaves the sums in workgroup memory and
-// the first SR invocations add the subgroups' (at most 32: subgroups of at least 8).
+// the first SR invocations add the subgroups' (at most 32: subgroups of at least 8), with the
+// sums of squares of the fused norm (XN) and each row's RoPE partner (row ^ 1) beside them.
 var<workgroup> sg_sums: array<array<vec4<f32>, 2>, 32>;
+var<workgroup> sg_ss: array<f32, 32>;
 
 @compute @workgroup_size(SWG)
 fn gemv_slot(
@@ -328,21 +407,32 @@ fn gemv_slot(
     if SR > 4u {
         s1 = subgroupAdd(a[1]);
     }
+    var ss = 0.0;
+    if XN {
+        ss = subgroupAdd(xss);
+    }
     if lane == 0u {
         sg_sums[sg] = array<vec4<f32>, 2>(s0, s1);
+        sg_ss[sg] = ss;
     }
     workgroupBarrier();
     if li < SR {
+        let lp = li ^ 1u;
         var v = 0.0;
+        var vp = 0.0;
+        var sq = 0.0;
         for (var j = 0u; j < nsg; j++) {
             v += sg_sums[j][li / 4u][li % 4u];
+            vp += sg_sums[j][lp / 4u][lp % 4u];
+            sq += sg_ss[j];
         }
-        slot_store(r0, li, wg.z, v);
+        slot_out(r0, li, wg.z, v, vp, sq);
     }
 }
 //! SLOT_SHARED
-// A tree in workgroup memory sums the invocations.
+// A tree in workgroup memory sums the invocations (and the fused norm's sums of squares).
 var<workgroup> red: array<array<vec4<f32>, 2>, SWG>;
+var<workgroup> red_ss: array<f32, SWG>;
 
 @compute @workgroup_size(SWG)
 fn gemv_slot(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec3<u32>) {
@@ -351,15 +441,20 @@ fn gemv_slot(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg
         return;
     }
     red[li] = slot_dots(r0, li, wg.z * (p.x_stride / 4u));
+    red_ss[li] = xss;
     workgroupBarrier();
     for (var off = SWG / 2u; off > 0u; off >>= 1u) {
         if li < off {
             red[li][0] += red[li + off][0];
             red[li][1] += red[li + off][1];
+            if XN {
+                red_ss[li] += red_ss[li + off];
+            }
         }
         workgroupBarrier();
     }
     if li < SR {
-        slot_store(r0, li, wg.z, red[0][li / 4u][li % 4u]);
+        let lp = li ^ 1u;
+        slot_out(r0, li, wg.z, red[0][li / 4u][li % 4u], red[0][lp / 4u][lp % 4u], red_ss[0]);
     }
 }
