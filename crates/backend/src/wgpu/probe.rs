@@ -680,7 +680,12 @@ impl Probe {
             bytes: size,
             flops: 0,
         };
-        self.time(std::slice::from_ref(&d), 2)?; // warm-up
+        // Warm-up of half a second at least: a GPU that was idle runs its first milliseconds at
+        // low clocks (an H200 read at 1,883 GB/s after two warm-up runs, 4,445 when warm).
+        let t = std::time::Instant::now();
+        while t.elapsed().as_secs_f64() < 0.5 {
+            self.time(std::slice::from_ref(&d), 20)?;
+        }
         let (ns, gpu) = self.time(std::slice::from_ref(&d), reps)?;
         Ok((size, ns.iter().map(|t| t / 1e9).collect(), gpu))
     }
