@@ -125,11 +125,18 @@ quire_testkit::wgpu_test! {
     }
 }
 
+/// Fused and unfused one-token steps sum in different orders (the norm's squares, where RoPE
+/// runs), and every later step reads K/V that the prompt's GEMM summed in its own order (split
+/// over columns where its tiles are few): on lavapipe their logits part by 4e-6 to 1.9e-4 (rel
+/// L2) over the default model's 30 layers, a step to step spread of 40×, while a wrong fusion
+/// (a norm scale, a rotated pair) moves them by 1e-2 or more.
+const FUSED_BOUND: f64 = 1e-3;
+
 quire_testkit::wgpu_test! {
     /// A one-token step fuses its RMSNorms, RoPE and SwiGLU into its GEMVs (three dispatches
     /// fewer per layer): over a prompt and four decode steps on f16 weights (fixed tokens, a
     /// scattered block table), each step's logits match the unfused executor's within f32
-    /// rounding, and its top token is the CPU's or parts from it only at a near-tie (0.05).
+    /// rounding ([`FUSED_BOUND`]), and its top token is the CPU's or parts from it only at a near-tie (0.05).
     fn fused_decode_steps_match_unfused_steps_and_the_cpu() {
         use quire_backend::wgpu::{WgpuExecutor, WgpuOptions};
         use quire_backend::{ForwardBatch, SeqBatch};
@@ -157,7 +164,11 @@ quire_testkit::wgpu_test! {
             let u = unfused.forward(&batch).unwrap().to_vec();
             let c = oracle.forward(&batch).unwrap().to_vec();
             let e = quire_testkit::metric::rel_l2(&f, &u);
-            assert!(e < 1e-4, "step at {start} (+{len}): fused vs unfused rel L2 {e:e}");
+            eprintln!(
+                "step at {start}: fused vs unfused rel L2 {e:.2e}, fused vs the CPU {:.2e}",
+                quire_testkit::metric::rel_l2(&f, &c)
+            );
+            assert!(e < FUSED_BOUND, "step at {start} (+{len}): fused vs unfused rel L2 {e:e}");
             let (tf, tc) = (quire_backend::argmax(&f), quire_backend::argmax(&c));
             let lse = log_sum_exp(&c[..vocab]);
             let gap = (c[tc as usize] - lse) - (c[tf as usize] - lse);
