@@ -324,20 +324,10 @@ fn bench_shape(
         (p.k.gemm.scratch_floats().max(1) * 4) as u64,
         U::STORAGE,
     )?;
-    let engine = m.parts.first().map(|dp| {
-        let s = MmShape {
-            rows: dp.rows,
-            cols,
-            n,
-            x_stride: cols,
-            y_stride: rows,
-            y_off: 0,
-            add: false,
-            row_words: 0,
-            row0: 0,
-        };
-        p.k.gemm.choose(dp.ty, &s)
-    });
+    let engine = m
+        .parts
+        .first()
+        .map(|dp| p.k.gemm.choose(dp.ty, &MmShape::dense(dp.rows, cols, n)));
     for (i, &path) in paths.iter().enumerate() {
         let Some((list, slices)) = dispatches(p, path, &m, n, (&x, &y, &part))? else {
             continue;

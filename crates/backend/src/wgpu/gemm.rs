@@ -548,17 +548,7 @@ mod tests {
     }
 
     fn shape(rows: usize, cols: usize, n: usize) -> MmShape {
-        MmShape {
-            rows,
-            cols,
-            n,
-            x_stride: cols,
-            y_stride: rows,
-            y_off: 0,
-            add: false,
-            row_words: 0,
-            row0: 0,
-        }
+        MmShape::dense(rows, cols, n)
     }
 
     #[test]

@@ -347,6 +347,22 @@ pub struct MmShape {
 }
 
 impl MmShape {
+    /// A product over `n` tokens of a whole `[rows, cols]` matrix with dense input and output
+    /// rows (no offset, no residual add).
+    pub fn dense(rows: usize, cols: usize, n: usize) -> MmShape {
+        MmShape {
+            rows,
+            cols,
+            n,
+            x_stride: cols,
+            y_stride: rows,
+            y_off: 0,
+            add: false,
+            row_words: 0,
+            row0: 0,
+        }
+    }
+
     pub fn params(&self) -> Params {
         params(&[
             self.rows as u32,
