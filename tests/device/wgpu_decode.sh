@@ -5,7 +5,7 @@
 # The device tool sends the session's checkout, not a helper's worktree: copy this script, the
 # binary sets and .dev/vk.tar into .dev/wgd of that checkout (git-ignored) and carry .dev/wgd.
 # tg128 (`quire bench -p 0 -n 128 -r 2`) of each set twice, alternating; the last set with
-# --chain 16 and with QUIRE_WGPU_UNFUSED=1; `quire profile -p 16 -d 512 -r 3` of each set;
+# --chain 16; `quire profile -p 16 -d 512 -r 3` of each set;
 # with `attn`, wgpu_decode_bench's split targets for one decode row. Logs in $OUT.
 set -uo pipefail
 # A helper's files travel in .dev/wgd of the session's checkout (carry it): this script, the
@@ -39,7 +39,6 @@ for round in 1 2; do
     done
 done
 echo "tg128 $last --chain 16: $(tg "$last" --chain 16)" | tee -a "$OUT/summary.txt"
-echo "tg128 $last QUIRE_WGPU_UNFUSED=1: $(QUIRE_WGPU_UNFUSED=1 tg "$last")" | tee -a "$OUT/summary.txt"
 for s in "${sets[@]}"; do
     "$W/$s/quire" profile -m "$F" --backend wgpu -p 16 -d 512 -r 3 > "$OUT/prof-$s.txt" 2>&1
 done

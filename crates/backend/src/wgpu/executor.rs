@@ -1,11 +1,12 @@
-//! The wgpu executor: loads a dense Llama-family model onto the device (see `weights`), keeps an
-//! f16 paged KV cache per layer, and runs each step as a few command buffers, each submitted as
-//! soon as it is encoded (the layer sequence is `crate::forward`'s; the kernels are `step`'s). Only logits, or only
-//! token ids for greedy steps (argmax on the device), come back to the host.
+//! The wgpu executor: loads a Llama-family model (dense or Qwen3-MoE) onto the device (see
+//! `weights`), keeps an f16 paged KV cache per layer, and runs each step as a few command
+//! buffers, each submitted as soon as it is encoded (the layer sequence is `crate::forward`'s;
+//! the kernels are `step`'s). Only logits, or only token ids for greedy steps (argmax on the
+//! device), come back to the host.
 //!
 //! A one-token step fuses its small ops into its GEMVs (`step`'s header: the RMSNorms, RoPE,
-//! the SwiGLU; 5 dispatches per Llama layer instead of 8); `QUIRE_WGPU_UNFUSED=1` turns that
-//! off, so the two forms can be compared.
+//! the SwiGLU; 5 dispatches per Llama layer instead of 8); `set_fusions(false)` turns that off,
+//! for the tests that compare the two forms.
 
 use std::time::Instant;
 
@@ -246,8 +247,7 @@ impl WgpuExecutor {
             step_wall_ns: None,
             step_host_ns: None,
             scratch: None,
-            // QUIRE_WGPU_UNFUSED=1 runs every op as its own dispatch, to compare the forms.
-            fuse: std::env::var_os("QUIRE_WGPU_UNFUSED").is_none_or(|v| v.is_empty() || v == "0"),
+            fuse: true,
             rope_in_gemv,
             k,
             gpu,
