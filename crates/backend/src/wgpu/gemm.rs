@@ -414,8 +414,14 @@ impl GemmKernels {
 
     /// The index of `path` among [`GemmKernels::paths`] (bind groups are kept per path: each
     /// pipeline's layout is its own).
+    /// Asked for every GEMM dispatch a step records, so it builds no list.
     pub fn index(&self, path: GemmPath) -> u8 {
-        self.paths().iter().position(|&p| p == path).unwrap_or(0) as u8
+        match (path, &self.coop) {
+            (GemmPath::Coop(_, b), Some((_, have))) => {
+                1 + have.iter().position(|(x, _)| *x == b).unwrap_or(0) as u8
+            }
+            _ => 0,
+        }
     }
 
     /// Floats of the partial sums any split dispatch of this device writes, at most: a split
