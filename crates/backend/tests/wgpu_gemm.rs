@@ -5,7 +5,8 @@
 //! that are not multiples of the tiles, f16 rows that are not multiples of 32 columns, strided
 //! x, output columns at an offset in wider rows, and the residual add. Target columns are
 //! poisoned with NaN (or hold the residual), every other column must come back bit for bit.
-//! The coop kernel's WGSL, which lavapipe cannot run, is checked with naga here: parsed,
+//! The coop kernels' WGSL (the GEMM's and the prompt attention's), which lavapipe cannot run, is
+//! checked with naga here: parsed,
 //! validated with the capabilities it needs, translated to SPIR-V (and MSL for Apple's 8×8).
 //! Adapter tests are ignored unless QUIRE_REQUIRE_WGPU is set at build time (see quire-testkit).
 
@@ -197,18 +198,22 @@ fn coop_caps() -> naga::valid::Capabilities {
 
 #[test]
 #[cfg_attr(not(feature = "wgpu"), ignore = "needs --features wgpu")]
-fn coop_gemm_validates_and_translates_to_spirv_and_msl() {
+fn coop_kernels_validate_and_translate_to_spirv_and_msl() {
     #[cfg(feature = "wgpu")]
     {
         use naga::back::{msl, spv};
         use naga::valid::{ValidationFlags, Validator};
         let mut failures = Vec::new();
-        let sources = gemm::coop_sources();
+        // The GEMM's and the prompt attention's (the same configurations, two head dims).
+        let mut sources = gemm::coop_sources();
         assert_eq!(
             sources.len(),
             2 * gemm::BLOCKINGS.len() * quire_backend::wgpu::kernels::WType::ALL.len(),
             "two configurations, every blocking, every weight type"
         );
+        let attn = quire_backend::wgpu::attn_prompt::coop_sources();
+        assert_eq!(attn.len(), 4, "two configurations, head dims 64 and 128");
+        sources.extend(attn);
         for (name, src, entries) in sources {
             let module = match naga::front::wgsl::parse_str(&src) {
                 Ok(m) => m,
@@ -239,7 +244,7 @@ fn coop_gemm_validates_and_translates_to_spirv_and_msl() {
                 failures.push(format!("{name}: SPIR-V: {e}"));
             }
             // Metal's simdgroup matrices are 8x8: only that configuration is for Apple.
-            if name.starts_with("gemm_coop8_") {
+            if name.contains("_coop8_") {
                 let opts = msl::Options {
                     lang_version: (2, 4),
                     ..Default::default()

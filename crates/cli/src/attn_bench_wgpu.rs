@@ -164,8 +164,7 @@ pub fn run(a: &AttnBenchArgs) -> Result<()> {
         if run.plan.is_some() {
             kernel += &format!(" [{}]", probe.k.attn_split.kernel(&shape).describe());
         } else {
-            let sub = probe.k.attention_subgroup;
-            kernel += &format!(" [{}]", kernels::attn_describe(&shape, sub));
+            kernel += &format!(" [{}]", probe.k.attention.describe(&shape));
         }
         gpu_timed = gpu;
         times.push((name, ns.iter().map(|t| t / 1e6).collect()));

@@ -130,6 +130,7 @@ impl WgpuExecutor {
         }
         let mut gpu = Gpu::new(opts.adapter.as_deref())?;
         let mut k = Kernels::new(&gpu)?;
+        k.attention.prepare(&gpu, &shape)?;
         if c.moe.is_some() {
             k.moe = Some(MoeKernels::new(&gpu)?);
         }
@@ -394,7 +395,7 @@ impl WgpuExecutor {
                 ]);
             }
         }
-        kernels::fill_tiles(&mut tok, kernels::attn_tile_tokens(&self.shape));
+        kernels::fill_tiles(&mut tok, self.k.attention.tile_tokens(&self.shape));
         let mut rope = Vec::with_capacity(n * self.cfg.rope_dim);
         let mut cs = Vec::new();
         for &pos in batch.positions {
@@ -422,7 +423,7 @@ impl WgpuExecutor {
             .map(|&p| (p as usize + 1 + ahead).min(window))
             .max();
         let plan = self.plan_split(batch, max_keys.unwrap_or(1))?;
-        let tiles = attn_tiles(batch, &self.shape);
+        let tiles = attn_tiles(batch, self.k.attention.tile_tokens(&self.shape));
         let sig = Recorded {
             n,
             nl,
@@ -635,8 +636,7 @@ impl WgpuExecutor {
 }
 
 /// The prompt attention's query tiles in `batch` (as `kernels::fill_tiles` cuts them).
-fn attn_tiles(batch: &ForwardBatch, s: &kernels::HeadShape) -> usize {
-    let qt = kernels::attn_tile_tokens(s);
+fn attn_tiles(batch: &ForwardBatch, qt: usize) -> usize {
     batch.seqs.iter().map(|q| q.query_len.div_ceil(qt)).sum()
 }
 

@@ -89,7 +89,6 @@ pub const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 pub const TYPES: &str = include_str!("shaders/types.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
 pub const QKV_POST: &str = include_str!("shaders/qkv_post.wgsl");
-pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 pub const ATTN_DECODE: &str = include_str!("shaders/attn_decode.wgsl");
 pub const READ_BW: &str = include_str!("shaders/read_bw.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
@@ -97,7 +96,7 @@ pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
 /// The text of section `//! tag` of `src` (up to the next section or the end), and the text
 /// before the first section.
-pub(super) fn section<'a>(src: &'a str, tag: &str) -> (&'a str, &'a str) {
+pub(crate) fn section<'a>(src: &'a str, tag: &str) -> (&'a str, &'a str) {
     // Sections start at the beginning of a line.
     let prelude = &src[..src.find("\n//! ").map_or(src.len(), |e| e + 1)];
     let tag = format!("\n//! {tag}\n");
@@ -162,7 +161,7 @@ pub fn all_sources() -> Vec<(String, String, Vec<&'static str>)> {
     for (sub, suffix) in [(false, ""), (true, "_subgroup")] {
         v.push((
             format!("attention{suffix}"),
-            attention_source(sub),
+            super::attn_prompt::scalar_source(sub),
             vec!["main"],
         ));
     }
@@ -209,9 +208,8 @@ pub struct Kernels {
     embed: Vec<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub qkv_post: wgpu::ComputePipeline,
-    /// The tiled prompt attention, and whether its row sums go through subgroups.
-    pub attention: wgpu::ComputePipeline,
-    pub attention_subgroup: bool,
+    /// The prompt attention (attn_prompt.rs).
+    pub attention: PromptAttn,
     /// The decode attention kernel's pipelines, one per head geometry (made on first use).
     pub attn_split: DecodeSplit,
     pub swiglu: wgpu::ComputePipeline,
@@ -267,12 +265,7 @@ impl Kernels {
             embed,
             rms_norm: gpu.pipeline("rms_norm", RMS_NORM, "main")?,
             qkv_post: gpu.pipeline("qkv_post", QKV_POST, "main")?,
-            attention: gpu.pipeline(
-                "attention",
-                &attention_source(subgroup && attn_subgroup_fits(gpu)),
-                "main",
-            )?,
-            attention_subgroup: subgroup && attn_subgroup_fits(gpu),
+            attention: PromptAttn::new(gpu, subgroup)?,
             attn_split: DecodeSplit::new(gpu.caps.subgroup.filter(|_| subgroup).map(|(lo, _)| lo)),
             swiglu: gpu.pipeline("swiglu", SWIGLU, "main")?,
             argmax: gpu.pipeline("argmax", ARGMAX, "main")?,
@@ -326,7 +319,7 @@ impl Kernels {
 /// them out.
 pub type Params = [u32; 16];
 
-fn params(words: &[u32]) -> Params {
+pub(crate) fn params(words: &[u32]) -> Params {
     let mut p = [0u32; 16];
     p[..words.len()].copy_from_slice(words);
     p
@@ -477,56 +470,6 @@ pub fn qkv_groups(s: &HeadShape, n: usize) -> [u32; 3] {
     [(s.q_heads + 2 * s.kv_heads) as u32, n as u32, 1]
 }
 
-/// The prompt attention module (attention.wgsl) with its row sums through subgroup shuffles or
-/// through workgroup memory.
-pub fn attention_source(subgroup: bool) -> String {
-    let (prelude, sums) = section(ATTENTION, if subgroup { "SUBGROUP" } else { "SHARED" });
-    format!("{prelude}\n{sums}")
-}
-
-/// Whether the prompt attention's 8 lanes of a row lie in one subgroup on this device (its
-/// subgroups are a power of two of at least 8 invocations).
-fn attn_subgroup_fits(gpu: &Gpu) -> bool {
-    gpu.caps
-        .subgroup
-        .is_some_and(|(lo, _)| lo.is_power_of_two() && lo >= ATTN_LANES)
-}
-
-/// The prompt attention kernel's query rows per workgroup, lanes per row and words of its K/V
-/// tile (attention.wgsl's ROWS, LANES and KVW).
-pub const ATTN_ROWS: usize = 16;
-pub const ATTN_LANES: u32 = 8;
-const ATTN_KVW: usize = 2112;
-const ATTN_MAX_KT: usize = 64;
-
-/// Tokens per query tile of the prompt attention: as many as keep every query head of a KV
-/// group within its 16 rows.
-pub fn attn_tile_tokens(s: &HeadShape) -> usize {
-    (ATTN_ROWS / (s.q_heads / s.kv_heads).max(1)).max(1)
-}
-
-/// Keys per K/V tile of the prompt attention: a multiple of 8 whose rows (head_dim / 2 words
-/// and one of padding) fit the tile's words.
-pub fn attn_tile_keys(s: &HeadShape) -> usize {
-    let fit = ATTN_KVW / (s.head_dim / 2 + 1);
-    (fit.min(ATTN_MAX_KT) / 8 * 8).max(8)
-}
-
-/// The prompt attention's tiling for `s`, for benchmark tables: tokens and keys per tile, and
-/// how its row sums are taken.
-pub fn attn_describe(s: &HeadShape, subgroup: bool) -> String {
-    format!(
-        "{} tokens x {} keys per tile, row sums through {}",
-        attn_tile_tokens(s),
-        attn_tile_keys(s),
-        if subgroup {
-            "subgroup shuffles"
-        } else {
-            "workgroup memory"
-        }
-    )
-}
-
 /// Cuts the tokens of a token table (`TOK_WORDS` words per token, words 0..5 filled) into the
 /// prompt attention's query tiles: runs of at most `qt` consecutive tokens of one sequence (the
 /// same first new position, first row and block table). Writes tile i's first token and token
@@ -552,30 +495,7 @@ pub fn fill_tiles(tok: &mut [u32], qt: usize) -> usize {
     tiles
 }
 
-/// The attention kernel's parameters (`window` 0: none).
-pub fn attn_params(s: &HeadShape, n: usize, block_size: usize, window: usize) -> Params {
-    params(&[
-        n as u32,
-        s.q_heads as u32,
-        s.kv_heads as u32,
-        s.head_dim as u32,
-        block_size as u32,
-        (1.0 / (s.head_dim as f32).sqrt()).to_bits(),
-        window as u32,
-        s.stride() as u32,
-        s.q_size() as u32,
-        (s.q_size() + s.kv_size()) as u32,
-        s.q_size() as u32,
-        (s.q_heads / s.kv_heads) as u32,
-        attn_tile_tokens(s) as u32,
-        attn_tile_keys(s) as u32,
-    ])
-}
-
-/// The prompt attention's grid for `tiles` query tiles.
-pub fn attn_groups(s: &HeadShape, tiles: usize) -> [u32; 3] {
-    [s.kv_heads as u32, tiles as u32, 1]
-}
+pub use super::attn_prompt::{attn_groups, attn_params, PromptAttn, PromptPath};
 
 pub use super::decode::{
     split_fits, split_groups, split_params, DecodeKernel, DecodeSplit, SplitPlan, MAX_SPLITS,

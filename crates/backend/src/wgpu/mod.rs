@@ -14,6 +14,8 @@ pub struct WgpuOptions {
 }
 
 #[cfg(feature = "wgpu")]
+pub mod attn_prompt;
+#[cfg(feature = "wgpu")]
 pub mod decode;
 #[cfg(feature = "wgpu")]
 mod executor;

@@ -436,7 +436,7 @@ impl Probe {
         for (i, t) in a.tokens.iter().enumerate() {
             tok[i * kernels::TOK_WORDS..][..5].copy_from_slice(t);
         }
-        let tiles = kernels::fill_tiles(&mut tok, kernels::attn_tile_tokens(&a.shape));
+        let tiles = kernels::fill_tiles(&mut tok, self.k.attention.tile_tokens(&a.shape));
         let tb = self.input("tokens", &bytes_u32(&tok))?;
         let tab = self.input("tables", &bytes_u32(a.tables))?;
         let out = self.output("out", n * a.shape.q_size())?;
@@ -513,18 +513,18 @@ impl Probe {
             scratch.extend([part, done]);
             (list, Some(plan))
         } else {
-            let p = kernels::attn_params(&a.shape, n, a.block_size, window);
+            let p = self.k.attention.params(&a.shape, n, a.block_size, window);
             self.gpu.queue.write_buffer(&pbuf, 0, &bytes_u32(&p));
-            let k = &self.k;
+            let pipe = self.k.attention.pipe(&self.gpu, &a.shape)?;
             let b = bind(
                 &self.gpu,
-                &k.attention,
+                &pipe,
                 (&pbuf, 0),
                 &[(1, &qb), (2, &kc), (3, &vc), (4, &tb), (5, &tab), (6, &out)],
             );
             let list = vec![dispatch(
                 "attention",
-                &k.attention,
+                &pipe,
                 b,
                 kernels::attn_groups(&a.shape, tiles),
                 bytes as u64,

@@ -524,7 +524,7 @@ impl LayerOps for Step<'_> {
             self.cost(bytes + 2 * (pw + mw) * 4, flops);
             return Ok(());
         }
-        let p = kernels::attn_params(
+        let p = self.k.attention.params(
             &self.shape,
             self.n,
             self.kv.block_size,
@@ -539,12 +539,11 @@ impl LayerOps for Step<'_> {
             (6, &b.attn),
         ];
         let groups = kernels::attn_groups(&self.shape, self.tiles);
-        let k = self.k;
-        let pipe = &k.attention;
+        let pipe = self.k.attention.pipe(self.gpu, &self.shape)?;
         self.push(
             "attention",
             Key::Attention(layer),
-            pipe,
+            &pipe,
             &buffers,
             p,
             groups,

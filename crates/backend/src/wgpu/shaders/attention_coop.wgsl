@@ -1,0 +1,245 @@
+enable f16;
+enable wgpu_cooperative_matrix;
+
+// Paged attention of prompt chunks on matrix units (tensor cores through
+// VK_KHR_cooperative_matrix, Apple's simdgroup matrices through Metal), with the step's K/V
+// written into their cache slots by the same kernel, as attention.wgsl does with scalar f32 math.
+//
+// Why: the scalar kernel spends a 512-token prompt's attention at ~1.5 TFLOP/s; here the two
+// products, scores = Q K^T and out = P V, run as F x F fragments (f16 operands, f32 sums).
+//
+// A workgroup of four subgroups takes one KV head and one tile of queries: consecutive tokens of
+// one sequence with every query head of the group, up to 64 rows (16 per subgroup; the host cuts
+// tiles of 64 / group tokens). It streams the keys the tile needs in tiles of KT keys through
+// workgroup memory, looking each key up in the sequence's block table.
+//
+// Two passes over the keys: the first takes each row's maximum score, the second its
+// probabilities exp(score - max), their sum and P V. The accumulators of P V are opaque
+// fragments that cannot be rescaled row by row, so the maximum is known before they start (the
+// scores are computed twice; on matrix units that costs less than a pass through memory would).
+//
+// Numerics: Q, K, V and P are f16 (the cache's K/V already are; Q and P round once, 2^-11
+// relative), scores and P V sum in f32, the softmax is f32. Keys past the tile's last position
+// load as zero and masked scores (after a row's position, before its window) count zero, so NaN
+// in unused cache slots never reaches a sum.
+//
+// A key of this step is read from the QKV rows (rounded to f16 as the cache stores it), not from
+// the cache, since the workgroup writing it may not have run yet; older keys come from the cache
+// (f16 pairs in u32 words, [slots, kv_heads, head_dim / 2]).
+//
+// The host fills in the subgroup size, the fragment size F, the head dimension HD (a multiple of
+// F, at most 128), the workgroup arrays' lengths and the unrolled fragment code (the `//@` lines:
+// attn_prompt.rs writes them). It picks this kernel only where the GEMM's coop kernel runs
+// (f16 x f16 -> f32 fragments, one fixed subgroup size of at least 16).
+
+struct P {
+    n: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    scale: f32,
+    window: u32,     // sliding window, 0: none
+    stride: u32,     // elements per QKV row
+    k_off: u32,      // column of K in a QKV row
+    v_off: u32,
+    out_stride: u32, // elements per output row
+    group: u32,      // query heads per KV head
+    qt: u32,         // tokens per query tile (unused: the host cut the tiles)
+    kt: u32,         // keys per K/V tile (KT)
+}
+
+// Per token, 8 words: position, cache slot, first position of its sequence's new tokens, batch
+// row of that first new token, offset of its block table in `tables`. Words 5 and 6 of entry i
+// describe query tile i: its first token and its token count.
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(3) var<storage, read_write> vc: array<u32>;
+@group(0) @binding(4) var<storage, read> tok: array<u32>;
+@group(0) @binding(5) var<storage, read> tables: array<u32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+const SG: u32 = SG_SIZEu;
+const WG: u32 = 4u * SG;
+const F: u32 = FRAGu;
+const HD: u32 = HD_SIZEu;
+const HALF: u32 = HD / 2u;
+const KT: u32 = 32u;     // keys per tile
+const RS: u32 = 16u;     // query rows per subgroup
+const ROWS: u32 = 4u * RS;
+// Row strides (in elements) of the staged tiles: 8 halves (4 floats) of padding keep every
+// fragment's start 16-byte aligned and spread a fragment's rows over the memory banks.
+const LDQ: u32 = HD + 8u;
+const LDS: u32 = KT + 4u;
+const LDP: u32 = KT + 8u;
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<f16, QS_LEN>;   // [ROWS][LDQ]: the tile's Q rows
+var<workgroup> kv: array<f16, KV_LEN>;   // [KT][LDQ]: the K tile, then the V tile
+var<workgroup> ss: array<f32, SS_LEN>;   // [ROWS][LDS]: scores; at the end, output fragments
+var<workgroup> ps: array<f16, PS_LEN>;   // [ROWS][LDP]: probabilities
+var<workgroup> lsum: array<f32, ROWS>;   // each row's sum of probabilities
+var<workgroup> span: vec2<u32>;          // the tile's first key and last key + 1
+
+// Word (pair) i of KV head kvh of the key at position `j` of the tile's sequence, K or V; zero
+// past `end`.
+fn kv_word(is_k: bool, j: u32, end: u32, kvh: u32, i: u32, first_new: u32, new_row: u32, toff: u32) -> u32 {
+    if j >= end {
+        return 0u;
+    }
+    if j >= first_new {
+        let r = (new_row + j - first_new) * p.stride + select(p.v_off, p.k_off, is_k) + kvh * HD + 2u * i;
+        return pack2x16float(vec2<f32>(qkv[r], qkv[r + 1u]));
+    }
+    let slot = tables[toff + j / p.block_size] * p.block_size + j % p.block_size;
+    let o = (slot * p.kv_heads * HD + kvh * HD) / 2u + i;
+    if is_k {
+        return kc[o];
+    }
+    return vc[o];
+}
+
+// Stages KT keys from position k0 (K or V) into `kv`, row-major [key][dim].
+fn stage(is_k: bool, k0: u32, end: u32, kvh: u32, first_new: u32, new_row: u32, toff: u32, li: u32) {
+    for (var w = li; w < KT * HALF; w += WG) {
+        let j = w / HALF;
+        let i = w % HALF;
+        let v = unpack2x16float(kv_word(is_k, k0 + j, end, kvh, i, first_new, new_row, toff));
+        kv[j * LDQ + 2u * i] = f16(v.x);
+        kv[j * LDQ + 2u * i + 1u] = f16(v.y);
+    }
+}
+
+@compute @workgroup_size(WG_SIZE)
+fn main(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let kvh = wg.x;
+    let t0 = tok[wg.y * 8u + 5u];
+    let cnt = tok[wg.y * 8u + 6u];
+    let g = p.group;
+    let nrows = cnt * g;
+    let first_new = tok[t0 * 8u + 2u];
+    let new_row = tok[t0 * 8u + 3u];
+    let toff = tok[t0 * 8u + 4u];
+
+    // The fused write of the tile's K and V of head kvh.
+    for (var w = li; w < cnt * HALF; w += WG) {
+        let t = t0 + w / HALF;
+        let i = w % HALF;
+        let slot = tok[t * 8u + 1u];
+        let r = t * p.stride + kvh * HD + 2u * i;
+        let o = (slot * p.kv_heads * HD + kvh * HD) / 2u + i;
+        kc[o] = pack2x16float(vec2<f32>(qkv[r + p.k_off], qkv[r + p.k_off + 1u]));
+        vc[o] = pack2x16float(vec2<f32>(qkv[r + p.v_off], qkv[r + p.v_off + 1u]));
+    }
+    // Q rows, zero past the tile's rows: row r is head (r % g) of the group for token t0 + r / g.
+    for (var w = li; w < ROWS * HD; w += WG) {
+        let r = w / HD;
+        let d = w % HD;
+        var v = 0.0;
+        if r < nrows {
+            v = qkv[(t0 + r / g) * p.stride + (kvh * g + r % g) * HD + d];
+        }
+        qs[r * LDQ + d] = f16(v);
+    }
+    if li == 0u {
+        var lo = 0xffffffffu;
+        var hi = 0u;
+        for (var tt = 0u; tt < cnt; tt++) {
+            let pos = tok[(t0 + tt) * 8u];
+            var f = 0u;
+            if p.window != 0u && pos + 1u > p.window {
+                f = pos + 1u - p.window;
+            }
+            lo = min(lo, f);
+            hi = max(hi, pos + 1u);
+        }
+        span = vec2<u32>(lo, hi);
+    }
+    let sp = workgroupUniformLoad(&span);
+
+    // Lanes 0..RS of a subgroup each own one of its rows for the softmax.
+    let own = lane < RS;
+    let row = sg * RS + min(lane, RS - 1u);
+    let live = own && row < nrows;
+    var pos = 0u;
+    var first = 1u; // first > pos: a dead row admits no key
+    if live {
+        pos = tok[(t0 + row / g) * 8u];
+        first = 0u;
+        if p.window != 0u && pos + 1u > p.window {
+            first = pos + 1u - p.window;
+        }
+    }
+    let q0 = sg * RS * LDQ;
+    let s0 = sg * RS * LDS;
+    let p0 = sg * RS * LDP;
+//@decl
+
+    // Pass 1: each row's maximum score.
+    var m = NEG;
+    for (var k0 = sp.x; k0 < sp.y; k0 += KT) {
+        workgroupBarrier();
+        stage(true, k0, sp.y, kvh, first_new, new_row, toff, li);
+        workgroupBarrier();
+//@scores
+        workgroupBarrier();
+        if live {
+            for (var c = 0u; c < KT; c++) {
+                let j = k0 + c;
+                if j >= first && j <= pos {
+                    m = max(m, ss[row * LDS + c] * p.scale);
+                }
+            }
+        }
+    }
+
+    // Pass 2: probabilities, their sums, and P V.
+    var l = 0.0;
+    for (var k0 = sp.x; k0 < sp.y; k0 += KT) {
+        workgroupBarrier();
+        stage(true, k0, sp.y, kvh, first_new, new_row, toff, li);
+        workgroupBarrier();
+//@scores
+        workgroupBarrier();
+        if own {
+            for (var c = 0u; c < KT; c++) {
+                let j = k0 + c;
+                var pr = 0.0;
+                if j >= first && j <= pos {
+                    pr = exp(ss[row * LDS + c] * p.scale - m);
+                }
+                l += pr;
+                ps[row * LDP + c] = f16(pr);
+            }
+        }
+        workgroupBarrier();
+        stage(false, k0, sp.y, kvh, first_new, new_row, toff, li);
+        workgroupBarrier();
+//@pv
+    }
+    if own {
+        lsum[row] = l;
+    }
+    workgroupBarrier();
+//@store
+}
+
+// Writes the F x F output fragment just stored at this subgroup's rows a0.. of `ss` (columns
+// 0..F) to dims d0.. of those rows' outputs, divided by the rows' sums; rows past the tile are
+// skipped.
+fn put(sg: u32, a0: u32, d0: u32, lane: u32, t0: u32, nrows: u32, kvh: u32) {
+    for (var e = lane; e < F * F; e += SG) {
+        let r = sg * RS + a0 + e / F;
+        if r < nrows {
+            let t = t0 + r / p.group;
+            let o = t * p.out_stride + (kvh * p.group + r % p.group) * HD + d0 + e % F;
+            out[o] = ss[r * LDS + e % F] / lsum[r];
+        }
+    }
+}
