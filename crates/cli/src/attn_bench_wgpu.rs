@@ -5,7 +5,7 @@
 //! adapter has none, said in the output; the median of a timestamp pair around each single run
 //! is printed beside it, since that pair costs microseconds of its own on some drivers).
 //! Decode mode runs the decode kernel (split over key ranges, merged by the last workgroup, one
-//! dispatch as the engine runs it), prefill mode the tiled prompt kernel (a causal chunk of --query-len
+//! dispatch as the engine runs it), prefill mode the prompt kernel (a causal chunk of --query-len
 //! tokens per sequence; TFLOP/s counts the causal work, 4 · keys · q_heads · head_dim per
 //! token). "dense" is the same kernels over each sequence's blocks laid out contiguously.
 //! The 8B prompt shape: `quire attn-bench --backend wgpu --mode prefill --query-len 512
@@ -15,7 +15,7 @@
 use anyhow::{bail, Context, Result};
 use half::f16;
 use quire_backend::cpu::attention::{dense_reference, AttnParams};
-use quire_backend::wgpu::kernels::{self, HeadShape};
+use quire_backend::wgpu::kernels::HeadShape;
 use quire_backend::wgpu::probe::{AttnInput, Probe};
 use quire_perf::{RunStamp, Summary, Table};
 use rand::rngs::StdRng;
