@@ -232,38 +232,50 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
     let mut scores = String::new();
     let mut pv = String::new();
     let mut store = String::new();
+    decl += &format!("    let zero = {mat}<f32, C>();\n");
     for a in 0..fa {
         for c in 0..fk {
             decl += &format!("    var s{a}_{c} = {mat}<f32, C>();\n");
-            scores += &format!("        s{a}_{c} = {mat}<f32, C>();\n");
         }
         for d in 0..fd {
             decl += &format!("    var o{a}_{d} = {mat}<f32, C>();\n");
         }
     }
-    scores += &format!("        for (var d = 0u; d < HD; d += {f}u) {{\n");
-    for a in 0..fa {
-        scores += &format!(
-            "            let qa{a} = coopLoadT<{mat}<f16, A>>(&qs[q0 + {}u * LDQ + d], LDQ);\n",
-            a * f
-        );
-    }
-    for c in 0..fk {
-        scores += &format!(
-            "            let kb{c} = coopLoad<{mat}<f16, B>>(&kv[{}u * LDQ + d], LDQ);\n",
-            c * f
-        );
+    // The products over dims d0.. of Q and K; `first`: into fresh accumulators.
+    let step = |d0: &str, first: bool| -> String {
+        let mut s = String::new();
         for a in 0..fa {
-            scores += &format!("            s{a}_{c} = coopMultiplyAdd(qa{a}, kb{c}, s{a}_{c});\n");
+            s += &format!(
+                "            let qa{a} = coopLoadT<{mat}<f16, A>>(&qs[q0 + {}u * LDQ + {d0}], LDQ);\n",
+                a * f
+            );
         }
-    }
+        for c in 0..fk {
+            s += &format!(
+                "            let kb{c} = coopLoad<{mat}<f16, B>>(&kv[{}u * LDQ + {d0}], LDQ);\n",
+                c * f
+            );
+            for a in 0..fa {
+                let acc = if first {
+                    "zero".to_string()
+                } else {
+                    format!("s{a}_{c}")
+                };
+                s += &format!("            s{a}_{c} = coopMultiplyAdd(qa{a}, kb{c}, {acc});\n");
+            }
+        }
+        s
+    };
+    // Each tile's scores start from a product with a zero accumulator.
+    scores += &format!("        {{\n{}        }}\n", step("0u", true));
+    scores += &format!("        for (var d = {f}u; d < HD; d += {f}u) {{\n");
+    scores += &step("d", false);
     scores += "        }\n";
     for a in 0..fa {
         for c in 0..fk {
             scores += &format!(
-                "        coopStoreT(s{a}_{c}, &ss[s0 + {}u * LDS + {}u], LDS);\n",
-                a * f,
-                c * f
+                "        coopStoreT(s{a}_{c}, &ss[s0 + {}u], {f}u);\n",
+                (a * fk + c) * f * f
             );
         }
     }
@@ -276,7 +288,7 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
     }
     for d in 0..fd {
         pv += &format!(
-            "            let vb{d} = coopLoadT<{mat}<f16, B>>(&kv[kk * LDQ + {}u], LDQ);\n",
+            "            let vb{d} = coopLoad<{mat}<f16, B>>(&kv[{}u * LDV + kk], LDV);\n",
             d * f
         );
         for a in 0..fa {
@@ -287,7 +299,7 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
     for a in 0..fa {
         for d in 0..fd {
             store += &format!(
-                "    coopStoreT(o{a}_{d}, &ss[s0 + {ra}u * LDS], LDS);\n    workgroupBarrier();\n    \
+                "    coopStoreT(o{a}_{d}, &ss[s0], {f}u);\n    workgroupBarrier();\n    \
                  put(sg, {ra}u, {dd}u, lane, t0, nrows, kvh);\n    workgroupBarrier();\n",
                 ra = a * f,
                 dd = d * f
@@ -301,8 +313,8 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
         .replace("FRAG", &f.to_string())
         .replace("HD_SIZE", &hd.to_string())
         .replace("QS_LEN", &(rows * (hd + 8)).to_string())
-        .replace("KV_LEN", &(kt * (hd + 8)).to_string())
-        .replace("SS_LEN", &(rows * (kt + 4)).to_string())
+        .replace("KV_LEN", &(kt * (hd + 8)).max(hd * (kt + 8)).to_string())
+        .replace("SS_LEN", &(rows * kt).to_string())
         .replace("PS_LEN", &(rows * (kt + 8)).to_string())
         .replace("//@decl\n", &decl)
         .replace("//@scores\n", &scores)
@@ -313,7 +325,8 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
 /// Workgroup memory of the coop kernel for head dimension `hd` (bytes).
 pub fn coop_bytes(hd: u32) -> u32 {
     let (rows, kt) = (COOP_ROWS as u32, COOP_KEYS as u32);
-    (rows + kt) * (hd + 8) * 2 + rows * (kt + 4) * 4 + rows * (kt + 8) * 2 + rows * 4 + 8
+    let kv = (kt * (hd + 8)).max(hd * (kt + 8));
+    rows * (hd + 8) * 2 + kv * 2 + rows * kt * 4 + rows * (kt + 8) * 2 + rows * 4 + 16
 }
 
 /// The coop kernel's sources for the configurations the naga test covers (NVIDIA's and Apple's

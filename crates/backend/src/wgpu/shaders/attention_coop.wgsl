@@ -71,16 +71,22 @@ const ROWS: u32 = 4u * RS;
 // Row strides (in elements) of the staged tiles: 8 halves (4 floats) of padding keep every
 // fragment's start 16-byte aligned and spread a fragment's rows over the memory banks.
 const LDQ: u32 = HD + 8u;
-const LDS: u32 = KT + 4u;
 const LDP: u32 = KT + 8u;
+const FK: u32 = KT / F;  // key fragments of a tile
+const LDV: u32 = KT + 8u; // the V tile, transposed: [HD][LDV]
 const NEG: f32 = -3.0e38;
 
 var<workgroup> qs: array<f16, QS_LEN>;   // [ROWS][LDQ]: the tile's Q rows
-var<workgroup> kv: array<f16, KV_LEN>;   // [KT][LDQ]: the K tile, then the V tile
-var<workgroup> ss: array<f32, SS_LEN>;   // [ROWS][LDS]: scores; at the end, output fragments
+var<workgroup> kv: array<f16, KV_LEN>;   // the K tile [KT][LDQ], then the V tile [HD][LDV]
+// Per subgroup, RS x KT scores as (RS / F) x FK fragments of F x F, each row-major and
+// contiguous (stride F, as the GEMM stores them); at the end, one output fragment at a time.
+var<workgroup> ss: array<f32, SS_LEN>;
 var<workgroup> ps: array<f16, PS_LEN>;   // [ROWS][LDP]: probabilities
 var<workgroup> lsum: array<f32, ROWS>;   // each row's sum of probabilities
-var<workgroup> span: vec2<u32>;          // the tile's first key and last key + 1
+// The tile's first key and last key + 1 (x, y). A vec4: every workgroup variable here is a
+// multiple of 16 bytes, since NVIDIA's Vulkan driver may place them in any order and a fragment
+// load needs a 16-byte aligned start (with an 8-byte variable first, the scores came out wrong).
+var<workgroup> span: vec4<u32>;
 
 // Word (pair) i of KV head kvh of the key at position `j` of the tile's sequence, K or V; zero
 // past `end`.
@@ -100,14 +106,20 @@ fn kv_word(is_k: bool, j: u32, end: u32, kvh: u32, i: u32, first_new: u32, new_r
     return vc[o];
 }
 
-// Stages KT keys from position k0 (K or V) into `kv`, row-major [key][dim].
+// Stages KT keys from position k0 into `kv`: K row-major [key][dim], V transposed [dim][key]
+// (so that both products load their B operand column-major, the form the GEMM uses).
 fn stage(is_k: bool, k0: u32, end: u32, kvh: u32, first_new: u32, new_row: u32, toff: u32, li: u32) {
     for (var w = li; w < KT * HALF; w += WG) {
         let j = w / HALF;
         let i = w % HALF;
         let v = unpack2x16float(kv_word(is_k, k0 + j, end, kvh, i, first_new, new_row, toff));
-        kv[j * LDQ + 2u * i] = f16(v.x);
-        kv[j * LDQ + 2u * i + 1u] = f16(v.y);
+        if is_k {
+            kv[j * LDQ + 2u * i] = f16(v.x);
+            kv[j * LDQ + 2u * i + 1u] = f16(v.y);
+        } else {
+            kv[2u * i * LDV + j] = f16(v.x);
+            kv[(2u * i + 1u) * LDV + j] = f16(v.y);
+        }
     }
 }
 
@@ -159,7 +171,7 @@ fn main(
             lo = min(lo, f);
             hi = max(hi, pos + 1u);
         }
-        span = vec2<u32>(lo, hi);
+        span = vec4<u32>(lo, hi, 0u, 0u);
     }
     let sp = workgroupUniformLoad(&span);
 
@@ -177,7 +189,7 @@ fn main(
         }
     }
     let q0 = sg * RS * LDQ;
-    let s0 = sg * RS * LDS;
+    let s0 = sg * RS * KT;
     let p0 = sg * RS * LDP;
 //@decl
 
@@ -193,7 +205,7 @@ fn main(
             for (var c = 0u; c < KT; c++) {
                 let j = k0 + c;
                 if j >= first && j <= pos {
-                    m = max(m, ss[row * LDS + c] * p.scale);
+                    m = max(m, ss[score(sg, lane, c)] * p.scale);
                 }
             }
         }
@@ -212,7 +224,7 @@ fn main(
                 let j = k0 + c;
                 var pr = 0.0;
                 if j >= first && j <= pos {
-                    pr = exp(ss[row * LDS + c] * p.scale - m);
+                    pr = exp(ss[score(sg, lane, c)] * p.scale - m);
                 }
                 l += pr;
                 ps[row * LDP + c] = f16(pr);
@@ -230,16 +242,21 @@ fn main(
 //@store
 }
 
-// Writes the F x F output fragment just stored at this subgroup's rows a0.. of `ss` (columns
-// 0..F) to dims d0.. of those rows' outputs, divided by the rows' sums; rows past the tile are
-// skipped.
+// Where subgroup sg's score of its row `lr` (0..RS) and the tile's key c lies in `ss`.
+fn score(sg: u32, lr: u32, c: u32) -> u32 {
+    return sg * RS * KT + ((lr / F) * FK + c / F) * F * F + (lr % F) * F + c % F;
+}
+
+// Writes the F x F output fragment just stored at the start of this subgroup's `ss` (rows a0..
+// of the subgroup) to dims d0.. of those rows' outputs, divided by the rows' sums; rows past the
+// tile are skipped.
 fn put(sg: u32, a0: u32, d0: u32, lane: u32, t0: u32, nrows: u32, kvh: u32) {
     for (var e = lane; e < F * F; e += SG) {
         let r = sg * RS + a0 + e / F;
         if r < nrows {
             let t = t0 + r / p.group;
             let o = t * p.out_stride + (kvh * p.group + r % p.group) * HD + d0 + e % F;
-            out[o] = ss[r * LDS + e % F] / lsum[r];
+            out[o] = ss[sg * RS * KT + e] / lsum[r];
         }
     }
 }
