@@ -1,9 +1,11 @@
 //! The WGSL kernels of the wgpu backend: their sources, the pipelines made from them once at
-//! load, and the parameter blocks each dispatch reads. Every shader uses plain f32 math with f16
+//! load, and the parameter blocks each dispatch reads. These shaders use plain f32 math with f16
 //! data in u32 words (`unpack2x16float`), so none needs SHADER_F16. The decode GEMV, the split
-//! decode attention and the tiled prompt attention sum with subgroup operations where the device
+//! decode attention and the scalar prompt attention sum with subgroup operations where the device
 //! has SUBGROUP and through workgroup memory otherwise (both variants are built from one
-//! source); every other kernel uses workgroup memory, so every adapter runs them all.
+//! source); every other kernel uses workgroup memory, so every adapter runs them all. The
+//! kernels on matrix units (the prompt GEMM's and the prompt attention's coop forms, gemm.rs and
+//! attn_prompt.rs) need f16, subgroups and cooperative matrices, and have these as fallbacks.
 
 use super::gemv::{gemv_pipeline, Gemv, GemvIn};
 use super::gpu::Gpu;
