@@ -20,6 +20,8 @@ use crate::BackendError;
 
 pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 pub const ATTENTION_COOP: &str = include_str!("shaders/attention_coop.wgsl");
+/// What both kernels share (parameters, bindings, key reads, the fused KV write).
+pub const ATTENTION_COMMON: &str = include_str!("shaders/attention_common.wgsl");
 
 /// The scalar kernel's query rows per workgroup, lanes per row and words of its K/V tile
 /// (attention.wgsl's ROWS, LANES and KVW).
@@ -184,7 +186,7 @@ fn subgroup_fits(gpu: &Gpu) -> bool {
 /// workgroup memory.
 pub fn scalar_source(subgroup: bool) -> String {
     let (prelude, sums) = section(ATTENTION, if subgroup { "SUBGROUP" } else { "SHARED" });
-    format!("{prelude}\n{sums}")
+    format!("{ATTENTION_COMMON}\n{prelude}\n{sums}")
 }
 
 /// Keys per K/V tile of the scalar kernel: a multiple of 8 whose rows (head_dim / 2 words and
@@ -307,7 +309,12 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
         }
     }
     let (rows, kt) = (COOP_ROWS as u32, COOP_KEYS as u32);
-    ATTENTION_COOP
+    // The `enable` lines open the module; the shared part follows them.
+    let enables = "enable f16;\nenable wgpu_cooperative_matrix;\n";
+    let body = ATTENTION_COOP
+        .strip_prefix(enables)
+        .expect("attention_coop.wgsl opens on its enable lines");
+    format!("{enables}\n{ATTENTION_COMMON}\n{body}")
         .replace("SG_SIZE", &tile.subgroup.to_string())
         .replace("WG_SIZE", &(4 * tile.subgroup).to_string())
         .replace("FRAG", &f.to_string())

@@ -23,42 +23,7 @@ enable wgpu_cooperative_matrix;
 // load as zero and masked scores (after a row's position, before its window) count zero, so NaN
 // in unused cache slots never reaches a sum.
 //
-// A key of this step is read from the QKV rows (rounded to f16 as the cache stores it), not from
-// the cache, since the workgroup writing it may not have run yet; older keys come from the cache
-// (f16 pairs in u32 words, [slots, kv_heads, head_dim / 2]).
-//
-// The host fills in the subgroup size, the fragment size F, the head dimension HD (a multiple of
-// F, at most 128), the workgroup arrays' lengths and the unrolled fragment code (the `//@` lines:
-// attn_prompt.rs writes them). It picks this kernel only where the GEMM's coop kernel runs
-// (f16 x f16 -> f32 fragments, one fixed subgroup size of at least 16).
-
-struct P {
-    n: u32,
-    q_heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    block_size: u32,
-    scale: f32,
-    window: u32,     // sliding window, 0: none
-    stride: u32,     // elements per QKV row
-    k_off: u32,      // column of K in a QKV row
-    v_off: u32,
-    out_stride: u32, // elements per output row
-    group: u32,      // query heads per KV head
-    qt: u32,         // tokens per query tile (unused: the host cut the tiles)
-    kt: u32,         // keys per K/V tile (KT)
-}
-
-// Per token, 8 words: position, cache slot, first position of its sequence's new tokens, batch
-// row of that first new token, offset of its block table in `tables`. Words 5 and 6 of entry i
-// describe query tile i: its first token and its token count.
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(3) var<storage, read_write> vc: array<u32>;
-@group(0) @binding(4) var<storage, read> tok: array<u32>;
-@group(0) @binding(5) var<storage, read> tables: array<u32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+// The parameter block, bindings, key reads, fused KV write and key span: attention_common.wgsl.
 
 const SG: u32 = SG_SIZEu;
 const WG: u32 = 4u * SG;
@@ -87,24 +52,6 @@ var<workgroup> lsum: array<f32, ROWS>;   // each row's sum of probabilities
 // multiple of 16 bytes, since NVIDIA's Vulkan driver may place them in any order and a fragment
 // load needs a 16-byte aligned start (with an 8-byte variable first, the scores came out wrong).
 var<workgroup> span: vec4<u32>;
-
-// Word (pair) i of KV head kvh of the key at position `j` of the tile's sequence, K or V; zero
-// past `end`.
-fn kv_word(is_k: bool, j: u32, end: u32, kvh: u32, i: u32, first_new: u32, new_row: u32, toff: u32) -> u32 {
-    if j >= end {
-        return 0u;
-    }
-    if j >= first_new {
-        let r = (new_row + j - first_new) * p.stride + select(p.v_off, p.k_off, is_k) + kvh * HD + 2u * i;
-        return pack2x16float(vec2<f32>(qkv[r], qkv[r + 1u]));
-    }
-    let slot = tables[toff + j / p.block_size] * p.block_size + j % p.block_size;
-    let o = (slot * p.kv_heads * HD + kvh * HD) / 2u + i;
-    if is_k {
-        return kc[o];
-    }
-    return vc[o];
-}
 
 // Stages KT keys from position k0 into `kv`: K row-major [key][dim], V transposed [dim][key]
 // (so that both products load their B operand column-major, the form the GEMM uses).
@@ -139,16 +86,7 @@ fn main(
     let new_row = tok[t0 * 8u + 3u];
     let toff = tok[t0 * 8u + 4u];
 
-    // The fused write of the tile's K and V of head kvh.
-    for (var w = li; w < cnt * HALF; w += WG) {
-        let t = t0 + w / HALF;
-        let i = w % HALF;
-        let slot = tok[t * 8u + 1u];
-        let r = t * p.stride + kvh * HD + 2u * i;
-        let o = (slot * p.kv_heads * HD + kvh * HD) / 2u + i;
-        kc[o] = pack2x16float(vec2<f32>(qkv[r + p.k_off], qkv[r + p.k_off + 1u]));
-        vc[o] = pack2x16float(vec2<f32>(qkv[r + p.v_off], qkv[r + p.v_off + 1u]));
-    }
+    write_new_kv(li, WG, t0, cnt, kvh);
     // Q rows, zero past the tile's rows: row r is head (r % g) of the group for token t0 + r / g.
     for (var w = li; w < ROWS * HD; w += WG) {
         let r = w / HD;
@@ -160,18 +98,7 @@ fn main(
         qs[r * LDQ + d] = f16(v);
     }
     if li == 0u {
-        var lo = 0xffffffffu;
-        var hi = 0u;
-        for (var tt = 0u; tt < cnt; tt++) {
-            let pos = tok[(t0 + tt) * 8u];
-            var f = 0u;
-            if p.window != 0u && pos + 1u > p.window {
-                f = pos + 1u - p.window;
-            }
-            lo = min(lo, f);
-            hi = max(hi, pos + 1u);
-        }
-        span = vec4<u32>(lo, hi, 0u, 0u);
+        span = vec4<u32>(tile_span(t0, cnt), 0u, 0u);
     }
     let sp = workgroupUniformLoad(&span);
 
