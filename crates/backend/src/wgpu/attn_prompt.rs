@@ -18,23 +18,23 @@ use super::gpu::Gpu;
 use super::kernels::{params, section, HeadShape, Params};
 use crate::BackendError;
 
-pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
-pub const ATTENTION_COOP: &str = include_str!("shaders/attention_coop.wgsl");
+const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+const ATTENTION_COOP: &str = include_str!("shaders/attention_coop.wgsl");
 /// What both kernels share (parameters, bindings, key reads, the fused KV write).
-pub const ATTENTION_COMMON: &str = include_str!("shaders/attention_common.wgsl");
+const ATTENTION_COMMON: &str = include_str!("shaders/attention_common.wgsl");
 
 /// The scalar kernel's query rows per workgroup, lanes per row and words of its K/V tile
 /// (attention.wgsl's ROWS, LANES and KVW).
-pub const ATTN_ROWS: usize = 16;
-pub const ATTN_LANES: u32 = 8;
+const ATTN_ROWS: usize = 16;
+const ATTN_LANES: u32 = 8;
 const ATTN_KVW: usize = 2112;
 const ATTN_MAX_KT: usize = 64;
 
 /// The coop kernel's query rows per workgroup (four subgroups of 16), keys per tile, and the
 /// largest head dimension its workgroup memory holds.
-pub const COOP_ROWS: usize = 64;
+const COOP_ROWS: usize = 64;
 const COOP_KEYS: usize = 32;
-pub const COOP_MAX_HEAD_DIM: usize = 128;
+const COOP_MAX_HEAD_DIM: usize = 128;
 const COOP_SUBGROUP_ROWS: u32 = 16;
 
 /// The kernel a prompt chunk's attention runs.
@@ -191,7 +191,7 @@ pub fn scalar_source(subgroup: bool) -> String {
 
 /// Keys per K/V tile of the scalar kernel: a multiple of 8 whose rows (head_dim / 2 words and
 /// one of padding) fit the tile's words.
-pub fn attn_tile_keys(s: &HeadShape) -> usize {
+fn attn_tile_keys(s: &HeadShape) -> usize {
     let fit = ATTN_KVW / (s.head_dim / 2 + 1);
     (fit.min(ATTN_MAX_KT) / 8 * 8).max(8)
 }
@@ -308,7 +308,7 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
             );
         }
     }
-    let (rows, kt) = (COOP_ROWS as u32, COOP_KEYS as u32);
+    let lens = CoopLens::new(hd);
     // The `enable` lines open the module; the shared part follows them.
     let enables = "enable f16;\nenable wgpu_cooperative_matrix;\n";
     let body = ATTENTION_COOP
@@ -319,21 +319,42 @@ pub fn coop_source(tile: CoopTile, hd: u32) -> String {
         .replace("WG_SIZE", &(4 * tile.subgroup).to_string())
         .replace("FRAG", &f.to_string())
         .replace("HD_SIZE", &hd.to_string())
-        .replace("QS_LEN", &(rows * (hd + 8)).to_string())
-        .replace("KV_LEN", &(kt * (hd + 8)).max(hd * (kt + 8)).to_string())
-        .replace("SS_LEN", &(rows * kt).to_string())
-        .replace("PS_LEN", &(rows * (kt + 8)).to_string())
+        .replace("QS_LEN", &lens.qs.to_string())
+        .replace("KV_LEN", &lens.kv.to_string())
+        .replace("SS_LEN", &lens.ss.to_string())
+        .replace("PS_LEN", &lens.ps.to_string())
         .replace("//@decl\n", &decl)
         .replace("//@scores\n", &scores)
         .replace("//@pv\n", &pv)
         .replace("//@store\n", &store)
 }
 
-/// Workgroup memory of the coop kernel for head dimension `hd` (bytes).
+/// Element counts of the coop kernel's workgroup arrays for head dimension `hd`
+/// (attention_coop.wgsl's QS_LEN, KV_LEN, SS_LEN and PS_LEN).
+struct CoopLens {
+    qs: u32, // f16: [ROWS][hd + 8]
+    kv: u32, // f16: the K tile [KT][hd + 8] or the V tile [hd][KT + 8], whichever is larger
+    ss: u32, // f32: [ROWS][KT]
+    ps: u32, // f16: [ROWS][KT + 8]
+}
+
+impl CoopLens {
+    fn new(hd: u32) -> CoopLens {
+        let (rows, kt) = (COOP_ROWS as u32, COOP_KEYS as u32);
+        CoopLens {
+            qs: rows * (hd + 8),
+            kv: (kt * (hd + 8)).max(hd * (kt + 8)),
+            ss: rows * kt,
+            ps: rows * (kt + 8),
+        }
+    }
+}
+
+/// Workgroup memory of the coop kernel for head dimension `hd` (bytes): its arrays, the row
+/// sums (f32 per row) and the 16-byte key span.
 pub fn coop_bytes(hd: u32) -> u32 {
-    let (rows, kt) = (COOP_ROWS as u32, COOP_KEYS as u32);
-    let kv = (kt * (hd + 8)).max(hd * (kt + 8));
-    rows * (hd + 8) * 2 + kv * 2 + rows * kt * 4 + rows * (kt + 8) * 2 + rows * 4 + 16
+    let l = CoopLens::new(hd);
+    2 * (l.qs + l.kv + l.ps) + 4 * l.ss + 4 * COOP_ROWS as u32 + 16
 }
 
 /// The coop kernel's sources for the configurations the naga test covers (NVIDIA's and Apple's
